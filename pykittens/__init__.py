@@ -1,0 +1,22 @@
+"""pykittens: a Python tile DSL for AI kernels on AMD CDNA3/CDNA4, portable to NVIDIA Hopper.
+
+    import pykittens as pk
+
+    @pk.kernel(num_waves=4)
+    def scale(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], alpha: pk.f32):
+        r0 = (pk.program_id(0) * pk.num_waves() + pk.wave_id()) * 4
+        t = pk.load(pk.rt((4, 64), pk.f32), x, (r0, 0))
+        pk.store(out, t * alpha, (r0, 0))
+"""
+from .ir.errors import KernelError, NotSupportedYet
+from .ir.types import bf16, e4m3, e4m3fnuz, e5m2, e5m2fnuz, f16, f32, i8, i32
+from .lang.kernel import Kernel, const, gl, kernel
+from .lang.ops import (abs, add, barrier, cast, col_max, col_sum, copy, div, else_, empty, exp2,
+                       fill, full, if_, load, log2, log2_e, mask_outside, max, min, mma_AB,
+                       mma_ABt, mma_AtB, mul, num_programs, num_waves, program_id, range,
+                       row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st, static_range,
+                       store, sub, wave_id, zeros)
+from .lang.values import maximum, minimum, where
+from .emulator.launch import emulate
+
+__version__ = "0.1.0"

@@ -1,0 +1,333 @@
+"""The emulator: a workgroup's waves run as separate instruction streams (generators) that
+meet at barriers; LDS is a byte array with per-byte write/read tracking, so reads of
+never-written shared memory, races between waves and out-of-bounds accesses are reported
+with the kernel name, the user's line, the workgroup and the wave."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.errors import KernelError
+from ..lower.lane import LaneProgram
+from . import values as V
+
+
+class EmulatorError(KernelError):
+    pass
+
+
+class OutOfBounds(EmulatorError):
+    pass
+
+
+class UnwrittenRead(EmulatorError):
+    pass
+
+
+class Race(EmulatorError):
+    pass
+
+
+class BarrierMismatch(EmulatorError):
+    """Some waves wait at a barrier that the others never reach: a deadlock."""
+
+
+class _GlobalBuf:
+    def __init__(self, name, arr: np.ndarray, gt: T.GlobalType):
+        self.name = name
+        self.flat = np.ascontiguousarray(arr).reshape(-1).copy()
+        self.shape = arr.shape
+        st, acc = [], 1
+        for d in reversed(arr.shape):
+            st.append(acc)
+            acc *= d
+        self.strides = tuple(reversed(st))
+
+
+class _Workgroup:
+    """LDS and its tracking for one workgroup."""
+
+    def __init__(self, nbytes):
+        n = max(nbytes, 1)
+        self.lds = np.zeros(n, np.uint8)
+        self.written = np.zeros(n, bool)
+        self.w_epoch = np.full(n, -1, np.int64)
+        self.w_wave = np.full(n, -1, np.int64)
+        self.r_epoch = np.full(n, -1, np.int64)
+        self.r_mask = np.zeros(n, np.int64)
+        self.epoch = 0
+
+
+class _Wave:
+    def __init__(self, m: "_Machine", wg: _Workgroup, pid, wave: int):
+        self.m, self.wg, self.pid, self.wave = m, wg, pid, wave
+        self.regs: dict = {}
+        self.barriers = 0
+        self.waiting_op = None
+        self.prio = 0
+
+
+class _Machine:
+    def __init__(self, prog: LaneProgram, bufs: dict, scalars: dict, grid):
+        self.p, self.bufs, self.scalars, self.grid = prog, bufs, scalars, grid
+        self.W = prog.wave_size
+        self._coord_cache: dict = {}
+
+    # -- errors -------------------------------------------------------------------------
+    def fail(self, cls, w: _Wave, op, msg):
+        where = f"workgroup {tuple(w.pid)}, wave {w.wave}"
+        return cls(f"{msg} ({where}, op {op.kind})", op.loc, self.p.name)
+
+    # -- registers ----------------------------------------------------------------------
+    def get(self, w: _Wave, v):
+        try:
+            return w.regs[v]
+        except KeyError:
+            raise self.fail(EmulatorError, w, _Dummy, f"internal: register {v!r} read "
+                            "before it was written") from None
+
+    def put(self, w: _Wave, v, x):
+        t = v.type
+        x = V.to_dtype(x, t.dtype)
+        if not t.uniform:
+            x = np.broadcast_to(x, (self.W, t.nslots)).copy() if np.ndim(x) < 2 else x
+            if x.shape != (self.W, t.nslots):
+                x = np.broadcast_to(x, (self.W, t.nslots)).copy()
+        w.regs[v] = x
+
+    def coords(self, w: _Wave, op):
+        key = (id(op), w.wave)
+        c = self._coord_cache.get(key)
+        if c is None:
+            lay, dim = op.attrs["layout"], op.attrs["dim"]
+            full = lay.coords()[dim]
+            if op.attrs["scope"] == "workgroup":
+                full = full[w.wave * self.W:(w.wave + 1) * self.W]
+            c = self._coord_cache[key] = full.astype(np.int32)
+        return c
+
+    # -- execution ----------------------------------------------------------------------
+    def run_block(self, w: _Wave, block):
+        for op in block.ops:
+            k = op.kind
+            if k == "for":
+                start = int(self.get(w, op.srcs[0]))
+                stop = int(self.get(w, op.srcs[1]))
+                for i in range(start, stop, op.attrs["step"]):
+                    self.put(w, op.dst, np.int32(i))
+                    yield from self.run_block(w, op.regions[0])
+            elif k == "if":
+                if bool(self.get(w, op.srcs[0])):
+                    yield from self.run_block(w, op.regions[0])
+                elif len(op.regions) > 1:
+                    yield from self.run_block(w, op.regions[1])
+            elif k == "barrier":
+                w.waiting_op = op
+                yield op
+                w.waiting_op = None
+            else:
+                try:
+                    getattr(self, "x_" + k)(w, op)
+                except ZeroDivisionError as e:
+                    raise self.fail(EmulatorError, w, op, str(e)) from None
+
+    def x_const(self, w, op):
+        self.put(w, op.dst, np.asarray(op.attrs["value"]))
+
+    def x_special(self, w, op):
+        n, ax = op.attrs["name"], op.attrs["axis"]
+        val = {"program_id": lambda: w.pid[ax], "num_programs": lambda: self.grid[ax],
+               "wave_id": lambda: w.wave}[n]()
+        self.put(w, op.dst, np.int32(val))
+
+    def x_arg(self, w, op):
+        self.put(w, op.dst, np.asarray(self.scalars[op.attrs["name"]]))
+
+    def x_dim(self, w, op):
+        self.put(w, op.dst, np.int32(self.bufs[op.srcs[0].name].shape[op.attrs["axis"]]))
+
+    def x_stride(self, w, op):
+        self.put(w, op.dst, np.int32(self.bufs[op.srcs[0].name].strides[op.attrs["axis"]]))
+
+    def x_coord(self, w, op):
+        w.regs[op.dst] = self.coords(w, op)
+
+    def x_mov(self, w, op):
+        self.put(w, op.dst, self.get(w, op.srcs[0]))
+
+    x_cvt = x_mov
+
+    def x_bin(self, w, op):
+        a, b = (self.get(w, s) for s in op.srcs)
+        self.put(w, op.dst, V.binary(op.attrs["op"], a, b, op.dst.type.dtype))
+
+    def x_cmp(self, w, op):
+        a, b = (self.get(w, s) for s in op.srcs)
+        self.put(w, op.dst, V.compare(op.attrs["op"], a, b))
+
+    def x_un(self, w, op):
+        self.put(w, op.dst, V.unary(op.attrs["op"], self.get(w, op.srcs[0]), op.dst.type.dtype))
+
+    def x_select(self, w, op):
+        c, a, b = (self.get(w, s) for s in op.srcs)
+        d = op.dst.type.dtype
+        self.put(w, op.dst, np.where(c, V.to_dtype(a, d), V.to_dtype(b, d)))
+
+    def x_slots(self, w, op):
+        self.put(w, op.dst, self.get(w, op.srcs[0])[:, list(op.attrs["index"])])
+
+    def x_slot_reduce(self, w, op):
+        src, d, rop = self.get(w, op.srcs[0]), op.dst.type.dtype, op.attrs["op"]
+        cols = []
+        for g in op.attrs["groups"]:
+            acc = src[:, g[0]]
+            for i in g[1:]:
+                acc = V.binary(rop, acc, src[:, i], d)
+            cols.append(acc)
+        self.put(w, op.dst, np.stack(cols, axis=1))
+
+    def x_bfly(self, w, op):
+        v, d = self.get(w, op.srcs[0]), op.dst.type.dtype
+        lanes = np.arange(self.W)
+        for b in op.attrs["bits"]:
+            v = V.binary(op.attrs["op"], v, v[lanes ^ (1 << b)], d)
+        self.put(w, op.dst, v)
+
+    def x_setprio(self, w, op):
+        w.prio = op.attrs["level"]
+
+    # -- global memory ------------------------------------------------------------------
+    def _gcheck(self, w, op, buf, off, mask):
+        bad = mask & ((off < 0) | (off >= buf.flat.size))
+        if np.any(bad):
+            lane, slot = np.argwhere(bad)[0]
+            raise self.fail(OutOfBounds, w, op, f"out-of-bounds access to global tensor "
+                            f"{buf.name!r}: element offset {int(off[lane, slot])} outside "
+                            f"[0, {buf.flat.size}) at lane {lane}, slot {slot}")
+
+    def x_gload(self, w, op):
+        gl, off, mask = op.srcs
+        buf = self.bufs[gl.name]
+        off = np.broadcast_to(self.get(w, off), (self.W, op.dst.type.nslots))
+        mask = np.broadcast_to(self.get(w, mask), off.shape)
+        self._gcheck(w, op, buf, off, mask)
+        vals = buf.flat[np.where(mask, off, 0)]
+        self.put(w, op.dst, np.where(mask, vals, np.zeros((), vals.dtype)))
+
+    def x_gstore(self, w, op):
+        gl, off, mask, val = op.srcs
+        buf = self.bufs[gl.name]
+        n = val.type.nslots
+        off = np.broadcast_to(self.get(w, off), (self.W, n))
+        mask = np.broadcast_to(self.get(w, mask), off.shape)
+        self._gcheck(w, op, buf, off, mask)
+        v = np.broadcast_to(self.get(w, val), off.shape)
+        buf.flat[off[mask]] = V.to_dtype(v[mask], T.dtype_of(buf.flat.dtype))
+
+    # -- LDS ------------------------------------------------------------------------------
+    def _lds_bytes(self, w, op, addr, esz):
+        region = op.attrs["region"]
+        lo, hi = region.base, region.base + region.size
+        if np.any((addr < lo) | (addr + esz > hi)):
+            a = addr[(addr < lo) | (addr + esz > hi)].ravel()[0]
+            raise self.fail(OutOfBounds, w, op, f"LDS access at byte {int(a)} is outside "
+                            f"shared tile {region.name} [{lo}, {hi})")
+        return (addr[..., None] + np.arange(esz)).reshape(-1)
+
+    def x_lds_load(self, w, op):
+        d = op.dst.type.dtype
+        addr = np.broadcast_to(self.get(w, op.srcs[0]), (self.W, op.dst.type.nslots))
+        idx = self._lds_bytes(w, op, addr.astype(np.int64), d.bytes)
+        wg = self.wg_of(w)
+        if not np.all(wg.written[idx]):
+            b = int(idx[~wg.written[idx]][0])
+            raise self.fail(UnwrittenRead, w, op, f"read of shared memory that was never "
+                            f"written (byte {b} of {op.attrs['region'].name}); store or load "
+                            "the shared tile before reading it")
+        racy = (wg.w_epoch[idx] == wg.epoch) & (wg.w_wave[idx] != w.wave)
+        if np.any(racy):
+            other = int(wg.w_wave[idx][racy][0])
+            raise self.fail(Race, w, op, f"race: reads shared memory that wave {other} wrote "
+                            "since the last barrier; add pk.barrier() between them")
+        fresh = wg.r_epoch[idx] != wg.epoch
+        wg.r_mask[idx[fresh]] = 0
+        wg.r_epoch[idx] = wg.epoch
+        wg.r_mask[idx] |= 1 << w.wave
+        raw = wg.lds[idx].reshape(self.W, -1, d.bytes).copy()
+        w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
+
+    def x_lds_store(self, w, op):
+        addr_v, val_v = op.srcs
+        d = val_v.type.dtype
+        n = val_v.type.nslots
+        addr = np.broadcast_to(self.get(w, addr_v), (self.W, n)).astype(np.int64)
+        idx = self._lds_bytes(w, op, addr, d.bytes)
+        wg = self.wg_of(w)
+        ep = wg.epoch
+        waw = (wg.w_epoch[idx] == ep) & (wg.w_wave[idx] != w.wave)
+        war = (wg.r_epoch[idx] == ep) & ((wg.r_mask[idx] & ~(1 << w.wave)) != 0)
+        if np.any(waw | war):
+            kind = "wrote" if np.any(waw) else "read"
+            raise self.fail(Race, w, op, f"race: writes shared memory that another wave {kind} "
+                            "since the last barrier; add pk.barrier() between them")
+        vals = np.ascontiguousarray(np.broadcast_to(self.get(w, val_v), (self.W, n)))
+        wg.lds[idx] = vals.view(np.uint8).reshape(-1)
+        wg.written[idx] = True
+        wg.w_epoch[idx] = ep
+        wg.w_wave[idx] = w.wave
+
+    def wg_of(self, w):
+        return w.wg
+
+    # -- grid ---------------------------------------------------------------------------
+    def run_workgroup(self, pid):
+        wg = _Workgroup(self.p.lds_bytes)
+        waves = [_Wave(self, wg, pid, i) for i in range(self.p.num_waves)]
+        gens = {w: self.run_block(w, self.p.body) for w in waves}
+        live = list(waves)
+        while live:
+            at_barrier, done = [], []
+            for w in live:
+                try:
+                    next(gens[w])
+                    at_barrier.append(w)
+                except StopIteration:
+                    done.append(w)
+            if at_barrier and done:
+                a = at_barrier[0]
+                raise self.fail(BarrierMismatch, a, a.waiting_op,
+                                f"barrier mismatch (deadlock): waves "
+                                f"{[x.wave for x in at_barrier]} wait at a barrier that waves "
+                                f"{[x.wave for x in done]} never reach (they finished)")
+            if at_barrier:
+                wg.epoch += 1
+                for w in at_barrier:
+                    w.barriers += 1
+            live = at_barrier
+
+
+class _Dummy:
+    kind = "?"
+    loc = None
+
+
+def run_program(prog: LaneProgram, args: dict, grid) -> dict:
+    """Run `prog` over `grid` (tuple of up to 3 ints). `args` maps parameter names to numpy
+    arrays (global tensors) or numbers (scalars). Returns the global tensors after the run
+    (new arrays; the inputs are not modified)."""
+    grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+    bufs, scalars = {}, {}
+    for p in prog.params:
+        if p.name not in args:
+            raise KernelError(f"missing argument {p.name!r}", None, prog.name)
+        a = args[p.name]
+        if p.kind == "gl":
+            bufs[p.name] = _GlobalBuf(p.name, a, p.type)
+        else:
+            scalars[p.name] = np.asarray(a).astype(p.type.dtype.np)
+    m = _Machine(prog, bufs, scalars, grid)
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x in range(grid[0]):
+                m.run_workgroup((x, y, z))
+    return {n: b.flat.reshape(b.shape) for n, b in bufs.items()}

@@ -1,0 +1,73 @@
+"""Tile IR: values, ops with regions, and the kernel that owns them.
+
+Register and shared tiles are *storage*: an op writes its `dst` in place (as in
+ThunderKittens), so a tile updated inside a `pk.range` body is naturally loop-carried.
+Scalars are single-assignment values.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Loc:
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(eq=False)
+class Value:
+    type: Any
+    name: str = ""
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def __repr__(self) -> str:
+        return f"%{self.name or 'v'}{self.id}"
+
+
+@dataclass(eq=False)
+class Op:
+    kind: str
+    dst: Value | None = None
+    srcs: tuple = ()
+    attrs: dict = field(default_factory=dict)
+    regions: list["Block"] = field(default_factory=list)
+    loc: Loc | None = None
+
+
+@dataclass(eq=False)
+class Block:
+    ops: list[Op] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str          # 'gl', 'scalar'
+    type: Any
+
+
+@dataclass(eq=False)
+class KernelIR:
+    name: str
+    params: list[Param]
+    param_values: dict[str, Value]
+    consts: dict[str, Any]
+    num_waves: int
+    body: Block
+    loc: Loc | None = None
+
+
+def walk(block: Block):
+    """Every op in a block, depth-first, regions included."""
+    for op in block.ops:
+        yield op
+        for r in op.regions:
+            yield from walk(r)

@@ -1,0 +1,150 @@
+"""Element types and the types of tile-IR values."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    bits: int
+    kind: str              # 'float' or 'int'
+    np: type               # numpy (ml_dtypes) storage type
+
+    @property
+    def bytes(self) -> int:
+        return self.bits // 8
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.is_float and self.bits == 8
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+f32 = DType("f32", 32, "float", np.float32)
+bf16 = DType("bf16", 16, "float", ml_dtypes.bfloat16)
+f16 = DType("f16", 16, "float", np.float16)
+e4m3 = DType("e4m3", 8, "float", ml_dtypes.float8_e4m3fn)          # OCP E4M3 (gfx950, sm_90a)
+e5m2 = DType("e5m2", 8, "float", ml_dtypes.float8_e5m2)            # OCP E5M2
+e4m3fnuz = DType("e4m3fnuz", 8, "float", ml_dtypes.float8_e4m3fnuz)  # gfx942 FNUZ E4M3
+e5m2fnuz = DType("e5m2fnuz", 8, "float", ml_dtypes.float8_e5m2fnuz)  # gfx942 FNUZ E5M2
+i8 = DType("i8", 8, "int", np.int8)
+i32 = DType("i32", 32, "int", np.int32)
+boolean = DType("i1", 1, "int", np.bool_)
+
+DTYPES = {d.name: d for d in (f32, bf16, f16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, i8, i32)}
+_NP = {np.dtype(d.np): d for d in DTYPES.values()}
+
+
+def dtype_of(x) -> DType:
+    """DType from a DType, its name, or a numpy/torch dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in DTYPES:
+        return DTYPES[x]
+    name = str(x).replace("torch.", "")
+    torch_names = {"float32": f32, "bfloat16": bf16, "float16": f16, "float8_e4m3fn": e4m3,
+                   "float8_e5m2": e5m2, "float8_e4m3fnuz": e4m3fnuz,
+                   "float8_e5m2fnuz": e5m2fnuz, "int8": i8, "int32": i32}
+    if name in torch_names:
+        return torch_names[name]
+    try:
+        return _NP[np.dtype(x)]
+    except (TypeError, KeyError):
+        raise TypeError(f"unsupported element type {x!r}; pykittens supports "
+                        f"{', '.join(DTYPES)}") from None
+
+
+def fp8_max(d: DType) -> float:
+    return float(ml_dtypes.finfo(d.np).max)
+
+
+# ---- value types -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScalarType:
+    """A value uniform across the wave (lives in an SGPR on CDNA)."""
+    dtype: DType
+
+    def __str__(self) -> str:
+        return str(self.dtype)
+
+
+@dataclass(frozen=True)
+class GlobalType:
+    """A tensor in global memory; None dims are known only at launch."""
+    dtype: DType
+    shape: tuple[int | None, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def __str__(self) -> str:
+        dims = ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"gl<{self.dtype}>[{dims}]"
+
+
+ROLES = (None, "a", "b", "acc")
+
+
+@dataclass(frozen=True)
+class RegTileType:
+    """A per-wave register tile. `layout` says whether lanes sweep rows ('row') or columns
+    ('col'); `role` ties the tile to a matrix-instruction operand layout (a, b, acc)."""
+    dtype: DType
+    shape: tuple[int, int]
+    layout: str = "row"
+    role: str | None = None
+    pin: tuple[str, int] | None = None        # ('v'|'a', first register) for pinned tiles
+
+    def __str__(self) -> str:
+        extra = f",{self.role}" if self.role else ""
+        pin = f" @{self.pin[0]}{self.pin[1]}" if self.pin else ""
+        return f"rt<{self.dtype}>[{self.shape[0]}x{self.shape[1]},{self.layout}{extra}]{pin}"
+
+
+@dataclass(frozen=True)
+class RegVecType:
+    """A per-wave vector holding one value per row (axis='row') or per column (axis='col')
+    of a register tile of type `of`; it broadcasts along that axis."""
+    dtype: DType
+    of: RegTileType
+    axis: str
+
+    @property
+    def length(self) -> int:
+        return self.of.shape[0 if self.axis == "row" else 1]
+
+    def __str__(self) -> str:
+        return f"rv<{self.dtype}>[{self.length},{self.axis} of {self.of}]"
+
+
+@dataclass(frozen=True)
+class SharedTileType:
+    """A workgroup-shared tile in LDS / shared memory, row-major, optionally swizzled:
+    swizzle=n XORs the 16-byte chunk index of a row with (row % n) to spread banks."""
+    dtype: DType
+    shape: tuple[int, int]
+    swizzle: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] * self.dtype.bytes
+
+    def __str__(self) -> str:
+        sw = f",swz{self.swizzle}" if self.swizzle else ""
+        return f"st<{self.dtype}>[{self.shape[0]}x{self.shape[1]}{sw}]"
+
+
+def is_tile(t) -> bool:
+    return isinstance(t, (RegTileType, RegVecType, SharedTileType))

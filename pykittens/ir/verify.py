@@ -1,0 +1,126 @@
+"""Checks of a traced kernel against a target: element types, LDS, registers, pins, sizes.
+Errors carry the user's line (the op that allocated the offending tile)."""
+from __future__ import annotations
+
+from .errors import KernelError
+from .nodes import Block, KernelIR, walk
+from .types import GlobalType, RegTileType, RegVecType, ScalarType, SharedTileType
+
+
+def _regs_per_lane(t, wave: int) -> int:
+    """32-bit registers a lane needs for one register tile or vector (packed sub-dword)."""
+    if isinstance(t, RegVecType):
+        return max(1, -(-t.length // wave))
+    elems = t.shape[0] * t.shape[1] // wave
+    return max(1, -(-elems * t.dtype.bits // 32))
+
+
+def _dtype_ok(target, d, loc, kname, what):
+    if d.name in ("i1",):
+        return
+    if d.name not in target.dtypes:
+        hint = ""
+        if d.is_fp8:
+            hint = (" (gfx942 uses the FNUZ fp8 flavours e4m3fnuz/e5m2fnuz; gfx950 and sm_90a "
+                    "use OCP e4m3/e5m2)")
+        raise KernelError(f"{what} element type {d} is not supported on {target.name}{hint}",
+                          loc, kname)
+
+
+def verify(k: KernelIR, target) -> dict:
+    """Raise KernelError on the first problem; return resource facts (lds_bytes, reg estimate)."""
+    kn = k.name
+    if k.num_waves > target.max_waves_per_workgroup:
+        raise KernelError(f"num_waves={k.num_waves} exceeds {target.name}'s limit of "
+                          f"{target.max_waves_per_workgroup} waves per workgroup", k.loc, kn)
+    for p in k.params:
+        if isinstance(p.type, (GlobalType, ScalarType)):
+            _dtype_ok(target, p.type.dtype, k.loc, kn, f"parameter {p.name!r}")
+    lds = 0
+    pins: list[tuple] = []
+    for op in walk(k.body):
+        if op.kind != "alloc":
+            continue
+        t = op.dst.type
+        _dtype_ok(target, t.dtype, op.loc, kn, "tile")
+        if isinstance(t, SharedTileType):
+            lds += t.nbytes
+            if lds > target.lds_bytes_per_workgroup:
+                raise KernelError(
+                    f"shared tiles need {lds} bytes of LDS/shared memory but {target.name} "
+                    f"has {target.lds_bytes_per_workgroup} per workgroup; use smaller tiles or "
+                    "fewer pipeline stages", op.loc, kn)
+        elif isinstance(t, RegTileType):
+            n = t.shape[0] * t.shape[1]
+            if n % target.wave_size:
+                raise KernelError(
+                    f"register tile {t.shape} has {n} elements, not a multiple of the "
+                    f"{target.wave_size} lanes of a {target.name} wave", op.loc, kn)
+            if t.pin is not None:
+                pins.append((t, op.loc))
+    _check_pins(pins, target, kn)
+    regs = _peak_registers(k.body, target.wave_size)
+    budget = target.vgprs + target.agprs
+    if regs > budget:
+        raise KernelError(f"register tiles need about {regs} 32-bit registers per lane at "
+                          f"their peak, over {target.name}'s {budget}; use smaller tiles or "
+                          "more waves", k.loc, kn)
+    return {"lds_bytes": lds, "tile_registers": regs}
+
+
+def _check_pins(pins, target, kn):
+    files = {"v": target.vgprs, "a": target.agprs}
+    taken: list[tuple] = []
+    for t, loc in pins:
+        f, first = t.pin
+        n = _regs_per_lane(t, target.wave_size)
+        if files.get(f, 0) == 0:
+            raise KernelError(f"{target.name} has no '{f}' registers to pin to", loc, kn)
+        if first + n > files[f]:
+            raise KernelError(f"pinned tile {t} needs {f}{first}..{f}{first + n - 1} but "
+                              f"{target.name} has only {f}0..{f}{files[f] - 1}", loc, kn)
+        for (f2, a2, b2, loc2) in taken:
+            if f2 == f and first < b2 and a2 < first + n:
+                raise KernelError(f"pinned tile {t} ({f}{first}..{f}{first + n - 1}) overlaps "
+                                  f"the tile pinned at line {loc2.line if loc2 else '?'} "
+                                  f"({f}{a2}..{f}{b2 - 1})", loc, kn)
+        taken.append((f, first, first + n, loc))
+
+
+def _peak_registers(body: Block, wave: int) -> int:
+    """Peak of the sum of live register tiles, in op order; a tile used inside a loop stays
+    live for the whole loop."""
+    order: list = []
+
+    def flat(block, loop_stack):
+        for op in block.ops:
+            idx = len(order)
+            order.append((op, tuple(loop_stack)))
+            for r in op.regions:
+                flat(r, loop_stack + ([idx] if op.kind == "for" else []))
+            if op.kind == "for":
+                loop_end[idx] = len(order) - 1
+
+    loop_end: dict = {}
+    flat(body, [])
+    first, last = {}, {}
+    for i, (op, loops) in enumerate(order):
+        vals = ([op.dst] if op.dst is not None else []) + list(op.srcs)
+        for v in vals:
+            if isinstance(v.type, (RegTileType, RegVecType)):
+                first.setdefault(v, i)
+                end = i
+                for lp in loops:
+                    if first[v] < lp:           # defined outside this loop: live through it
+                        end = max(end, loop_end[lp])
+                last[v] = max(last.get(v, 0), end)
+    events = [0] * (len(order) + 1)
+    for v, a in first.items():
+        r = _regs_per_lane(v.type, wave)
+        events[a] += r
+        events[last[v] + 1] -= r
+    peak = cur = 0
+    for e in events:
+        cur += e
+        peak = max(peak, cur)
+    return peak

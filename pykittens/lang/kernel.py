@@ -1,0 +1,147 @@
+"""`@pk.kernel`: a typed signature, compile-time constants, and tracing into tile IR."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from ..ir import types as T
+from ..ir.errors import KernelError
+from ..ir.nodes import KernelIR, Loc, Param
+from . import trace
+from .values import GL, Scalar
+
+
+@dataclass(frozen=True)
+class GlobalSpec:
+    """Annotation `pk.gl[dtype, rank]` or `pk.gl[dtype, (None, 1024)]` (None = runtime).
+    The dtype may be the name of a pk.const (`pk.gl["DT", 2]`): it is then inferred from the
+    tensor passed at launch, so one kernel serves several element types."""
+    dtype: T.DType | str
+    shape: tuple
+
+    def type(self) -> T.GlobalType:
+        return T.GlobalType(self.dtype, self.shape)
+
+
+class _GL:
+    def __getitem__(self, item) -> GlobalSpec:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError("write pk.gl[dtype, rank] or pk.gl[dtype, (d0, d1, ...)]")
+        dtype, shape = item
+        if isinstance(shape, int):
+            if not 1 <= shape <= 4:
+                raise TypeError(f"global tensor rank must be 1..4, not {shape}")
+            shape = (None,) * shape
+        shape = tuple(None if d is None else int(d) for d in shape)
+        return GlobalSpec(dtype if isinstance(dtype, str) and dtype not in T.DTYPES
+                          else T.dtype_of(dtype), shape)
+
+
+gl = _GL()
+
+
+class _Const:
+    """Annotation for compile-time constants: `BLOCK: pk.const = 64`."""
+
+    def __repr__(self):
+        return "pk.const"
+
+
+const = _Const()
+
+
+class Kernel:
+    """A traced-on-demand kernel. `specialize(**consts)` gives its tile IR for those
+    constants (cached); `num_waves` is the workgroup size in waves."""
+
+    def __init__(self, fn, num_waves: int = 1):
+        self.fn, self.name = fn, fn.__name__
+        self.num_waves = num_waves
+        self.__doc__ = fn.__doc__
+        src = inspect.getsourcefile(fn) or "<unknown>"
+        self.loc = Loc(src, fn.__code__.co_firstlineno)
+        self.params: list[Param] = []
+        self.const_defaults: dict = {}
+        self._cache: dict = {}
+        sig = inspect.signature(fn)
+        for p in sig.parameters.values():
+            ann = p.annotation
+            if isinstance(ann, GlobalSpec):
+                self.params.append(Param(p.name, "gl", ann.type()))
+                if isinstance(ann.dtype, str) and ann.dtype not in sig.parameters:
+                    raise KernelError(f"parameter {p.name!r} takes its dtype from "
+                                      f"{ann.dtype!r}, which is not a pk.const parameter",
+                                      self.loc, self.name)
+            elif isinstance(ann, T.DType):
+                self.params.append(Param(p.name, "scalar", T.ScalarType(ann)))
+            elif ann is const:
+                if p.default is not inspect.Parameter.empty:
+                    self.const_defaults[p.name] = p.default
+                else:
+                    self.const_defaults[p.name] = None
+            else:
+                raise KernelError(f"parameter {p.name!r} needs an annotation: pk.gl[dtype, "
+                                  f"rank], a scalar type such as pk.f32, or pk.const",
+                                  self.loc, self.name)
+
+    @property
+    def const_names(self):
+        return list(self.const_defaults)
+
+    def consts_for(self, consts: dict) -> dict:
+        unknown = set(consts) - set(self.const_defaults) - {"num_waves"}
+        if unknown:
+            raise KernelError(f"unknown compile-time constant(s) {sorted(unknown)}; this "
+                              f"kernel takes {self.const_names}", self.loc, self.name)
+        merged = {**self.const_defaults, **consts}
+        missing = [k for k, v in merged.items() if v is None]
+        if missing:
+            raise KernelError(f"compile-time constant(s) {missing} have no default: pass "
+                              "them when compiling or launching", self.loc, self.name)
+        return merged
+
+    def specialize(self, **consts) -> KernelIR:
+        merged = self.consts_for(consts)
+        key = tuple(sorted(merged.items()))
+        if key not in self._cache:
+            self._cache[key] = self._trace(merged)
+        return self._cache[key]
+
+    def _trace(self, consts: dict) -> KernelIR:
+        nw = int(consts.pop("num_waves", self.num_waves))
+        if nw < 1:
+            raise KernelError("num_waves must be >= 1", self.loc, self.name)
+        tr = trace.Tracer(self.name, nw)
+        values, args = {}, {}
+        params = [self.resolve(p, consts) for p in self.params]
+        for p in params:
+            v = trace.new_value(p.type, p.name)
+            values[p.name] = v
+            args[p.name] = GL(v, p.name) if p.kind == "gl" else Scalar(v)
+        trace._stack.append(tr)
+        try:
+            self.fn(**args, **consts)
+        finally:
+            trace._stack.pop()
+        return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc)
+
+    def resolve(self, p: Param, consts: dict) -> Param:
+        """The parameter with a dtype named by a const replaced by that const's value."""
+        if p.kind == "gl" and isinstance(p.type.dtype, str):
+            return Param(p.name, p.kind, T.GlobalType(T.dtype_of(consts[p.type.dtype]),
+                                                      p.type.shape))
+        return p
+
+    def __call__(self, *a, **k):
+        raise KernelError("a pykittens kernel is not called directly: use "
+                          "pk.emulate(kernel, ...) or a runtime launch", self.loc, self.name)
+
+    def __repr__(self):
+        return f"<pykittens kernel {self.name}>"
+
+
+def kernel(fn=None, *, num_waves: int = 1):
+    """Decorator: `@pk.kernel` or `@pk.kernel(num_waves=4)`."""
+    if fn is None:
+        return lambda f: Kernel(f, num_waves)
+    return Kernel(fn, num_waves)

@@ -1,0 +1,480 @@
+"""Everything a kernel body calls: ids, tile constructors, memory, math, reductions, mma,
+control flow and scheduling. Each function checks its arguments and emits one tile-IR op."""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import math
+
+from ..ir import types as T
+from ..ir.nodes import Block
+from .trace import current, error, new_value
+from .values import GL, RT, RV, ST, Scalar, Tile, as_scalar
+
+# ---- types --------------------------------------------------------------------------------
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None) -> T.RegTileType:
+    """Register tile type: (rows, cols), element type, 'row'/'col' lane layout and an optional
+    matrix role ('a', 'b', 'acc'). `pin="a0"` places it on explicit registers (CDNA)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 2 or not all(_pow2(s) for s in shape):
+        raise error(f"register tile shape {shape} must be two powers of two (rows, cols); "
+                    "ragged problem sizes are handled by bounds on load/store, not by the tile")
+    if layout not in ("row", "col"):
+        raise error(f"register tile layout must be 'row' or 'col', not {layout!r}")
+    if role not in T.ROLES:
+        raise error(f"register tile role must be one of 'a', 'b', 'acc' or None, not {role!r}")
+    if pin is not None:
+        if not (isinstance(pin, str) and pin[:1] in ("v", "a") and pin[1:].isdigit()):
+            raise error(f"pin={pin!r}: write the first register as 'v<N>' or 'a<N>', e.g. 'a0'")
+        pin = (pin[0], int(pin[1:]))
+    return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin)
+
+
+def rv(of: T.RegTileType | RT, axis: str = "row", dtype=None) -> T.RegVecType:
+    """Vector type with one value per row (axis='row') or column (axis='col') of tile `of`."""
+    of = of.type if isinstance(of, RT) else of
+    if not isinstance(of, T.RegTileType):
+        raise error("pk.rv(of=...) needs a register tile type or tile")
+    if axis not in ("row", "col"):
+        raise error(f"vector axis must be 'row' or 'col', not {axis!r}")
+    return T.RegVecType(T.dtype_of(dtype) if dtype is not None else of.dtype, of, axis)
+
+
+def st(shape, dtype, swizzle: int = 0) -> T.SharedTileType:
+    """Shared tile type (LDS on CDNA, shared memory on Hopper)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 2 or not all(_pow2(s) for s in shape):
+        raise error(f"shared tile shape {shape} must be two powers of two (rows, cols)")
+    if swizzle and not _pow2(swizzle):
+        raise error(f"swizzle={swizzle} must be a power of two (rows in the XOR pattern)")
+    return T.SharedTileType(T.dtype_of(dtype), shape, swizzle)
+
+
+def _wrap(v):
+    t = v.type
+    if isinstance(t, T.RegVecType):
+        return RV(v)
+    if isinstance(t, T.RegTileType):
+        return RT(v)
+    return ST(v)
+
+
+def empty(type_) -> Tile:
+    """Allocate a tile of `type_` (contents undefined until written)."""
+    if not T.is_tile(type_):
+        raise error(f"pk.empty needs a tile type from pk.rt / pk.rv / pk.st, got {type_!r}")
+    if isinstance(type_, T.SharedTileType) and len(current().blocks) > 1:
+        raise error("shared tiles must be allocated at the top of the kernel, outside loops "
+                    "and branches, so their LDS offsets are static")
+    v = new_value(type_)
+    current().emit("alloc", v)
+    return _wrap(v)
+
+
+def full(type_, value) -> Tile:
+    t = empty(type_)
+    fill(t, value)
+    return t
+
+
+def zeros(type_) -> Tile:
+    return full(type_, 0.0)
+
+
+def fill(dst: Tile, value) -> Tile:
+    _need_reg(dst, "fill")
+    current().emit("fill", dst.v, (as_scalar(value, dst.dtype).v,))
+    return dst
+
+
+def _need_reg(t, what):
+    if not isinstance(t, RT):
+        raise error(f"{what} works on register tiles/vectors, got {type(t).__name__}")
+
+
+def _dst_of(dst):
+    """`dst` may be a tile (written in place) or a tile type (a new tile is allocated)."""
+    if isinstance(dst, Tile):
+        return dst
+    if T.is_tile(dst):
+        return empty(dst)
+    raise error(f"expected a tile or a tile type as destination, got {type(dst).__name__}")
+
+
+# ---- ids ----------------------------------------------------------------------------------
+
+def _special(name, axis=0) -> Scalar:
+    if axis not in (0, 1, 2):
+        raise error(f"axis must be 0, 1 or 2, not {axis!r}")
+    out = new_value(T.ScalarType(T.i32), name)
+    current().emit("special", out, name=name, axis=axis)
+    return Scalar(out)
+
+
+def program_id(axis: int = 0) -> Scalar:
+    """Index of this workgroup in the launch grid along `axis`."""
+    return _special("program_id", axis)
+
+
+def num_programs(axis: int = 0) -> Scalar:
+    return _special("num_programs", axis)
+
+
+def wave_id() -> Scalar:
+    """Index of this wave (warp on Hopper) inside the workgroup."""
+    return _special("wave_id")
+
+
+def num_waves() -> int:
+    """Waves per workgroup: a compile-time constant of the kernel."""
+    return current().num_waves
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+def _coords(coord, n, what):
+    if not isinstance(coord, (tuple, list)):
+        coord = (coord,)
+    if len(coord) != n:
+        raise error(f"{what} needs {n} coordinates (one per tensor dim), got {len(coord)}")
+    return tuple(as_scalar(c, T.i32).v for c in coord)
+
+
+def _check_window(tile_t, mem_t, what):
+    need = 1 if isinstance(tile_t, T.RegVecType) else 2
+    if mem_t.rank < need:
+        raise error(f"{what}: a {need}-D tile needs a global tensor of rank >= {need}, "
+                    f"got rank {mem_t.rank}")
+
+
+def load(dst, src, coord=(0, 0), fill: float = 0.0) -> Tile:
+    """Load into `dst` (a tile, or a tile type to allocate) from `src` at element `coord`.
+
+    global -> register/shared: `coord` has one entry per tensor dim and the tile covers the
+    last one (vectors) or two (tiles) dims; elements outside the tensor read as `fill`.
+    shared -> register: `coord` is the (row, col) of the sub-tile inside the shared tile.
+    Element types convert on the way (e.g. bf16 in memory, f32 in registers).
+    """
+    dst = _dst_of(dst)
+    tr = current()
+    if isinstance(src, GL):
+        _check_window(dst.type, src.type, "load")
+        if isinstance(dst, ST) and isinstance(dst.type, T.SharedTileType) and src.dtype != dst.dtype:
+            raise error(f"global->shared load copies bytes and cannot convert "
+                        f"{src.dtype} to {dst.dtype}; make the shared tile {src.dtype}")
+        tr.emit("load", dst.v, (src.v,) + _coords(coord, src.rank, "load"), fill=float(fill))
+    elif isinstance(src, ST):
+        if not isinstance(dst, RT) or isinstance(dst, RV):
+            raise error("shared tiles load into register tiles (pk.rt)")
+        _check_subtile(dst.type.shape, src.type.shape, coord, "load")
+        tr.emit("load", dst.v, (src.v,) + _coords(coord, 2, "load"), fill=float(fill))
+    else:
+        raise error(f"load source must be a global tensor parameter or a shared tile, "
+                    f"got {type(src).__name__}")
+    return dst
+
+
+def store(dst, src: Tile, coord=(0, 0)) -> None:
+    """Store tile `src` into `dst` (global tensor or shared tile) at element `coord`;
+    elements outside a global tensor are not written."""
+    if not isinstance(src, Tile):
+        raise error(f"store source must be a tile, got {type(src).__name__}")
+    tr = current()
+    if isinstance(dst, GL):
+        _check_window(src.type, dst.type, "store")
+        if isinstance(src, ST) and src.dtype != dst.dtype:
+            raise error(f"shared->global store cannot convert {src.dtype} to {dst.dtype}")
+        tr.emit("store", dst.v, (src.v,) + _coords(coord, dst.rank, "store"))
+    elif isinstance(dst, ST):
+        if not isinstance(src, RT) or isinstance(src, RV):
+            raise error("only register tiles store into shared tiles")
+        _check_subtile(src.type.shape, dst.type.shape, coord, "store")
+        tr.emit("store", dst.v, (src.v,) + _coords(coord, 2, "store"))
+    else:
+        raise error(f"store destination must be a global tensor or a shared tile, "
+                    f"got {type(dst).__name__}")
+
+
+def _check_subtile(tshape, sshape, coord, what):
+    if tshape[0] > sshape[0] or tshape[1] > sshape[1]:
+        raise error(f"{what}: register tile {tshape} does not fit in shared tile {sshape}")
+    if isinstance(coord, (tuple, list)) and all(isinstance(c, int) for c in coord):
+        if any(c < 0 or c + t > s for c, t, s in zip(coord, tshape, sshape)):
+            raise error(f"{what}: sub-tile at {tuple(coord)} of size {tshape} falls outside "
+                        f"the shared tile {sshape}")
+
+
+# ---- math ---------------------------------------------------------------------------------
+
+_UNARY = ("exp2", "log2", "rsqrt", "abs", "neg", "sqrt", "recip")
+
+
+def _result_like(a: RT, dst=None, dtype=None) -> RT:
+    if dst is not None:
+        return dst
+    t = a.type
+    if dtype is not None:
+        t = T.RegVecType(dtype, t.of, t.axis) if isinstance(t, T.RegVecType) else \
+            T.RegTileType(dtype, t.shape, t.layout, t.role)
+    elif t.__class__ is T.RegTileType and t.pin is not None:
+        t = T.RegTileType(t.dtype, t.shape, t.layout, t.role)
+    return empty(t)
+
+
+def _unary(op, a, out=None):
+    _need_reg(a, op)
+    if not a.dtype.is_float:
+        raise error(f"{op} needs a float tile, got {a.dtype}")
+    dst = _result_like(a, out)
+    _same_shape(dst, a, op)
+    current().emit("unary", dst.v, (a.v,), op=op)
+    return dst
+
+
+def exp2(a, out=None): return _unary("exp2", a, out)
+def log2(a, out=None): return _unary("log2", a, out)
+def rsqrt(a, out=None): return _unary("rsqrt", a, out)
+def sqrt(a, out=None): return _unary("sqrt", a, out)
+def abs(a, out=None): return _unary("abs", a, out)  # noqa: A001
+
+
+def _same_shape(x: RT, y: RT, what):
+    tx, ty = x.type, y.type
+    if type(tx) is not type(ty):
+        raise error(f"{what}: cannot combine {tx} with {ty}")
+    if isinstance(tx, T.RegVecType):
+        if (tx.length, tx.axis) != (ty.length, ty.axis) or _lay(tx.of) != _lay(ty.of):
+            raise error(f"{what}: vectors {tx} and {ty} differ in length, axis or layout")
+    elif _lay(tx) != _lay(ty):
+        raise error(f"{what}: tiles {tx} and {ty} differ in shape, layout or role; "
+                    "convert with pk.copy into a tile of the wanted layout")
+
+
+def _lay(t: T.RegTileType):
+    return (t.shape, t.layout, t.role)
+
+
+def _binary(op, a: RT, b, dst=None, reverse=False):
+    """a <op> b where b is a tile of the same shape, a vector broadcast along its axis, or a
+    scalar. The result has a's type."""
+    _need_reg(a, op)
+    if isinstance(b, RV) and not isinstance(a, RV):
+        if _lay(b.type.of) != _lay(a.type):
+            raise error(f"{op}: vector {b.type} was not made for tile {a.type}; "
+                        "vectors broadcast only over tiles of the shape and layout they "
+                        "came from")
+        if b.dtype != a.dtype:
+            raise error(f"{op}: {a.dtype} tile with {b.dtype} vector; cast one with pk.cast")
+        bcast, bv = b.type.axis, b.v
+    elif isinstance(b, RT):
+        _same_shape(a, b, op)
+        if b.dtype != a.dtype:
+            raise error(f"{op}: {a.dtype} with {b.dtype}; cast one with pk.cast")
+        bcast, bv = "tile", b.v
+    elif isinstance(b, Tile):
+        raise error(f"{op}: shared tiles are not operands of math; load them into registers")
+    else:
+        bcast, bv = "scalar", as_scalar(b, a.dtype).v
+    out = _result_like(a, dst)
+    current().emit("binary", out.v, (a.v, bv), op=op, bcast=bcast, reverse=reverse)
+    return out
+
+
+def add(a, b, out=None): return _binary("add", a, b, out)
+def sub(a, b, out=None): return _binary("sub", a, b, out)
+def mul(a, b, out=None): return _binary("mul", a, b, out)
+def div(a, b, out=None): return _binary("div", a, b, out)
+def max(a, b, out=None): return _binary("max", a, b, out)  # noqa: A001
+def min(a, b, out=None): return _binary("min", a, b, out)  # noqa: A001
+
+
+def copy(dst: RT, src) -> RT:
+    """dst <- src, converting the element type (and broadcasting a scalar)."""
+    _need_reg(dst, "copy")
+    if isinstance(src, RT):
+        _same_shape(dst, src, "copy")
+        current().emit("copy", dst.v, (src.v,))
+    else:
+        fill(dst, src)
+    return dst
+
+
+def cast(a: RT, dtype) -> RT:
+    """A new tile with a's values converted to `dtype` (round to nearest even; fp8 and int8
+    saturate to their largest finite value)."""
+    _need_reg(a, "cast")
+    out = _result_like(a, dtype=T.dtype_of(dtype))
+    current().emit("copy", out.v, (a.v,))
+    return out
+
+
+def mask_outside(t: RT, origin, extent, value: float = 0.0, out=None) -> RT:
+    """Replace elements whose global position `origin + (row, col)` lies outside
+    [0, extent[0]) x [0, extent[1]) by `value`: how ragged edges are neutralised before a
+    reduction."""
+    _need_reg(t, "mask_outside")
+    if isinstance(t, RV):
+        raise error("mask_outside works on 2-D register tiles")
+    o, e = _coords(origin, 2, "mask_outside origin"), _coords(extent, 2, "mask_outside extent")
+    dst = _result_like(t, out)
+    current().emit("mask", dst.v, (t.v,) + o + e, value=float(value))
+    return dst
+
+
+# ---- reductions ---------------------------------------------------------------------------
+
+def _reduce(op, axis, t: RT, into=None):
+    _need_reg(t, f"{axis}_{op}")
+    if isinstance(t, RV):
+        raise error("reductions take a 2-D register tile")
+    if into is None:
+        dst, acc = empty(rv(t.type, axis)), False
+    else:
+        if not isinstance(into, RV) or into.type.axis != axis or _lay(into.type.of) != _lay(t.type):
+            raise error(f"into= must be a {axis} vector made for tile {t.type}")
+        dst, acc = into, True
+    if dst.dtype != t.dtype:
+        raise error(f"{axis}_{op}: vector is {dst.dtype} but tile is {t.dtype}")
+    current().emit("reduce", dst.v, (t.v,), op=op, axis=axis, accumulate=acc)
+    return dst
+
+
+def row_max(t, into=None):
+    """Max of each row (a 'row' vector). With into=v, v <- max(v, row max)."""
+    return _reduce("max", "row", t, into)
+
+
+def row_sum(t, into=None):
+    return _reduce("add", "row", t, into)
+
+
+def col_max(t, into=None):
+    return _reduce("max", "col", t, into)
+
+
+def col_sum(t, into=None):
+    return _reduce("add", "col", t, into)
+
+
+# ---- matrix multiply ----------------------------------------------------------------------
+
+def _mma(trans, d: RT, a: RT, b: RT, c: RT | None):
+    for x, nm in ((d, "d"), (a, "a"), (b, "b")):
+        if not isinstance(x, RT) or isinstance(x, RV):
+            raise error(f"mma operand {nm} must be a register tile")
+    am, ak = a.shape if trans[0] == "N" else a.shape[::-1]
+    bk, bn = b.shape if trans[1] == "N" else b.shape[::-1]
+    if ak != bk or d.shape != (am, bn):
+        raise error(f"mma_{_TNAME[trans]}: shapes d{d.shape} a{a.shape} b{b.shape} do not "
+                    f"form (M x K) @ (K x N) -> (M x N)")
+    if a.dtype != b.dtype:
+        raise error(f"mma: a is {a.dtype} but b is {b.dtype}")
+    if d.dtype != T.f32:
+        raise error(f"mma accumulates in f32; make d an f32 tile, not {d.dtype}")
+    c = d if c is None else c
+    _same_shape(d, c, "mma accumulator")
+    current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans)
+    return d
+
+
+_TNAME = {"NN": "AB", "NT": "ABt", "TN": "AtB"}
+
+
+def mma_AB(d, a, b, c=None):
+    """d <- a @ b + c (c defaults to d)."""
+    return _mma("NN", d, a, b, c)
+
+
+def mma_ABt(d, a, b, c=None):
+    """d <- a @ b.T + c: b is stored N x K (as in attention's Q @ K^T)."""
+    return _mma("NT", d, a, b, c)
+
+
+def mma_AtB(d, a, b, c=None):
+    """d <- a.T @ b + c: a is stored K x M."""
+    return _mma("TN", d, a, b, c)
+
+
+# ---- control flow -------------------------------------------------------------------------
+
+def range(start, stop=None, step=1):  # noqa: A001
+    """A real loop in the IR (not unrolled): the body is traced once with a symbolic index.
+    Tiles written in the body are loop-carried."""
+    if stop is None:
+        start, stop = 0, start
+    if isinstance(step, Scalar) or step == 0:
+        raise error("pk.range step must be a non-zero Python int")
+    tr = current()
+    idx = new_value(T.ScalarType(T.i32), "i")
+    body = Block()
+    tr.emit("for", idx, (as_scalar(start, T.i32).v, as_scalar(stop, T.i32).v),
+            regions=[body], step=int(step))
+    tr.blocks.append(body)
+    try:
+        yield Scalar(idx)
+    finally:
+        tr.blocks.pop()
+
+
+def static_range(*args):
+    """Unrolled at trace time: bounds must be Python ints."""
+    for a in args:
+        if isinstance(a, Scalar):
+            raise error("pk.static_range needs Python ints; use pk.range for runtime bounds")
+    return builtins.range(*args)
+
+
+@contextlib.contextmanager
+def if_(cond):
+    """`with pk.if_(cond):` — a branch on a wave-uniform condition."""
+    if not isinstance(cond, Scalar) or cond.dtype != T.boolean:
+        raise error("pk.if_ needs a comparison of traced scalars (e.g. pk.wave_id() == 0); "
+                    "for Python values use a plain `if`")
+    tr = current()
+    then = Block()
+    tr.emit("if", None, (cond.v,), regions=[then])
+    tr.blocks.append(then)
+    try:
+        yield
+    finally:
+        tr.blocks.pop()
+
+
+@contextlib.contextmanager
+def else_():
+    """`with pk.else_():` right after a `with pk.if_(...)` block."""
+    tr = current()
+    ops = tr.blocks[-1].ops
+    if not ops or ops[-1].kind != "if" or len(ops[-1].regions) != 1:
+        raise error("pk.else_ must directly follow a `with pk.if_(...)` block")
+    blk = Block()
+    ops[-1].regions.append(blk)
+    tr.blocks.append(blk)
+    try:
+        yield
+    finally:
+        tr.blocks.pop()
+
+
+# ---- synchronisation and scheduling -------------------------------------------------------
+
+def barrier() -> None:
+    """Workgroup barrier: every wave must reach the same barrier."""
+    current().emit("barrier")
+
+
+def setprio(level: int) -> None:
+    """Wave priority for instruction issue (CDNA `s_setprio`, 0..3)."""
+    if not isinstance(level, int) or not 0 <= level <= 3:
+        raise error("setprio level must be an int in 0..3")
+    current().emit("setprio", level=level)
+
+
+def log2_e() -> float:
+    return math.log2(math.e)

@@ -1,0 +1,57 @@
+"""The tracing context: where ops go while a kernel function runs, and whose line they carry."""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..ir.errors import KernelError
+from ..ir.nodes import Block, Loc, Op, Value
+
+_PKG_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(__file__)), d) + os.sep
+                  for d in ("lang", "ir"))
+
+
+def user_loc() -> Loc | None:
+    """The innermost stack frame that is not pykittens' own language machinery."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PKG_DIRS) and not fn.startswith("<frozen"):
+            return Loc(fn, f.f_lineno)
+        f = f.f_back
+    return None
+
+
+class Tracer:
+    def __init__(self, kernel_name: str, num_waves: int):
+        self.kernel_name = kernel_name
+        self.num_waves = num_waves
+        self.blocks: list[Block] = [Block()]
+        self.root = self.blocks[0]
+
+    def emit(self, kind, dst=None, srcs=(), regions=None, **attrs) -> Op:
+        op = Op(kind, dst, tuple(srcs), attrs, regions or [], user_loc())
+        self.blocks[-1].ops.append(op)
+        return op
+
+    def error(self, msg: str) -> KernelError:
+        return KernelError(msg, user_loc(), self.kernel_name)
+
+
+_stack: list[Tracer] = []
+
+
+def current() -> Tracer:
+    if not _stack:
+        raise KernelError("pykittens ops can only be called while a @pk.kernel function is "
+                          "being traced (compile, emulate or launch the kernel)", user_loc())
+    return _stack[-1]
+
+
+def error(msg: str) -> KernelError:
+    t = _stack[-1] if _stack else None
+    return KernelError(msg, user_loc(), t.kernel_name if t else None)
+
+
+def new_value(type_, name="") -> Value:
+    return Value(type_, name)

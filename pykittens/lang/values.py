@@ -1,0 +1,225 @@
+"""Proxies that stand for IR values while a kernel is traced, so kernels read like numpy."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from .trace import current, error, new_value
+
+_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
+        "max": "max", "min": "min"}
+_CMP = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def _py_scalar_dtype(x) -> T.DType:
+    if isinstance(x, (bool, np.bool_)):
+        raise error("booleans are not kernel values; compare scalars instead")
+    return T.i32 if isinstance(x, (int, np.integer)) else T.f32
+
+
+def as_scalar(x, dtype: T.DType | None = None) -> "Scalar":
+    """A Scalar from a Scalar or a Python number (constant), cast to dtype if given."""
+    if isinstance(x, Scalar):
+        return x if dtype is None or x.dtype == dtype else x.cast(dtype)
+    if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
+        d = dtype or _py_scalar_dtype(x)
+        v = new_value(T.ScalarType(d))
+        current().emit("const", v, value=(float(x) if d.is_float else int(x)))
+        return Scalar(v)
+    raise error(f"expected a scalar or a number, got {type(x).__name__}")
+
+
+class Scalar:
+    """A wave-uniform scalar (program id, loop index, kernel argument, ...)."""
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = v
+
+    @property
+    def dtype(self) -> T.DType:
+        return self.v.type.dtype
+
+    def cast(self, dtype) -> "Scalar":
+        d = T.dtype_of(dtype)
+        out = new_value(T.ScalarType(d))
+        current().emit("scast", out, (self.v,))
+        return Scalar(out)
+
+    def _bin(self, op, other, reverse=False):
+        if isinstance(other, Tile):
+            return NotImplemented
+        o = as_scalar(other) if not isinstance(other, Scalar) else other
+        a, b = (o, self) if reverse else (self, o)
+        d = T.f32 if (a.dtype.is_float or b.dtype.is_float or op == "div") else T.i32
+        a, b = as_scalar(a, d), as_scalar(b, d)
+        if op in _CMP:
+            out = new_value(T.ScalarType(T.boolean))
+        else:
+            out = new_value(T.ScalarType(d))
+        current().emit("sbin", out, (a.v, b.v), op=op)
+        return Scalar(out)
+
+    def __add__(self, o): return self._bin("add", o)
+    def __radd__(self, o): return self._bin("add", o, True)
+    def __sub__(self, o): return self._bin("sub", o)
+    def __rsub__(self, o): return self._bin("sub", o, True)
+    def __mul__(self, o): return self._bin("mul", o)
+    def __rmul__(self, o): return self._bin("mul", o, True)
+    def __truediv__(self, o): return self._bin("div", o)
+    def __rtruediv__(self, o): return self._bin("div", o, True)
+    def __floordiv__(self, o): return self._bin("floordiv", o)
+    def __rfloordiv__(self, o): return self._bin("floordiv", o, True)
+    def __mod__(self, o): return self._bin("mod", o)
+    def __rmod__(self, o): return self._bin("mod", o, True)
+    def __lt__(self, o): return self._bin("lt", o)
+    def __le__(self, o): return self._bin("le", o)
+    def __gt__(self, o): return self._bin("gt", o)
+    def __ge__(self, o): return self._bin("ge", o)
+    def __and__(self, o): return self._bin("and", o)
+    def __or__(self, o): return self._bin("or", o)
+    def __neg__(self): return self._bin("sub", 0, True)
+
+    def __eq__(self, o): return self._bin("eq", o)     # type: ignore[override]
+    def __ne__(self, o): return self._bin("ne", o)     # type: ignore[override]
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self):
+        raise error("a traced scalar has no Python truth value: branch with "
+                    "`with pk.if_(cond):`, loop with `pk.range`, or make it a pk.const")
+
+    def __index__(self):
+        raise error("a traced scalar cannot be used where Python needs an int (e.g. "
+                    "range() or a shape): use pk.range, or pass a pk.const")
+
+    def __repr__(self):
+        return f"Scalar({self.v!r}: {self.dtype})"
+
+
+def where(cond, a, b):
+    """Select for scalars; works on traced scalars and on numpy arrays alike, so one
+    function can describe e.g. a grid mapping both in a kernel and in a simulator."""
+    if any(isinstance(x, Scalar) for x in (cond, a, b)):
+        c = as_scalar(cond) if not isinstance(cond, Scalar) else cond
+        d = T.f32 if any(isinstance(x, Scalar) and x.dtype.is_float or isinstance(x, float)
+                         for x in (a, b)) else T.i32
+        a, b = as_scalar(a, d), as_scalar(b, d)
+        out = new_value(T.ScalarType(d))
+        current().emit("sselect", out, (c.v, a.v, b.v))
+        return Scalar(out)
+    return np.where(cond, a, b)
+
+
+def minimum(a, b):
+    if isinstance(a, Scalar) or isinstance(b, Scalar):
+        return (a if isinstance(a, Scalar) else as_scalar(a))._bin("min", b)
+    return np.minimum(a, b)
+
+
+def maximum(a, b):
+    if isinstance(a, Scalar) or isinstance(b, Scalar):
+        return (a if isinstance(a, Scalar) else as_scalar(a))._bin("max", b)
+    return np.maximum(a, b)
+
+
+# ---- tiles --------------------------------------------------------------------------------
+
+class Tile:
+    """Base of the tile proxies: storage that ops write in place."""
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = v
+
+    @property
+    def type(self):
+        return self.v.type
+
+    @property
+    def dtype(self) -> T.DType:
+        return self.v.type.dtype
+
+    def __bool__(self):
+        raise error("a tile has no Python truth value")
+
+
+class RT(Tile):
+    """Per-wave register tile."""
+
+    @property
+    def shape(self):
+        return self.type.shape
+
+    def _bin(self, op, other, dst=None, reverse=False):
+        from . import ops
+        return ops._binary(op, self, other, dst=dst, reverse=reverse)
+
+    def __add__(self, o): return self._bin("add", o)
+    def __radd__(self, o): return self._bin("add", o, reverse=True)
+    def __sub__(self, o): return self._bin("sub", o)
+    def __rsub__(self, o): return self._bin("sub", o, reverse=True)
+    def __mul__(self, o): return self._bin("mul", o)
+    def __rmul__(self, o): return self._bin("mul", o, reverse=True)
+    def __truediv__(self, o): return self._bin("div", o)
+    def __rtruediv__(self, o): return self._bin("div", o, reverse=True)
+    def __neg__(self): return self._bin("mul", -1.0)
+    def __iadd__(self, o): return self._bin("add", o, dst=self)
+    def __isub__(self, o): return self._bin("sub", o, dst=self)
+    def __imul__(self, o): return self._bin("mul", o, dst=self)
+    def __itruediv__(self, o): return self._bin("div", o, dst=self)
+
+    def cast(self, dtype) -> "RT":
+        from . import ops
+        return ops.cast(self, dtype)
+
+    def set(self, src) -> "RT":
+        """Copy `src` (a tile of the same shape, or a scalar) into this tile."""
+        from . import ops
+        return ops.copy(self, src)
+
+
+class RV(RT):
+    """Per-wave vector along the rows or the columns of a register tile."""
+
+    @property
+    def shape(self):
+        return (self.type.length,)
+
+
+class ST(Tile):
+    """Workgroup-shared tile (LDS / shared memory)."""
+
+    @property
+    def shape(self):
+        return self.type.shape
+
+
+class GL:
+    """A global-memory tensor parameter. `shape[i]` is a Python int for static dims and a
+    traced scalar for dims known only at launch."""
+
+    def __init__(self, v, name):
+        self.v, self.name = v, name
+
+    @property
+    def type(self) -> T.GlobalType:
+        return self.v.type
+
+    @property
+    def dtype(self):
+        return self.type.dtype
+
+    @property
+    def rank(self):
+        return self.type.rank
+
+    @property
+    def shape(self):
+        return tuple(self.dim(i) for i in range(self.rank))
+
+    def dim(self, i: int):
+        if self.type.shape[i] is not None:
+            return self.type.shape[i]
+        out = new_value(T.ScalarType(T.i32), f"{self.name}_d{i}")
+        current().emit("dim", out, (self.v,), axis=i)
+        return Scalar(out)

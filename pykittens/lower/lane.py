@@ -1,0 +1,74 @@
+"""Lane IR: what one lane of one wave executes.
+
+Every value is a register holding `nslots` elements per lane (`uniform` registers hold one
+value for the whole wave: SGPRs on CDNA). Ops write their `dst` register in place, so a
+register named before a loop and written inside it is loop-carried without phi nodes.
+The same program is rendered to LLVM IR and executed by the emulator.
+
+Op kinds (attrs in brackets):
+  const[value] special[name, axis] dim(gl)[axis] stride(gl)[axis]
+  coord[layout, dim, scope]          element row/col each (lane, slot) holds under a layout
+  mov(a)  bin(a, b)[op]  un(a)[op]  cmp(a, b)[op]  select(c, a, b)  cvt(a)
+  slots(a)[index]                    static gather of slots
+  slot_reduce(a)[op, groups]         reduce groups of slots, left to right
+  bfly(a)[op, bits]                  butterfly across lanes, one lane bit at a time
+  gload(gl, off, mask)  gstore(gl, off, mask, val)      global, element offsets
+  lds_load(addr)[region]  lds_store(addr, val)[region]  LDS, byte addresses
+  for(start, stop)[step]{body}  if(c){then}{else}  barrier  setprio[level]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.nodes import Block, Op, Value
+from ..ir.types import DType
+
+
+@dataclass(frozen=True)
+class LaneType:
+    dtype: DType
+    nslots: int = 1
+    uniform: bool = False
+
+    def __str__(self) -> str:
+        if self.uniform:
+            return f"s.{self.dtype}"
+        return f"v.{self.dtype}x{self.nslots}"
+
+
+@dataclass(frozen=True)
+class LDSRegion:
+    """One shared tile's slice of the workgroup's LDS."""
+    name: str
+    base: int
+    size: int
+
+
+@dataclass(eq=False)
+class LaneProgram:
+    name: str
+    target: object
+    params: list              # tile-IR Params, in kernel-argument order
+    param_values: dict        # name -> Value (gl Values are used directly as pointers)
+    num_waves: int
+    lds_bytes: int
+    regions: list[LDSRegion]
+    body: Block
+    consts: dict
+
+    @property
+    def wave_size(self) -> int:
+        return self.target.wave_size
+
+
+class LaneBuilder:
+    def __init__(self):
+        self.blocks = [Block()]
+
+    def reg(self, dtype, nslots=1, uniform=False, name="") -> Value:
+        return Value(LaneType(dtype, nslots, uniform), name)
+
+    def emit(self, kind, dst=None, srcs=(), loc=None, regions=None, **attrs):
+        op = Op(kind, dst, tuple(srcs), attrs, regions or [], loc)
+        self.blocks[-1].ops.append(op)
+        return dst

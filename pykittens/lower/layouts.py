@@ -1,0 +1,55 @@
+"""Which lane holds which element: the layout of every register tile and vector on a target."""
+from __future__ import annotations
+
+from ..ir.errors import NotSupportedYet
+from ..ir.types import RegTileType, RegVecType, SharedTileType
+from ..targets.base import LaneLayout, row_major_lane_layout
+
+VEC_BYTES = 16     # widest per-lane global/LDS access on all targets (b128)
+
+
+def transpose(lay: LaneLayout) -> LaneLayout:
+    bits = tuple((None if d is None else 1 - d, s) for d, s in lay.lane_bits)
+    return LaneLayout(lay.shape[::-1], bits, tuple((c, r) for r, c in lay.slots))
+
+
+def tile_layout(t: RegTileType, target) -> LaneLayout:
+    if t.role is not None:
+        raise NotSupportedYet(f"register tiles with role {t.role!r} (matrix-instruction "
+                              f"layouts) are not supported yet on {target.name}")
+    vec = max(1, VEC_BYTES // t.dtype.bytes)
+    if t.layout == "row":
+        return row_major_lane_layout(t.shape, target.wave_size, vec)
+    return transpose(row_major_lane_layout(t.shape[::-1], target.wave_size, vec))
+
+
+def vec_layout(v: RegVecType, target) -> LaneLayout:
+    """A vector keeps the lane bits of its axis from the parent tile; the other lane bits
+    replicate it, and its slots are the distinct offsets along the axis."""
+    parent = tile_layout(v.of, target)
+    dim = 0 if v.axis == "row" else 1
+    bits = tuple((d if d == dim else None, s) for d, s in parent.lane_bits)
+    offs = sorted({s[dim] for s in parent.slots})
+    slots = tuple((o, 0) if dim == 0 else (0, o) for o in offs)
+    shape = (v.length, 1) if dim == 0 else (1, v.length)
+    return LaneLayout(shape, bits, slots)
+
+
+def reg_layout(t, target) -> LaneLayout:
+    return vec_layout(t, target) if isinstance(t, RegVecType) else tile_layout(t, target)
+
+
+def broadcast_index(v: RegVecType, target) -> tuple[int, ...]:
+    """For each slot of the parent tile, the vector slot holding its row (or column)."""
+    parent = tile_layout(v.of, target)
+    dim = 0 if v.axis == "row" else 1
+    offs = sorted({s[dim] for s in parent.slots})
+    pos = {o: i for i, o in enumerate(offs)}
+    return tuple(pos[s[dim]] for s in parent.slots)
+
+
+def workgroup_layout(t: SharedTileType, target, num_waves: int) -> LaneLayout:
+    """How all lanes of a workgroup split a cooperative global<->shared copy: the wave index
+    supplies the lane bits above the wave's own."""
+    vec = max(1, VEC_BYTES // t.dtype.bytes)
+    return row_major_lane_layout(t.shape, target.wave_size * num_waves, vec)

@@ -1,0 +1,342 @@
+"""Lowering of each tile-IR op into lane-IR ops."""
+from __future__ import annotations
+
+from ..ir import types as T
+from ..ir.errors import KernelError, NotSupportedYet
+from ..ir.nodes import Block, KernelIR
+from ..ir.verify import verify
+from ..targets import get as get_target
+from . import layouts as L
+from .lane import LaneBuilder, LaneProgram, LDSRegion
+
+LDS_ALIGN = 16
+
+
+class _Lowering:
+    def __init__(self, k: KernelIR, target):
+        self.k, self.t = k, target
+        self.b = LaneBuilder()
+        self.env: dict = {}            # tile-IR Value -> lane register (or LDSRegion)
+        self.layouts: dict = {}        # tile-IR Value -> LaneLayout
+        self.regions: list[LDSRegion] = []
+        self.lds = 0
+        self.loc = None
+
+    # -- helpers ------------------------------------------------------------------------
+    def err(self, msg, cls=KernelError):
+        return cls(msg, self.loc, self.k.name)
+
+    def emit(self, kind, dst=None, srcs=(), regions=None, **attrs):
+        return self.b.emit(kind, dst, srcs, self.loc, regions, **attrs)
+
+    def const(self, value, dtype=T.i32):
+        r = self.b.reg(dtype, uniform=True)
+        return self.emit("const", r, value=value)
+
+    def bin(self, op, a, b, dtype=None, nslots=None):
+        dt = dtype or a.type.dtype
+        n = nslots or max(a.type.nslots, b.type.nslots)
+        uni = a.type.uniform and b.type.uniform
+        r = self.b.reg(T.boolean if op in ("lt", "le", "gt", "ge", "eq", "ne") else dt, n, uni)
+        kind = "cmp" if op in ("lt", "le", "gt", "ge", "eq", "ne") else "bin"
+        return self.emit(kind, r, (a, b), op=op)
+
+    def coords(self, lay, origin, scope="wave"):
+        """Per-(lane, slot) global coordinates: origin + layout position, for each dim."""
+        out = []
+        for dim in (0, 1):
+            c = self.b.reg(T.i32, lay.nslots)
+            self.emit("coord", c, layout=lay, dim=dim, scope=scope)
+            out.append(self.bin("add", c, origin[dim]) if origin[dim] is not None else c)
+        return out
+
+    def gl_access(self, gl_v, idx_lead, rows, cols):
+        """Element offsets and in-bounds mask of a window of a global tensor."""
+        gt: T.GlobalType = gl_v.type
+        n = gt.rank
+        idx = list(idx_lead) + [x for x in (rows, cols) if x is not None]
+        off = mask = None
+        for axis, x in enumerate(idx):
+            stride = self.b.reg(T.i32, uniform=True)
+            self.emit("stride", stride, (gl_v,), axis=axis)
+            term = self.bin("mul", x, stride)
+            off = term if off is None else self.bin("add", off, term)
+            dim = self.dim(gl_v, axis)
+            ok = self.bin("lt", x, dim)
+            ok = self.bin("and", ok, self.bin("ge", x, self.const(0)), T.boolean)
+            mask = ok if mask is None else self.bin("and", mask, ok, T.boolean)
+        assert len(idx) == n
+        return off, mask
+
+    def dim(self, gl_v, axis):
+        d = self.b.reg(T.i32, uniform=True)
+        return self.emit("dim", d, (gl_v,), axis=axis)
+
+    def cvt(self, src, dtype):
+        if src.type.dtype == dtype:
+            return src
+        r = self.b.reg(dtype, src.type.nslots, src.type.uniform)
+        return self.emit("cvt", r, (src,))
+
+    def layout(self, v):
+        if v not in self.layouts:
+            try:
+                self.layouts[v] = L.reg_layout(v.type, self.t)
+            except NotSupportedYet as e:
+                raise self.err(e.message, NotSupportedYet) from None
+            except ValueError as e:
+                raise self.err(str(e)) from None
+        return self.layouts[v]
+
+    def lds_addr(self, region: LDSRegion, st: T.SharedTileType, rows, cols):
+        """Byte address of (row, col) in a row-major shared tile, with its XOR swizzle."""
+        esz = st.dtype.bytes
+        row_bytes = st.shape[1] * esz
+        byte_col = self.bin("mul", cols, self.const(esz))
+        if st.swizzle:
+            chunks = row_bytes // 16
+            if chunks < st.swizzle:
+                raise self.err(f"swizzle={st.swizzle} needs rows of at least "
+                               f"{16 * st.swizzle} bytes; this tile's rows are {row_bytes}")
+            rsel = self.bin("and", rows, self.const(st.swizzle - 1))
+            chunk = self.bin("shr", byte_col, self.const(4))
+            chunk = self.bin("xor", chunk, rsel)
+            byte_col = self.bin("or", self.bin("shl", chunk, self.const(4)),
+                                self.bin("and", byte_col, self.const(15)))
+        a = self.bin("add", self.bin("mul", rows, self.const(row_bytes)), byte_col)
+        return self.bin("add", a, self.const(region.base))
+
+    # -- driver -------------------------------------------------------------------------
+    def run(self) -> LaneProgram:
+        self.block(self.k.body)
+        return LaneProgram(self.k.name, self.t, self.k.params, self.k.param_values,
+                           self.k.num_waves, self.lds, self.regions, self.b.blocks[0],
+                           self.k.consts)
+
+    def block(self, blk: Block):
+        for op in blk.ops:
+            self.loc = op.loc
+            getattr(self, "op_" + op.kind)(op)
+
+    def sub_block(self, blk: Block) -> Block:
+        out = Block()
+        self.b.blocks.append(out)
+        try:
+            self.block(blk)
+        finally:
+            self.b.blocks.pop()
+        return out
+
+    def val(self, v):
+        """Lane register of a tile-IR value (parameters map to themselves)."""
+        if v in self.env:
+            return self.env[v]
+        if v.name in self.k.param_values and self.k.param_values[v.name] is v:
+            if isinstance(v.type, T.ScalarType):
+                r = self.b.reg(v.type.dtype, uniform=True, name=v.name)
+                self.emit("arg", r, name=v.name)
+                self.env[v] = r
+                return r
+            return v
+        raise self.err(f"internal: value {v!r} used before definition")
+
+    # -- scalars ------------------------------------------------------------------------
+    def op_const(self, op):
+        self.env[op.dst] = self.const(op.attrs["value"], op.dst.type.dtype)
+
+    def op_special(self, op):
+        r = self.b.reg(T.i32, uniform=True, name=op.attrs["name"])
+        self.env[op.dst] = self.emit("special", r, name=op.attrs["name"], axis=op.attrs["axis"])
+
+    def op_dim(self, op):
+        self.env[op.dst] = self.dim(self.val(op.srcs[0]), op.attrs["axis"])
+
+    def op_sbin(self, op):
+        a, b = (self.val(s) for s in op.srcs)
+        self.env[op.dst] = self.bin(op.attrs["op"], a, b)
+
+    def op_scast(self, op):
+        self.env[op.dst] = self.cvt(self.val(op.srcs[0]), op.dst.type.dtype)
+
+    def op_sselect(self, op):
+        c, a, b = (self.val(s) for s in op.srcs)
+        r = self.b.reg(op.dst.type.dtype, uniform=True)
+        self.env[op.dst] = self.emit("select", r, (c, a, b))
+
+    # -- tiles --------------------------------------------------------------------------
+    def op_alloc(self, op):
+        t = op.dst.type
+        if isinstance(t, T.SharedTileType):
+            base = -(-self.lds // LDS_ALIGN) * LDS_ALIGN
+            reg = LDSRegion(f"st{len(self.regions)}", base, t.nbytes)
+            self.regions.append(reg)
+            self.lds = base + t.nbytes
+            self.env[op.dst] = reg
+            return
+        lay = self.layout(op.dst)
+        self.env[op.dst] = self.b.reg(t.dtype, lay.nslots, name=f"t{op.dst.id}")
+
+    def op_fill(self, op):
+        dst = self.env[op.dst]
+        self.emit("mov", dst, (self.val(op.srcs[0]),))
+
+    def op_copy(self, op):
+        dst, src = self.env[op.dst], self.val(op.srcs[0])
+        self.emit("cvt" if src.type.dtype != dst.type.dtype else "mov", dst, (src,))
+
+    def op_unary(self, op):
+        self.emit("un", self.env[op.dst], (self.val(op.srcs[0]),), op=op.attrs["op"])
+
+    def op_binary(self, op):
+        a, b = self.val(op.srcs[0]), self.val(op.srcs[1])
+        if op.attrs["bcast"] in ("row", "col") and op.srcs[0].type.__class__ is T.RegTileType:
+            g = self.b.reg(b.type.dtype, a.type.nslots)
+            b = self.emit("slots", g, (b,), index=L.broadcast_index(op.srcs[1].type, self.t))
+        if op.attrs["reverse"]:
+            a, b = b, a
+        self.emit("bin", self.env[op.dst], (a, b), op=op.attrs["op"])
+
+    def op_mask(self, op):
+        src = self.val(op.srcs[0])
+        o0, o1, e0, e1 = (self.val(s) for s in op.srcs[1:])
+        rows, cols = self.coords(self.layout(op.srcs[0]), (o0, o1))
+        inside = self.bin("and", self.bin("lt", rows, e0), self.bin("lt", cols, e1), T.boolean)
+        inside = self.bin("and", inside, self.bin("ge", rows, self.const(0)), T.boolean)
+        inside = self.bin("and", inside, self.bin("ge", cols, self.const(0)), T.boolean)
+        fill = self.const(op.attrs["value"], src.type.dtype)
+        self.emit("select", self.env[op.dst], (inside, src, fill))
+
+    def op_reduce(self, op):
+        src_t: T.RegTileType = op.srcs[0].type
+        src = self.val(op.srcs[0])
+        lay = self.layout(op.srcs[0])
+        dim = 0 if op.attrs["axis"] == "row" else 1
+        offs = sorted({s[dim] for s in lay.slots})
+        groups = tuple(tuple(i for i, s in enumerate(lay.slots) if s[dim] == o) for o in offs)
+        rop = op.attrs["op"]
+        part = self.b.reg(src_t.dtype, len(groups))
+        self.emit("slot_reduce", part, (src,), op=rop, groups=groups)
+        bits = tuple(lay.lane_bits_of(1 - dim))
+        if bits:
+            self.emit("bfly", part, (part,), op=rop, bits=bits)
+        dst = self.env[op.dst]
+        if op.attrs["accumulate"]:
+            self.emit("bin", dst, (dst, part), op=rop)
+        else:
+            self.emit("mov", dst, (part,))
+
+    def op_mma(self, op):
+        raise self.err(f"mma is not supported yet on {self.t.name}: its lowering to matrix "
+                       "instructions arrives with the target's backend", NotSupportedYet)
+
+    # -- memory -------------------------------------------------------------------------
+    def _window(self, tile_v, coords_v, mem_v):
+        """Lane coordinates of a register tile/vector placed at coords in global memory."""
+        lay = self.layout(tile_v)
+        c = [self.val(x) for x in coords_v]
+        if isinstance(tile_v.type, T.RegVecType):
+            dim = 0 if tile_v.type.axis == "row" else 1
+            pos = self.coords(lay, (None, None))[dim]
+            return c[:-1], None, self.bin("add", pos, c[-1])
+        rows, cols = self.coords(lay, (c[-2], c[-1]))
+        return c[:-2], rows, cols
+
+    def op_load(self, op):
+        src_v, coords_v = op.srcs[0], op.srcs[1:]
+        dst_v = op.dst
+        if isinstance(src_v.type, T.GlobalType):
+            gl = self.val(src_v)
+            if isinstance(dst_v.type, T.SharedTileType):
+                return self._gl_to_st(op, gl, dst_v, coords_v)
+            lead, rows, cols = self._window(dst_v, coords_v, src_v)
+            off, mask = self.gl_access(gl, lead, rows, cols)
+            raw = self.b.reg(src_v.type.dtype, off.type.nslots)
+            self.emit("gload", raw, (gl, off, mask))
+            if op.attrs["fill"] != 0.0:
+                f = self.const(op.attrs["fill"], src_v.type.dtype)
+                self.emit("select", raw, (mask, raw, f))
+            self.emit("cvt" if raw.type.dtype != dst_v.type.dtype else "mov",
+                      self.env[dst_v], (raw,))
+            return
+        # shared -> register
+        region, st = self.env[src_v], src_v.type
+        r0, c0 = (self.val(x) for x in coords_v)
+        rows, cols = self.coords(self.layout(dst_v), (r0, c0))
+        addr = self.lds_addr(region, st, rows, cols)
+        raw = self.b.reg(st.dtype, addr.type.nslots)
+        self.emit("lds_load", raw, (addr,), region=region)
+        self.emit("cvt" if st.dtype != dst_v.type.dtype else "mov", self.env[dst_v], (raw,))
+
+    def _wg_coords(self, st_t):
+        try:
+            lay = L.workgroup_layout(st_t, self.t, self.k.num_waves)
+        except ValueError:
+            raise self.err(f"shared tile {st_t} has fewer elements than the workgroup's "
+                           f"{self.t.wave_size * self.k.num_waves} lanes; use a larger tile "
+                           "or fewer waves") from None
+        return self.coords(lay, (None, None), scope="workgroup")
+
+    def _gl_to_st(self, op, gl, st_v, coords_v):
+        region, st = self.env[st_v], st_v.type
+        c = [self.val(x) for x in coords_v]
+        lr, lc = self._wg_coords(st)
+        off, mask = self.gl_access(gl, c[:-2], self.bin("add", lr, c[-2]),
+                                   self.bin("add", lc, c[-1]))
+        raw = self.b.reg(st.dtype, off.type.nslots)
+        self.emit("gload", raw, (gl, off, mask))
+        if op.attrs["fill"] != 0.0:
+            self.emit("select", raw, (mask, raw, self.const(op.attrs["fill"], st.dtype)))
+        self.emit("lds_store", None, (self.lds_addr(region, st, lr, lc), raw), region=region)
+
+    def op_store(self, op):
+        dst_v, src_v, coords_v = op.dst, op.srcs[0], op.srcs[1:]
+        if isinstance(dst_v.type, T.GlobalType):
+            gl = self.val(dst_v)
+            if isinstance(src_v.type, T.SharedTileType):
+                region, st = self.env[src_v], src_v.type
+                c = [self.val(x) for x in coords_v]
+                lr, lc = self._wg_coords(st)
+                raw = self.b.reg(st.dtype, lr.type.nslots)
+                self.emit("lds_load", raw, (self.lds_addr(region, st, lr, lc),), region=region)
+                off, mask = self.gl_access(gl, c[:-2], self.bin("add", lr, c[-2]),
+                                           self.bin("add", lc, c[-1]))
+                self.emit("gstore", None, (gl, off, mask, raw))
+                return
+            lead, rows, cols = self._window(src_v, coords_v, dst_v)
+            off, mask = self.gl_access(gl, lead, rows, cols)
+            val = self.cvt(self.val(src_v), dst_v.type.dtype)
+            self.emit("gstore", None, (gl, off, mask, val))
+            return
+        region, st = self.env[dst_v], dst_v.type
+        r0, c0 = (self.val(x) for x in coords_v)
+        rows, cols = self.coords(self.layout(src_v), (r0, c0))
+        addr = self.lds_addr(region, st, rows, cols)
+        self.emit("lds_store", None, (addr, self.cvt(self.val(src_v), st.dtype)), region=region)
+
+    # -- control ------------------------------------------------------------------------
+    def op_for(self, op):
+        start, stop = (self.val(s) for s in op.srcs)
+        idx = self.b.reg(T.i32, uniform=True, name="i")
+        self.env[op.dst] = idx
+        body = self.sub_block(op.regions[0])
+        self.loc = op.loc
+        self.emit("for", idx, (start, stop), regions=[body], step=op.attrs["step"])
+
+    def op_if(self, op):
+        cond = self.val(op.srcs[0])
+        regions = [self.sub_block(r) for r in op.regions]
+        self.loc = op.loc
+        self.emit("if", None, (cond,), regions=regions)
+
+    def op_barrier(self, op):
+        self.emit("barrier")
+
+    def op_setprio(self, op):
+        self.emit("setprio", level=op.attrs["level"])
+
+
+def lower(k: KernelIR, target) -> LaneProgram:
+    """Verify `k` for `target`, then lower it to a lane program."""
+    target = get_target(target)
+    verify(k, target)
+    return _Lowering(k, target).run()

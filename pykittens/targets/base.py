@@ -1,0 +1,130 @@
+"""Shared shape of a target description; each chip file fills one in.
+
+Everything here is a fact about hardware, so it lives in one place and is cited where it is
+defined. Lane layouts are written as *linear layouts*: each lane bit adds a fixed stride to
+one tile coordinate, and each per-lane slot adds a fixed (row, col) offset. The MFMA and
+wgmma operand layouts documented by AMD and NVIDIA are all of this form.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LaneLayout:
+    """Where element (row, col) of a per-wave tile lives: which lane, which slot.
+
+    lane_bits[i] = (dim, stride): lane bit i adds `stride` to coordinate `dim` (0=row, 1=col);
+    dim None means lanes differing in that bit hold the same elements (replication).
+    slots[s] = (row, col) offset added for slot s.
+    """
+    shape: tuple[int, int]
+    lane_bits: tuple[tuple[int | None, int], ...]
+    slots: tuple[tuple[int, int], ...]
+
+    @property
+    def lanes(self) -> int:
+        return 1 << len(self.lane_bits)
+
+    @property
+    def nslots(self) -> int:
+        return len(self.slots)
+
+    def coords(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, cols), each int64[lanes, nslots]: the element each (lane, slot) holds."""
+        lane = np.arange(self.lanes)[:, None]
+        base = [np.zeros((self.lanes, 1), np.int64), np.zeros((self.lanes, 1), np.int64)]
+        for bit, (dim, stride) in enumerate(self.lane_bits):
+            if dim is not None:
+                base[dim] = base[dim] + ((lane >> bit) & 1) * stride
+        off = np.array(self.slots, np.int64).reshape(-1, 2)
+        return base[0] + off[None, :, 0], base[1] + off[None, :, 1]
+
+    def lane_bits_of(self, dim: int) -> list[int]:
+        return [i for i, (d, _) in enumerate(self.lane_bits) if d == dim]
+
+
+@dataclass(frozen=True)
+class MMAInstr:
+    """One matrix instruction: D[m,n] (+)= sum_k A[m,k] B[k,n] with documented lane layouts."""
+    name: str                 # mnemonic as in the vendor ISA guide
+    m: int
+    n: int
+    k: int
+    ab_dtype: str             # operand element type
+    acc_dtype: str
+    a_layout: LaneLayout      # A tile (m x k), row = m, col = k
+    b_layout: LaneLayout      # B tile (k x n), row = k, col = n
+    acc_layout: LaneLayout    # D tile (m x n)
+    intrinsic: str = ""       # LLVM intrinsic name where one exists
+    scaled: bool = False      # block-scaled (per-32-element E8M0 scales), CDNA4 f8f6f4
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                 # LLVM processor name: gfx942, gfx950, sm_90a
+    family: str               # 'cdna' or 'hopper'
+    chips: tuple[str, ...]
+    wave_size: int            # lanes per wave (AMD wavefront / NVIDIA warp)
+    max_waves_per_workgroup: int
+    vgprs: int                # architectural vector registers per lane a wave may use
+    agprs: int                # accumulation registers per lane (0 where none)
+    unified_regs: int         # VGPR+AGPR per lane at 1 wave/SIMD (register file per lane)
+    reg_granule: int          # allocation granularity of the unified register file
+    sgprs: int
+    max_waves_per_simd: int   # wave slots per SIMD (per SM sub-partition on Hopper)
+    simds_per_cu: int
+    lds_bytes_per_cu: int     # LDS per CU / shared memory per SM
+    lds_bytes_per_workgroup: int
+    num_xcds: int             # chiplets (XCDs); 1 for a monolithic die
+    cus_per_xcd: int
+    l2_bytes_per_xcd: int
+    llc_bytes: int            # last-level cache shared by all XCDs (Infinity Cache); 0 if none
+    cache_line_bytes: int
+    hbm_bytes_per_s: float    # peak memory bandwidth (vendor datasheet)
+    dtypes: frozenset[str]    # element types a kernel may use on this target
+    fp8_flavor: str           # 'fnuz' (gfx942) or 'ocp' (gfx950, sm_90a)
+    mma: tuple[MMAInstr, ...] = field(default=())
+    triple: str = ""
+    # How the hardware dispatcher hands consecutive workgroups to chiplets: round robin.
+    dispatch_round_robin: bool = True
+
+    @property
+    def num_cus(self) -> int:
+        return self.num_xcds * self.cus_per_xcd
+
+    def mma_for(self, m: int, n: int, k: int, ab_dtype: str) -> MMAInstr | None:
+        for ins in self.mma:
+            if (ins.m, ins.n, ins.k, ins.ab_dtype) == (m, n, k, ab_dtype):
+                return ins
+        return None
+
+
+def linear(shape, lane_bits, slots) -> LaneLayout:
+    return LaneLayout(tuple(shape), tuple(lane_bits), tuple(tuple(s) for s in slots))
+
+
+def row_major_lane_layout(shape: tuple[int, int], wave: int, vec: int) -> LaneLayout:
+    """Generic layout for non-matrix work: each lane owns `vec` consecutive columns, lanes
+    sweep a row first (coalesced global access), then rows, then the pattern repeats in slots.
+    """
+    rows, cols = shape
+    vec = min(vec, cols)
+    while cols % vec or (rows * cols) % (wave * vec):
+        vec //= 2
+        if vec == 0:
+            raise ValueError(f"tile {rows}x{cols} cannot be spread over a wave of {wave} lanes")
+    lanes_per_row = min(cols // vec, wave)
+    rows_per_pass = wave // lanes_per_row
+    bits = []
+    for b in range(lanes_per_row.bit_length() - 1):
+        bits.append((1, vec << b))
+    for b in range(rows_per_pass.bit_length() - 1):
+        bits.append((0, 1 << b))
+    col_reps = cols // (vec * lanes_per_row)
+    row_reps = rows // rows_per_pass
+    slots = [(rr * rows_per_pass, cr * vec * lanes_per_row + v)
+             for rr in range(row_reps) for cr in range(col_reps) for v in range(vec)]
+    return linear(shape, bits, slots)

@@ -1,0 +1,56 @@
+"""Facts shared by CDNA3 and CDNA4, and the MFMA lane layouts.
+
+Sources:
+- AMD Instinct MI300 ISA Reference Guide (CDNA3), ch. 7 "Matrix Arithmetic Instructions",
+  and the AMD Matrix Instruction Calculator (`--detail-instruction`) for the per-lane
+  register layouts written below.
+- AMD Instinct CDNA4 ISA Reference Guide (MI350/MI355), ch. 7, for the doubled-K MFMAs and
+  the scaled f8f6f4 family.
+- LLVM AMDGPUUsage ("Memory Model", "Register usage"): 512 unified VGPR+AGPR per lane for
+  gfx90a/gfx942/gfx950, allocated in granules of 8; 8 wave slots per SIMD.
+"""
+from .base import linear
+
+WAVE = 64
+SIMDS_PER_CU = 4
+MAX_WAVES_PER_SIMD = 8            # LLVM AMDGPU getMaxWavesPerEU for gfx90a+
+VGPRS = 256                       # v0..v255
+AGPRS = 256                       # a0..a255
+UNIFIED_REGS = 512                # VGPR + AGPR per lane at one wave per SIMD
+REG_GRANULE = 8
+SGPRS = 102                       # s0..s101 addressable by a kernel (ISA guide, "SGPRs")
+MAX_WAVES_PER_WORKGROUP = 16      # 1024 work-items / 64
+CACHE_LINE = 128                  # L2 cache line (MI300 ISA guide, "Memory hierarchy")
+L2_PER_XCD = 4 << 20              # 4 MiB per XCD (MI300X/MI355X data sheets)
+LLC = 256 << 20                   # 256 MiB AMD Infinity Cache
+
+
+def _mfma_ab(mn: int, k: int, name_dim: int) -> tuple:
+    """A (mn x k) or, transposed, B (k x mn) operand layout: lane l holds row/col l % mn and
+    k-run (l // mn) * (k // (64 // mn)) + s. `name_dim` is the tile dim that mn runs along."""
+    groups = WAVE // mn                       # lane groups along k
+    per_lane = k // groups                    # consecutive k values a lane holds
+    other = 1 - name_dim
+    bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
+    bits += [(other, per_lane << b) for b in range(groups.bit_length() - 1)]
+    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in range(per_lane)]
+    shape = (mn, k) if name_dim == 0 else (k, mn)
+    return linear(shape, bits, slots)
+
+
+def mfma_a(m: int, k: int):
+    return _mfma_ab(m, k, 0)
+
+
+def mfma_b(n: int, k: int):
+    return _mfma_ab(n, k, 1)
+
+
+def mfma_acc(m: int, n: int):
+    """Accumulator: lane l holds column l % n; rows come in runs of 4 per lane group.
+    32x32: row = 8*(s//4) + 4*(l//32) + s%4 (16 slots); 16x16: row = 4*(l//16) + s (4 slots)."""
+    groups = WAVE // n
+    bits = [(1, 1 << b) for b in range(n.bit_length() - 1)]
+    bits += [(0, 4 << b) for b in range(groups.bit_length() - 1)]
+    slots = [(4 * groups * (s // 4) + s % 4, 0) for s in range(m * n // WAVE)]
+    return linear((m, n), bits, slots)

@@ -1,0 +1,42 @@
+"""CDNA4: MI350X / MI355X (gfx950).
+
+Sources: AMD Instinct CDNA4 ISA Reference Guide; AMD CDNA4 white paper (8 XCDs x 32 active
+CUs, 4 MiB L2 per XCD, 256 MiB Infinity Cache, 160 KiB LDS per CU); MI355X data sheet (8 TB/s).
+CDNA4 doubles K of the bf16/f16 MFMAs, uses OCP fp8 (E4M3FN/E5M2), and adds the block-scaled
+v_mfma_scale_f32_*_f8f6f4 family with one E8M0 scale per 32 K-elements.
+"""
+from . import cdna
+from .base import MMAInstr, Target
+
+
+def _mfma(name, m, n, k, ab, intrinsic, scaled=False):
+    return MMAInstr(name, m, n, k, ab, "f32", cdna.mfma_a(m, k), cdna.mfma_b(n, k),
+                    cdna.mfma_acc(m, n), intrinsic, scaled)
+
+
+TARGET = Target(
+    name="gfx950", family="cdna", chips=("MI350X", "MI355X"), triple="amdgcn-amd-amdhsa",
+    wave_size=cdna.WAVE, max_waves_per_workgroup=cdna.MAX_WAVES_PER_WORKGROUP,
+    vgprs=cdna.VGPRS, agprs=cdna.AGPRS, unified_regs=cdna.UNIFIED_REGS,
+    reg_granule=cdna.REG_GRANULE, sgprs=cdna.SGPRS,
+    max_waves_per_simd=cdna.MAX_WAVES_PER_SIMD, simds_per_cu=cdna.SIMDS_PER_CU,
+    lds_bytes_per_cu=160 << 10, lds_bytes_per_workgroup=160 << 10,
+    num_xcds=8, cus_per_xcd=32, l2_bytes_per_xcd=cdna.L2_PER_XCD, llc_bytes=cdna.LLC,
+    cache_line_bytes=cdna.CACHE_LINE, hbm_bytes_per_s=8.0e12,
+    dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "i8", "i32"}),
+    fp8_flavor="ocp",
+    mma=(
+        _mfma("v_mfma_f32_32x32x16_bf16", 32, 32, 16, "bf16", "llvm.amdgcn.mfma.f32.32x32x16.bf16"),
+        _mfma("v_mfma_f32_16x16x32_bf16", 16, 16, 32, "bf16", "llvm.amdgcn.mfma.f32.16x16x32.bf16"),
+        _mfma("v_mfma_f32_32x32x16_f16", 32, 32, 16, "f16", "llvm.amdgcn.mfma.f32.32x32x16.f16"),
+        _mfma("v_mfma_f32_16x16x32_f16", 16, 16, 32, "f16", "llvm.amdgcn.mfma.f32.16x16x32.f16"),
+        _mfma("v_mfma_f32_32x32x16_fp8_fp8", 32, 32, 16, "e4m3", "llvm.amdgcn.mfma.f32.32x32x16.fp8.fp8"),
+        _mfma("v_mfma_f32_16x16x32_fp8_fp8", 16, 16, 32, "e4m3", "llvm.amdgcn.mfma.f32.16x16x32.fp8.fp8"),
+        _mfma("v_mfma_f32_32x32x16_bf8_bf8", 32, 32, 16, "e5m2", "llvm.amdgcn.mfma.f32.32x32x16.bf8.bf8"),
+        _mfma("v_mfma_f32_16x16x32_bf8_bf8", 16, 16, 32, "e5m2", "llvm.amdgcn.mfma.f32.16x16x32.bf8.bf8"),
+        _mfma("v_mfma_scale_f32_32x32x64_f8f6f4", 32, 32, 64, "e4m3",
+              "llvm.amdgcn.mfma.scale.f32.32x32x64.f8f6f4", scaled=True),
+        _mfma("v_mfma_scale_f32_16x16x128_f8f6f4", 16, 16, 128, "e4m3",
+              "llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4", scaled=True),
+    ),
+)
