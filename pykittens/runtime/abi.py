@@ -1,0 +1,53 @@
+"""The kernel-argument ABI shared by code generation (which declares the LLVM function's
+parameters) and the launchers (which pack the argument buffer).
+
+Each kernel parameter becomes, in order:
+  gl tensor of rank r -> a global pointer (8 bytes), then r i32 sizes, then r i32 strides
+                         (in elements)
+  scalar              -> its own type (i32 or f32, 4 bytes)
+Arguments are packed at their natural alignment, as the AMDGPU and NVPTX calling
+conventions for kernel arguments do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import types as T
+
+
+@dataclass(frozen=True)
+class KernArg:
+    name: str           # e.g. "x", "x.size0", "x.stride1", "alpha"
+    param: str          # the kernel parameter it belongs to
+    kind: str           # 'ptr', 'size', 'stride', 'scalar'
+    dtype: str          # 'ptr', 'i32', 'f32'
+    size: int
+    axis: int = -1
+
+
+def kernel_args(params) -> list[KernArg]:
+    out: list[KernArg] = []
+    for p in params:
+        if p.kind == "gl":
+            out.append(KernArg(p.name, p.name, "ptr", "ptr", 8))
+            r = p.type.rank
+            out += [KernArg(f"{p.name}.size{i}", p.name, "size", "i32", 4, i) for i in range(r)]
+            out += [KernArg(f"{p.name}.stride{i}", p.name, "stride", "i32", 4, i)
+                    for i in range(r)]
+        else:
+            d = p.type.dtype
+            if d.name not in ("i32", "f32"):
+                raise TypeError(f"scalar parameter {p.name!r} of type {d} is not supported; "
+                                "use pk.i32 or pk.f32")
+            out.append(KernArg(p.name, p.name, "scalar", d.name, 4))
+    return out
+
+
+def offsets(args: list[KernArg]) -> list[int]:
+    """Byte offset of each argument in the packed buffer (natural alignment)."""
+    offs, pos = [], 0
+    for a in args:
+        pos = -(-pos // a.size) * a.size
+        offs.append(pos)
+        pos += a.size
+    return offs
