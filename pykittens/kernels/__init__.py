@@ -1,0 +1,88 @@
+"""The kernel library: each kernel is a short pykittens program plus a KernelSpec that says how
+to feed it and what it must compute. `KERNELS[name]` is the registry."""
+from __future__ import annotations
+
+import numpy as np
+
+from .layernorm import layernorm
+from .scaled_add import scaled_add
+from .softmax import softmax
+from .spec import KernelSpec, check, rel_err
+
+ROWS_PER_WAVE = 4
+
+
+WAVES = 4            # num_waves of the library's row kernels
+
+
+def _rows_grid(m: int) -> int:
+    return max(1, -(-m // (ROWS_PER_WAVE * WAVES)))
+
+
+def _rand(shape, dtype, rng, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype.np)
+
+
+def _f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+# ---- scaled_add -----------------------------------------------------------------------------
+
+def _sa_inputs(shape, dtype, rng):
+    return {"x": _rand(shape, dtype, rng), "y": _rand(shape, dtype, rng),
+            "out": np.zeros(shape, dtype.np), "alpha": float(rng.uniform(0.5, 2.0))}
+
+
+def _sa_ref(i):
+    return {"out": i["alpha"] * _f64(i["x"]) + _f64(i["y"])}
+
+
+def _sa_launch(i, target):
+    m, n = i["x"].shape
+    return (_rows_grid(m), -(-n // 64)), {}
+
+
+# ---- softmax ----------------------------------------------------------------------------------
+
+def _sm_inputs(shape, dtype, rng):
+    return {"x": _rand(shape, dtype, rng, 3.0), "out": np.zeros(shape, dtype.np)}
+
+
+def _sm_ref(i):
+    x = _f64(i["x"])
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return {"out": e / e.sum(axis=1, keepdims=True)}
+
+
+def _rows_launch(i, target):
+    return (_rows_grid(i["x"].shape[0]),), {}
+
+
+# ---- layernorm --------------------------------------------------------------------------------
+
+def _ln_inputs(shape, dtype, rng):
+    n = shape[1]
+    return {"x": _rand(shape, dtype, rng) + dtype.np(1.5), "w": _rand((n,), dtype, rng),
+            "b": _rand((n,), dtype, rng), "out": np.zeros(shape, dtype.np), "eps": 1e-5}
+
+
+def _ln_ref(i):
+    x = _f64(i["x"])
+    mu = x.mean(axis=1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
+    return {"out": (x - mu) / np.sqrt(var + i["eps"]) * _f64(i["w"]) + _f64(i["b"])}
+
+
+_SMALL = ((16, 64), (37, 100), (5, 300), (64, 256))
+
+KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
+    KernelSpec("scaled_add", scaled_add, _sa_inputs, _sa_ref, _sa_launch, ("out",),
+               shapes=_SMALL, gpu_shapes=((8192, 8192),), compile_consts={"DT": "bf16"}),
+    KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, _rows_launch, ("out",),
+               shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"}),
+    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _rows_launch, ("out",),
+               shapes=_SMALL, gpu_shapes=((16384, 8192),), compile_consts={"DT": "bf16"}),
+)}
+
+__all__ = ["KERNELS", "KernelSpec", "check", "rel_err", "layernorm", "scaled_add", "softmax"]

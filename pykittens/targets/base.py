@@ -28,6 +28,10 @@ class LaneLayout:
     def lanes(self) -> int:
         return 1 << len(self.lane_bits)
 
+    def __repr__(self) -> str:
+        bits = ",".join("-" if d is None else f"{'rc'[d]}{s}" for d, s in self.lane_bits)
+        return f"layout<{self.shape[0]}x{self.shape[1]} lanes[{bits}] slots={self.nslots}>"
+
     @property
     def nslots(self) -> int:
         return len(self.slots)

@@ -1,0 +1,72 @@
+"""The pipeline in one place: kernel -> tile IR -> lane IR -> LLVM IR -> code object, one
+function per stage so each artifact can be printed (`pykittens compile --emit ...`)."""
+from __future__ import annotations
+
+from .ir.errors import NotSupportedYet
+from .ir.printer import format_kernel
+from .lower import lower
+from .lower.printer import format_lane
+from .targets import get as get_target
+
+STAGES = ("tile", "lane", "llvm", "asm")
+
+
+def tile_ir(kernel, **consts):
+    return kernel.specialize(**consts)
+
+
+def lane_ir(kernel, target, **consts):
+    return lower(tile_ir(kernel, **consts), get_target(target))
+
+
+def llvm_ir(kernel, target, **consts) -> str:
+    from .codegen import render
+    return render(lane_ir(kernel, target, **consts))
+
+
+def code_object(kernel, target, **consts):
+    """hsaco bytes (CDNA) or the NVPTX compile result dict (Hopper)."""
+    t = get_target(target)
+    ir = llvm_ir(kernel, t, **consts)
+    if t.family == "cdna":
+        from .toolchain import amdgpu
+        return amdgpu.compile_ir(ir, t.name)
+    from .toolchain import nvptx
+    return nvptx.compile_ir(ir, t.name)
+
+
+def assembly(kernel, target, **consts) -> str:
+    t = get_target(target)
+    obj = code_object(kernel, t, **consts)
+    if t.family == "cdna":
+        from .toolchain import amdgpu
+        return amdgpu.disassemble(obj, t.name)
+    return obj["ptx"]
+
+
+def report(kernel, target, **consts) -> dict:
+    """Resource report of the compiled kernel (registers, LDS/smem, spills, occupancy, loop mix)."""
+    t = get_target(target)
+    k = tile_ir(kernel, **consts)
+    obj = code_object(kernel, t, **consts)
+    if t.family == "cdna":
+        from .analysis import hsaco
+        return hsaco.report(obj, t.name, num_waves=k.num_waves)
+    from .analysis import cubin
+    return cubin.report(obj)
+
+
+def emit(kernel, target, stage: str, **consts) -> str:
+    if stage == "tile":
+        return format_kernel(tile_ir(kernel, **consts))
+    if stage == "lane":
+        return format_lane(lane_ir(kernel, target, **consts))
+    if stage == "llvm":
+        return llvm_ir(kernel, target, **consts)
+    if stage == "asm":
+        return assembly(kernel, target, **consts)
+    raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
+
+
+__all__ = ["STAGES", "tile_ir", "lane_ir", "llvm_ir", "code_object", "assembly", "report",
+           "emit", "NotSupportedYet"]

@@ -1,0 +1,55 @@
+"""A kernel packaged for checking: how to make inputs, launch it, and what it should compute.
+Library kernels register one each; users can write their own for `pykittens emulate`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..ir import types as T
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    kernel: object                               # a pk.Kernel
+    make_inputs: Callable                        # (shape, dtype, rng) -> dict name -> array/scalar
+    reference: Callable                          # inputs -> dict output name -> float64 array
+    launch: Callable                             # (inputs, target) -> (grid, consts)
+    outputs: tuple[str, ...]
+    shapes: tuple = ()                           # small shapes for the emulator (ragged ones too)
+    gpu_shapes: tuple = ()                       # real shapes for a GPU check
+    dtypes: tuple[str, ...] = ("f32", "bf16")
+    compile_consts: dict = field(default_factory=dict)   # consts for `pykittens compile`
+
+    def tolerance(self, dtype) -> float:
+        """Relative Frobenius error allowed for results in `dtype` (DESIGN.md, Testing)."""
+        return {"f32": 1e-5}.get(T.dtype_of(dtype).name, 1e-2)
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere never passes."""
+    o = np.asarray(out, np.float64)
+    r = np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(o)):
+        return float("inf")
+    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+
+
+def check(spec: KernelSpec, shape, dtype, target, rng=None) -> dict:
+    """Emulate `spec` at one shape and dtype; return errors per output."""
+    from ..emulator.launch import emulate
+    rng = rng or np.random.default_rng(0)
+    inputs = spec.make_inputs(shape, T.dtype_of(dtype), rng)
+    for name in spec.outputs:                     # poison outputs: unwritten elements show
+        inputs[name] = np.full_like(inputs[name], np.nan)
+    grid, consts = spec.launch(inputs, target)
+    got = emulate(spec.kernel, grid=grid, target=target, **inputs, **consts)
+    ref = spec.reference(inputs)
+    out = {}
+    for name in spec.outputs:
+        g = got[name].astype(np.float64)
+        out[name] = {"rel_err": rel_err(g, ref[name]),
+                     "max_abs_err": float(np.max(np.abs(g - ref[name]))) if g.size else 0.0}
+    return out
