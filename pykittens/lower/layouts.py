@@ -6,6 +6,8 @@ from ..ir.types import RegTileType, RegVecType, SharedTileType
 from ..targets.base import LaneLayout, row_major_lane_layout
 
 VEC_BYTES = 16     # widest per-lane global/LDS access on all targets (b128)
+TILE_VEC = 8       # consecutive columns per lane in generic register tiles: one b128 access
+                   # of 16-bit data; the same for every dtype so casts keep the layout
 
 
 def transpose(lay: LaneLayout) -> LaneLayout:
@@ -17,7 +19,7 @@ def tile_layout(t: RegTileType, target) -> LaneLayout:
     if t.role is not None:
         raise NotSupportedYet(f"register tiles with role {t.role!r} (matrix-instruction "
                               f"layouts) are not supported yet on {target.name}")
-    vec = max(1, VEC_BYTES // t.dtype.bytes)
+    vec = TILE_VEC
     if t.layout == "row":
         return row_major_lane_layout(t.shape, target.wave_size, vec)
     return transpose(row_major_lane_layout(t.shape[::-1], target.wave_size, vec))

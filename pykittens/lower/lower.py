@@ -233,6 +233,8 @@ class _Lowering:
     def _window(self, tile_v, coords_v, mem_v):
         """Lane coordinates of a register tile/vector placed at coords in global memory."""
         lay = self.layout(tile_v)
+        self._last_runs = runs(lay, 0 if getattr(tile_v.type, "axis", "col") == "row" else 1,
+                               mem_v.type.dtype)
         c = [self.val(x) for x in coords_v]
         if isinstance(tile_v.type, T.RegVecType):
             dim = 0 if tile_v.type.axis == "row" else 1
@@ -251,7 +253,7 @@ class _Lowering:
             lead, rows, cols = self._window(dst_v, coords_v, src_v)
             off, mask = self.gl_access(gl, lead, rows, cols)
             raw = self.b.reg(src_v.type.dtype, off.type.nslots)
-            self.emit("gload", raw, (gl, off, mask))
+            self.emit("gload", raw, (gl, off, mask), runs=self._last_runs)
             if op.attrs["fill"] != 0.0:
                 f = self.const(op.attrs["fill"], src_v.type.dtype)
                 self.emit("select", raw, (mask, raw, f))
@@ -270,6 +272,7 @@ class _Lowering:
     def _wg_coords(self, st_t):
         try:
             lay = L.workgroup_layout(st_t, self.t, self.k.num_waves)
+            self._last_runs = runs(lay, 1, st_t.dtype)
         except ValueError:
             raise self.err(f"shared tile {st_t} has fewer elements than the workgroup's "
                            f"{self.t.wave_size * self.k.num_waves} lanes; use a larger tile "
@@ -283,7 +286,7 @@ class _Lowering:
         off, mask = self.gl_access(gl, c[:-2], self.bin("add", lr, c[-2]),
                                    self.bin("add", lc, c[-1]))
         raw = self.b.reg(st.dtype, off.type.nslots)
-        self.emit("gload", raw, (gl, off, mask))
+        self.emit("gload", raw, (gl, off, mask), runs=self._last_runs)
         if op.attrs["fill"] != 0.0:
             self.emit("select", raw, (mask, raw, self.const(op.attrs["fill"], st.dtype)))
         self.emit("lds_store", None, (self.lds_addr(region, st, lr, lc), raw), region=region)
@@ -300,12 +303,12 @@ class _Lowering:
                 self.emit("lds_load", raw, (self.lds_addr(region, st, lr, lc),), region=region)
                 off, mask = self.gl_access(gl, c[:-2], self.bin("add", lr, c[-2]),
                                            self.bin("add", lc, c[-1]))
-                self.emit("gstore", None, (gl, off, mask, raw))
+                self.emit("gstore", None, (gl, off, mask, raw), runs=self._last_runs)
                 return
             lead, rows, cols = self._window(src_v, coords_v, dst_v)
             off, mask = self.gl_access(gl, lead, rows, cols)
             val = self.cvt(self.val(src_v), dst_v.type.dtype)
-            self.emit("gstore", None, (gl, off, mask, val))
+            self.emit("gstore", None, (gl, off, mask, val), runs=self._last_runs)
             return
         region, st = self.env[dst_v], dst_v.type
         r0, c0 = (self.val(x) for x in coords_v)
@@ -333,6 +336,25 @@ class _Lowering:
 
     def op_setprio(self, op):
         self.emit("setprio", level=op.attrs["level"])
+
+
+def runs(lay, dim: int, mem_dtype) -> tuple[tuple[int, int], ...]:
+    """Groups of consecutive slots whose elements are adjacent along `dim` (the tensor's
+    contiguous last dim), at most 16 bytes of `mem_dtype` each, as (first slot, count):
+    the renderer turns each group into one vector access."""
+    cap = max(1, L.VEC_BYTES // mem_dtype.bytes)
+    out, i, n = [], 0, lay.nslots
+    while i < n:
+        j = i + 1
+        while j < n and j - i < cap:
+            a, b = lay.slots[j - 1], lay.slots[j]
+            if b[dim] != a[dim] + 1 or b[1 - dim] != a[1 - dim]:
+                break
+            j += 1
+        size = 1 << ((j - i).bit_length() - 1)          # power-of-two vector widths
+        out.append((i, size))
+        i += size
+    return tuple(out)
 
 
 def lower(k: KernelIR, target) -> LaneProgram:

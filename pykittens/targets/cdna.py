@@ -23,6 +23,11 @@ MAX_WAVES_PER_WORKGROUP = 16      # 1024 work-items / 64
 CACHE_LINE = 128                  # L2 cache line (MI300 ISA guide, "Memory hierarchy")
 L2_PER_XCD = 4 << 20              # 4 MiB per XCD (MI300X/MI355X data sheets)
 LLC = 256 << 20                   # 256 MiB AMD Infinity Cache
+# Word 3 of a raw buffer resource (format/swizzle fields) for gfx90a/gfx94x/gfx950, as
+# Composable Kernel's CK_BUFFER_RESOURCE_3RD_DWORD; num_records gives out-of-range -> zero.
+BUFFER_RSRC_WORD3 = 0x00020000
+# A byte offset no tensor reaches: buffer accesses there read 0 and drop stores.
+BUFFER_OOB_OFFSET = 0x80000000
 
 
 def _mfma_ab(mn: int, k: int, name_dim: int) -> tuple:

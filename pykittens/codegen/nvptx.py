@@ -1,0 +1,109 @@
+"""NVPTX dialect (sm_90a): special registers, plain global pointers (masked elements are
+never dereferenced), dynamic shared memory, and shfl.sync for cross-lane exchange."""
+from __future__ import annotations
+
+from .llvm import Renderer, Value, literal, llty
+
+DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
+
+
+class NVPTXRenderer(Renderer):
+    dialect_name = "nvptx"
+
+    def module_header(self):
+        return f'target datalayout = "{DATALAYOUT}"\ntarget triple = "{self.p.target.triple}"'
+
+    def module_footer(self):
+        threads = self.p.num_waves * self.p.wave_size
+        return f'attributes #0 = {{ "nvvm.maxntid"="{threads},1,1" }}'
+
+    def function_header(self, args):
+        return f"define ptx_kernel void @{self.p.name}({args}) #0"
+
+    def arg_type(self, a):
+        return {"ptr": "ptr addrspace(1)", "i32": "i32", "f32": "float"}[a.dtype]
+
+    def prologue(self):
+        tid = self.call("i32", "llvm.nvvm.read.ptx.sreg.tid.x", [])
+        self.tid = Value(tid, "i32", 0)
+        self.lane = self.op(f"and i32 {tid}, {self.p.wave_size - 1}", "i32", 0)
+        if self.p.lds_bytes:
+            # Dynamic shared memory: the launcher passes lds_bytes (and raises the 48 KiB cap).
+            self.globals.append("@smem = external addrspace(3) global [0 x i8], align 16")
+
+    def special(self, name, axis):
+        xyz = "xyz"[axis]
+        if name == "program_id":
+            return Value(self.call("i32", f"llvm.nvvm.read.ptx.sreg.ctaid.{xyz}", []), "i32", 0)
+        if name == "num_programs":
+            return Value(self.call("i32", f"llvm.nvvm.read.ptx.sreg.nctaid.{xyz}", []), "i32", 0)
+        if name == "wave_id":
+            return self.op(f"lshr i32 {self.tid.text}, {self.p.wave_size.bit_length() - 1}",
+                           "i32", 0)
+        raise NotImplementedError(name)
+
+    def lane_id(self):
+        return self.lane
+
+    def flat_thread_id(self):
+        return self.tid
+
+    def lane_xor(self, v: Value, mask: int) -> Value:
+        if v.ety == "float":
+            r = self.call("float", "llvm.nvvm.shfl.sync.bfly.f32",
+                          ["i32 -1", str(v), f"i32 {mask}", f"i32 {self.p.wave_size - 1}"])
+            return Value(r, "float", 0)
+        if v.ety == "i32":
+            x = v
+        else:
+            b = self.op(f"bitcast {v} to i16", "i16", 0)
+            x = self.op(f"zext i16 {b.text} to i32", "i32", 0)
+        r = Value(self.call("i32", "llvm.nvvm.shfl.sync.bfly.i32",
+                            ["i32 -1", str(x), f"i32 {mask}", f"i32 {self.p.wave_size - 1}"]),
+                  "i32", 0)
+        if v.ety == "i32":
+            return r
+        t = self.op(f"trunc i32 {r.text} to i16", "i16", 0)
+        return self.op(f"bitcast i16 {t.text} to {v.ety}", v.ety, 0)
+
+    def lds_symbol(self):
+        return "@smem"
+
+    def _ptr(self, gl, off: Value) -> Value:
+        return self.op(f"getelementptr {llty(gl.type.dtype)}, ptr addrspace(1) %{gl.name}, "
+                       f"i32 {off.text}", "ptr addrspace(1)", 0)
+
+    def load_run(self, gl, off, k, d):
+        p = self._ptr(gl, off)
+        ety = llty(d)
+        ty = ety if k == 1 else f"<{k} x {ety}>"
+        return self.op(f"load {ty}, ptr addrspace(1) {p.text}, align {d.bytes}", ety,
+                       k if k > 1 else 0)
+
+    def load_elem(self, gl, off, mask, d):
+        # A masked element reads the tensor's first element instead (always valid for a
+        # non-empty tensor) and is then replaced by zero.
+        safe = self.op(f"select i1 {mask.text}, i32 {off.text}, i32 0", "i32", 0)
+        v = self.load_run(gl, safe, 1, d)
+        zero = literal(0.0 if d.is_float else 0, d)
+        return self.op(f"select i1 {mask.text}, {v}, {llty(d)} {zero}", llty(d), 0)
+
+    def store_run(self, gl, off, vec, d):
+        p = self._ptr(gl, off)
+        self.ins(f"store {vec}, ptr addrspace(1) {p.text}, align {d.bytes}")
+
+    def store_elem(self, gl, off, mask, val, d):
+        do, skip = self.label("st_one"), self.label("st_next")
+        self.ins(f"br i1 {mask.text}, label %{do}, label %{skip}")
+        self.start_block(do)
+        self.store_run(gl, off, val, d)
+        self.ins(f"br label %{skip}")
+        self.start_block(skip)
+
+    def r_barrier(self, op):
+        # barrier.sync (not .aligned): waves may reach it from different code points, as the
+        # ping-pong schedules do.
+        self.call("void", "llvm.nvvm.barrier.cta.sync.all", ["i32 0"])
+
+    def r_setprio(self, op):
+        pass                                  # Hopper has no wave priority: nothing to emit
