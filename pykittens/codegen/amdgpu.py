@@ -52,6 +52,8 @@ class AMDGPURenderer(Renderer):
                         "ptr addrspace(4)", 0)
             return self.op(f"load i32, ptr addrspace(4) {p.text}, align 4, !invariant.load !{{}}",
                            "i32", 0)
+        if name == "lane_id":
+            return self.lane
         if name == "wave_id":
             w = self.op(f"lshr i32 {self.tid.text}, {self.p.wave_size.bit_length() - 1}", "i32", 0)
             return Value(self.call("i32", "llvm.amdgcn.readfirstlane.i32", [str(w)]), "i32", 0)

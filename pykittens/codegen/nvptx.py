@@ -37,6 +37,8 @@ class NVPTXRenderer(Renderer):
             return Value(self.call("i32", f"llvm.nvvm.read.ptx.sreg.ctaid.{xyz}", []), "i32", 0)
         if name == "num_programs":
             return Value(self.call("i32", f"llvm.nvvm.read.ptx.sreg.nctaid.{xyz}", []), "i32", 0)
+        if name == "lane_id":
+            return self.lane
         if name == "wave_id":
             return self.op(f"lshr i32 {self.tid.text}, {self.p.wave_size.bit_length() - 1}",
                            "i32", 0)

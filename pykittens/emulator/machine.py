@@ -83,8 +83,18 @@ class _Machine:
         try:
             return w.regs[v]
         except KeyError:
-            raise self.fail(EmulatorError, w, _Dummy, f"internal: register {v!r} read "
-                            "before it was written") from None
+            raise _Unset(v) from None
+
+    def unset(self, w: _Wave, op, v):
+        return self.fail(UnwrittenRead, w, op, f"reads {v!r} before anything was written to "
+                         "it: a tile from pk.empty, or a value set only inside a pk.if_ "
+                         "branch that was not taken")
+
+    def read(self, w: _Wave, op, v):
+        try:
+            return self.get(w, v)
+        except _Unset:
+            raise self.unset(w, op, v) from None
 
     def put(self, w: _Wave, v, x):
         t = v.type
@@ -111,13 +121,13 @@ class _Machine:
         for op in block.ops:
             k = op.kind
             if k == "for":
-                start = int(self.get(w, op.srcs[0]))
-                stop = int(self.get(w, op.srcs[1]))
+                start = int(self.read(w, op, op.srcs[0]))
+                stop = int(self.read(w, op, op.srcs[1]))
                 for i in range(start, stop, op.attrs["step"]):
                     self.put(w, op.dst, np.int32(i))
                     yield from self.run_block(w, op.regions[0])
             elif k == "if":
-                if bool(self.get(w, op.srcs[0])):
+                if bool(self.read(w, op, op.srcs[0])):
                     yield from self.run_block(w, op.regions[0])
                 elif len(op.regions) > 1:
                     yield from self.run_block(w, op.regions[1])
@@ -130,12 +140,17 @@ class _Machine:
                     getattr(self, "x_" + k)(w, op)
                 except ZeroDivisionError as e:
                     raise self.fail(EmulatorError, w, op, str(e)) from None
+                except _Unset as e:
+                    raise self.unset(w, op, e.args[0]) from None
 
     def x_const(self, w, op):
         self.put(w, op.dst, np.asarray(op.attrs["value"]))
 
     def x_special(self, w, op):
         n, ax = op.attrs["name"], op.attrs["axis"]
+        if n == "lane_id":
+            self.put(w, op.dst, np.arange(self.W, dtype=np.int32)[:, None])
+            return
         val = {"program_id": lambda: w.pid[ax], "num_programs": lambda: self.grid[ax],
                "wave_id": lambda: w.wave}[n]()
         self.put(w, op.dst, np.int32(val))
@@ -306,9 +321,8 @@ class _Machine:
             live = at_barrier
 
 
-class _Dummy:
-    kind = "?"
-    loc = None
+class _Unset(Exception):
+    """A register read before any op wrote it (turned into UnwrittenRead with the op)."""
 
 
 def run_program(prog: LaneProgram, args: dict, grid) -> dict:

@@ -131,6 +131,16 @@ def wave_id() -> Scalar:
     return _special("wave_id")
 
 
+def lane_id(type_) -> RT:
+    """A new i32 register tile of `type_`'s shape and layout whose every element holds the
+    index of the lane that owns it: a way to see a layout (`pk.emulate` it and print)."""
+    if not isinstance(type_, T.RegTileType):
+        raise error("pk.lane_id takes a register tile type, e.g. pk.rt((16, 16), pk.i32)")
+    dst = empty(T.RegTileType(T.i32, type_.shape, type_.layout, type_.role))
+    current().emit("lane_id", dst.v)
+    return dst
+
+
 def num_waves() -> int:
     """Waves per workgroup: a compile-time constant of the kernel."""
     return current().num_waves

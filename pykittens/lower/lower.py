@@ -148,6 +148,11 @@ class _Lowering:
         r = self.b.reg(T.i32, uniform=True, name=op.attrs["name"])
         self.env[op.dst] = self.emit("special", r, name=op.attrs["name"], axis=op.attrs["axis"])
 
+    def op_lane_id(self, op):
+        lane = self.b.reg(T.i32, 1, name="lane")
+        self.emit("special", lane, name="lane_id", axis=0)
+        self.emit("mov", self.env[op.dst], (lane,))
+
     def op_dim(self, op):
         self.env[op.dst] = self.dim(self.val(op.srcs[0]), op.attrs["axis"])
 
