@@ -63,7 +63,10 @@ class Kernel:
         self.params: list[Param] = []
         self.const_defaults: dict = {}
         self._cache: dict = {}
-        sig = inspect.signature(fn)
+        try:        # resolve string annotations (`from __future__ import annotations`)
+            sig = inspect.signature(fn, eval_str=True)
+        except Exception:
+            sig = inspect.signature(fn)
         for p in sig.parameters.values():
             ann = p.annotation
             if isinstance(ann, GlobalSpec):

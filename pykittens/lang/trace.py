@@ -1,6 +1,7 @@
 """The tracing context: where ops go while a kernel function runs, and whose line they carry."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -9,6 +10,7 @@ from ..ir.nodes import Block, Loc, Op, Value
 
 _PKG_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(__file__)), d) + os.sep
                   for d in ("lang", "ir"))
+_CONTEXTLIB = contextlib.__file__     # `with pk.if_(...)` enters through contextlib's frames
 
 
 def user_loc() -> Loc | None:
@@ -16,7 +18,7 @@ def user_loc() -> Loc | None:
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIRS) and not fn.startswith("<frozen"):
+        if not fn.startswith(_PKG_DIRS) and not fn.startswith("<frozen") and fn != _CONTEXTLIB:
             return Loc(fn, f.f_lineno)
         f = f.f_back
     return None

@@ -52,6 +52,8 @@ class Scalar:
         o = as_scalar(other) if not isinstance(other, Scalar) else other
         a, b = (o, self) if reverse else (self, o)
         d = T.f32 if (a.dtype.is_float or b.dtype.is_float or op == "div") else T.i32
+        if op in ("and", "or") and a.dtype == b.dtype == T.boolean:
+            d = T.boolean              # `(c1) & (c2)` stays a condition for pk.if_
         a, b = as_scalar(a, d), as_scalar(b, d)
         if op in _CMP:
             out = new_value(T.ScalarType(T.boolean))
