@@ -149,6 +149,35 @@ class AMDGPURenderer(Renderer):
                   [str(val), f"ptr addrspace(8) {self.resource(gl)}",
                    str(self._boff(off, d.bytes, mask)), "i32 0", "i32 0"])
 
+    # -- matrix instructions -------------------------------------------------------------
+    def _mfma_operand(self, reg: Value, slots, ins) -> Value:
+        """The operand register group of one MFMA, typed as the intrinsic wants it."""
+        k = len(slots)
+        idx = ", ".join(f"i32 {i}" for i in slots)
+        v = self.op(f"shufflevector {reg}, {reg.ty} poison, <{k} x i32> <{idx}>", reg.ety, k)
+        if ins.ab_dtype in ("bf16",) and ins.intrinsic.endswith(".1k"):
+            return self.op(f"bitcast {v} to <{k} x i16>", "i16", k)   # gfx942: bf16 as i16
+        if reg.ety == "i8":                                            # fp8/bf8: 8 bytes
+            return self.op(f"bitcast {v} to i64", "i64", 0)
+        return v
+
+    def r_mfma(self, op):
+        ins = op.attrs["instr"]
+        a, b, c = (self.read(s) for s in op.srcs)
+        av = self._mfma_operand(a, op.attrs["a_slots"], ins)
+        bv = self._mfma_operand(b, op.attrs["b_slots"], ins)
+        cs = op.attrs["c_slots"]
+        idx = ", ".join(f"i32 {i}" for i in cs)
+        cv = self.op(f"shufflevector {c}, {c.ty} poison, <{len(cs)} x i32> <{idx}>", "float", len(cs))
+        dv = Value(self.call(cv.ty, ins.intrinsic, [str(av), str(bv), str(cv), "i32 0", "i32 0",
+                                                    "i32 0"]), "float", len(cs))
+        # Put the result back into the accumulator's slots.
+        wide = ", ".join(f"i32 {i}" if i < len(cs) else "i32 poison" for i in range(c.n))
+        dw = self.op(f"shufflevector {dv}, {dv.ty} poison, <{c.n} x i32> <{wide}>", "float", c.n)
+        pos = {slot: i for i, slot in enumerate(cs)}
+        merge = ", ".join(f"i32 {c.n + pos[i]}" if i in pos else f"i32 {i}" for i in range(c.n))
+        self.write(op.dst, self.op(f"shufflevector {c}, {dw}, <{c.n} x i32> <{merge}>", "float", c.n))
+
     def r_barrier(self, op):
         self.ins('fence syncscope("workgroup") release')
         self.call("void", "llvm.amdgcn.s.barrier", [])

@@ -208,6 +208,25 @@ class _Machine:
             v = V.binary(op.attrs["op"], v, v[lanes ^ (1 << b)], d)
         self.put(w, op.dst, v)
 
+    def x_mfma(self, w, op):
+        """D = A @ B + C for one matrix instruction, operands gathered from the listed slots
+        through the instruction's documented lane layouts."""
+        ins = op.attrs["instr"]
+        a, b, c = (self.get(w, s) for s in op.srcs)
+        A = np.zeros((ins.m, ins.k), np.float32)
+        B = np.zeros((ins.k, ins.n), np.float32)
+        C = np.zeros((ins.m, ins.n), np.float32)
+        for mat, lay, reg, slots in ((A, ins.a_layout, a, op.attrs["a_slots"]),
+                                     (B, ins.b_layout, b, op.attrs["b_slots"]),
+                                     (C, ins.acc_layout, c, op.attrs["c_slots"])):
+            r, col = lay.coords()
+            mat[r, col] = reg[:, list(slots)].astype(np.float32)
+        D = (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32) + C
+        r, col = ins.acc_layout.coords()
+        out = c.copy()
+        out[:, list(op.attrs["c_slots"])] = D[r, col]
+        w.regs[op.dst] = out
+
     def x_setprio(self, w, op):
         w.prio = op.attrs["level"]
 

@@ -106,9 +106,11 @@ class RegTileType:
     layout: str = "row"
     role: str | None = None
     pin: tuple[str, int] | None = None        # ('v'|'a', first register) for pinned tiles
+    mma: int | None = None                    # matrix-instruction M/N (16 or 32) of a role tile
 
     def __str__(self) -> str:
         extra = f",{self.role}" if self.role else ""
+        extra += f",mma{self.mma}" if self.mma else ""
         pin = f" @{self.pin[0]}{self.pin[1]}" if self.pin else ""
         return f"rt<{self.dtype}>[{self.shape[0]}x{self.shape[1]},{self.layout}{extra}]{pin}"
 

@@ -18,9 +18,12 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None) -> T.RegTileType:
+def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
+       mma: int | None = None) -> T.RegTileType:
     """Register tile type: (rows, cols), element type, 'row'/'col' lane layout and an optional
-    matrix role ('a', 'b', 'acc'). `pin="a0"` places it on explicit registers (CDNA)."""
+    matrix role ('a', 'b', 'acc') whose lanes follow the matrix instruction's operand layout.
+    `mma=16|32` picks the instruction family (M = N) of a role tile; by default 32 when the
+    tile's M/N dims allow it. `pin="a0"` places the tile on explicit registers (CDNA)."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != 2 or not all(_pow2(s) for s in shape):
         raise error(f"register tile shape {shape} must be two powers of two (rows, cols); "
@@ -33,7 +36,25 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None) -> 
         if not (isinstance(pin, str) and pin[:1] in ("v", "a") and pin[1:].isdigit()):
             raise error(f"pin={pin!r}: write the first register as 'v<N>' or 'a<N>', e.g. 'a0'")
         pin = (pin[0], int(pin[1:]))
-    return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin)
+    if mma is not None:
+        if role is None or mma not in (16, 32):
+            raise error("mma=16 or mma=32 applies to tiles with a role ('a', 'b', 'acc')")
+    elif role is not None:
+        mn = _mn_dims(shape, layout, role)
+        mma = 32 if all(d % 32 == 0 for d in mn) else 16
+    if role == "acc" and layout != "row":
+        raise error("accumulator tiles use the row layout (the matrix unit's output layout)")
+    if role is not None and any(d % mma for d in _mn_dims(shape, layout, role)):
+        raise error(f"a {role!r} tile of shape {shape} cannot be built from {mma}x{mma} "
+                    "matrix-instruction tiles; make its M/N dims multiples of 16")
+    return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma)
+
+
+def _mn_dims(shape, layout, role):
+    """The dims of a role tile that run along the instruction's M or N (not K)."""
+    if role == "acc":
+        return shape
+    return (shape[0],) if layout == "row" else (shape[1],)
 
 
 def rv(of: T.RegTileType | RT, axis: str = "row", dtype=None) -> T.RegVecType:
@@ -136,7 +157,7 @@ def lane_id(type_) -> RT:
     index of the lane that owns it: a way to see a layout (`pk.emulate` it and print)."""
     if not isinstance(type_, T.RegTileType):
         raise error("pk.lane_id takes a register tile type, e.g. pk.rt((16, 16), pk.i32)")
-    dst = empty(T.RegTileType(T.i32, type_.shape, type_.layout, type_.role))
+    dst = empty(T.RegTileType(T.i32, type_.shape, type_.layout, type_.role, None, type_.mma))
     current().emit("lane_id", dst.v)
     return dst
 
@@ -231,9 +252,9 @@ def _result_like(a: RT, dst=None, dtype=None) -> RT:
     t = a.type
     if dtype is not None:
         t = T.RegVecType(dtype, t.of, t.axis) if isinstance(t, T.RegVecType) else \
-            T.RegTileType(dtype, t.shape, t.layout, t.role)
+            T.RegTileType(dtype, t.shape, t.layout, t.role, None, t.mma)
     elif t.__class__ is T.RegTileType and t.pin is not None:
-        t = T.RegTileType(t.dtype, t.shape, t.layout, t.role)
+        t = T.RegTileType(t.dtype, t.shape, t.layout, t.role, None, t.mma)
     return empty(t)
 
 
@@ -267,7 +288,7 @@ def _same_shape(x: RT, y: RT, what):
 
 
 def _lay(t: T.RegTileType):
-    return (t.shape, t.layout, t.role)
+    return (t.shape, t.layout, t.role, t.mma)
 
 
 def _binary(op, a: RT, b, dst=None, reverse=False):
@@ -387,6 +408,17 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None):
         raise error(f"mma: a is {a.dtype} but b is {b.dtype}")
     if d.dtype != T.f32:
         raise error(f"mma accumulates in f32; make d an f32 tile, not {d.dtype}")
+    want = {"a": "row" if trans[0] == "N" else "col", "b": "col" if trans[1] == "N" else "row"}
+    name = f"mma_{_TNAME[trans]}"
+    if d.type.role != "acc":
+        raise error(f"{name}: d must be an accumulator tile: pk.rt(..., role='acc')")
+    for x, role in ((a, "a"), (b, "b")):
+        if x.type.role != role or x.type.layout != want[role]:
+            raise error(f"{name}: operand {role} must be pk.rt({x.shape}, {x.dtype}, "
+                        f"role={role!r}, layout={want[role]!r}); got {x.type}")
+    if len({d.type.mma, a.type.mma, b.type.mma}) != 1:
+        raise error(f"{name}: d, a and b use different matrix-instruction sizes "
+                    f"({d.type.mma}, {a.type.mma}, {b.type.mma}); give them the same mma=")
     c = d if c is None else c
     _same_shape(d, c, "mma accumulator")
     current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans)

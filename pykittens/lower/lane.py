@@ -14,6 +14,8 @@ Op kinds (attrs in brackets):
   bfly(a)[op, bits]                  butterfly across lanes, one lane bit at a time
   gload(gl, off, mask)  gstore(gl, off, mask, val)      global, element offsets
   lds_load(addr)[region]  lds_store(addr, val)[region]  LDS, byte addresses
+  mfma(a, b, c)[instr, a_slots, b_slots, c_slots]   one CDNA matrix instruction: the
+                                     listed slots of a, b and c are its operand registers
   for(start, stop)[step]{body}  if(c){then}{else}  barrier  setprio[level]
 """
 from __future__ import annotations

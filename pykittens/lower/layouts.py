@@ -15,10 +15,44 @@ def transpose(lay: LaneLayout) -> LaneLayout:
     return LaneLayout(lay.shape[::-1], bits, tuple((c, r) for r, c in lay.slots))
 
 
+def tiled(base: LaneLayout, shape) -> LaneLayout:
+    """Repeat a base layout over a larger tile; slots run base tile by base tile, row-major,
+    so base tile (i, j) owns slots [(i * cols + j) * n, ... + n)."""
+    br, bc = base.shape
+    slots = tuple((i * br + r, j * bc + c) for i in range(shape[0] // br)
+                  for j in range(shape[1] // bc) for r, c in base.slots)
+    return LaneLayout(tuple(shape), base.lane_bits, slots)
+
+
+def mma_instr(t: RegTileType, target, ab_dtype=None):
+    """The matrix instruction whose operand layouts a role tile follows."""
+    d = ab_dtype or t.dtype
+    for ins in target.mma:
+        if ins.m == t.mma and not ins.scaled and (t.role == "acc" or ins.ab_dtype == d.name):
+            return ins
+    if target.family != "cdna":
+        raise NotSupportedYet(f"matrix tiles (role {t.role!r}) are not supported yet on "
+                              f"{target.name}")
+    raise NotSupportedYet(f"{target.name} has no {t.mma}x{t.mma} matrix instruction for "
+                          f"{d} operands")
+
+
+def role_base(t: RegTileType, target) -> LaneLayout:
+    ins = mma_instr(t, target)
+    if t.role == "acc":
+        return ins.acc_layout
+    base = ins.a_layout if t.role == "a" else ins.b_layout
+    natural = "row" if t.role == "a" else "col"       # A is (M, K), B is (K, N)
+    return base if t.layout == natural else transpose(base)
+
+
 def tile_layout(t: RegTileType, target) -> LaneLayout:
     if t.role is not None:
-        raise NotSupportedYet(f"register tiles with role {t.role!r} (matrix-instruction "
-                              f"layouts) are not supported yet on {target.name}")
+        base = role_base(t, target)
+        if t.shape[0] % base.shape[0] or t.shape[1] % base.shape[1]:
+            raise ValueError(f"tile {t} is not a whole number of {base.shape[0]}x"
+                             f"{base.shape[1]} matrix-instruction tiles on {target.name}")
+        return tiled(base, t.shape)
     vec = TILE_VEC
     if t.layout == "row":
         return row_major_lane_layout(t.shape, target.wave_size, vec)

@@ -231,8 +231,43 @@ class _Lowering:
             self.emit("mov", dst, (part,))
 
     def op_mma(self, op):
-        raise self.err(f"mma is not supported yet on {self.t.name}: its lowering to matrix "
-                       "instructions arrives with the target's backend", NotSupportedYet)
+        """One matrix instruction per (i, j, k) triple of base tiles, k innermost."""
+        if self.t.family != "cdna":
+            raise self.err(f"mma is not supported yet on {self.t.name}: its lowering to "
+                           "wgmma arrives with the Hopper backend", NotSupportedYet)
+        a_v, b_v, c_v = op.srcs
+        for v in (a_v, b_v, c_v, op.dst):
+            self.layout(v)
+        try:
+            ins = L.mma_instr(a_v.type, self.t)
+        except NotSupportedYet as e:
+            raise self.err(e.message, NotSupportedYet) from None
+        trans = op.attrs["trans"]
+        m, n = op.dst.type.shape
+        k = a_v.type.shape[1] if trans[0] == "N" else a_v.type.shape[0]
+        if k % ins.k:
+            raise self.err(f"mma: K={k} is not a multiple of {ins.name}'s K={ins.k}; use a "
+                           f"K of {ins.k}, {2 * ins.k}, ...")
+        d = self.env[op.dst]
+        if c_v is not op.dst:
+            self.emit("mov", d, (self.val(c_v),))
+        a, b = self.val(a_v), self.val(b_v)
+        for i in range(m // ins.m):
+            for j in range(n // ins.n):
+                cs = self._base_slots(op.dst, i, j)
+                for kk in range(k // ins.k):
+                    ai, aj = (i, kk) if trans[0] == "N" else (kk, i)
+                    bi, bj = (kk, j) if trans[1] == "N" else (j, kk)
+                    self.emit("mfma", d, (a, b, d), instr=ins,
+                              a_slots=self._base_slots(a_v, ai, aj),
+                              b_slots=self._base_slots(b_v, bi, bj), c_slots=cs)
+
+    def _base_slots(self, v, i, j) -> tuple[int, ...]:
+        """Slots of base tile (i, j) of a tiled role layout (see layouts.tiled)."""
+        base = L.role_base(v.type, self.t)
+        per = base.nslots
+        index = i * (v.type.shape[1] // base.shape[1]) + j
+        return tuple(range(index * per, (index + 1) * per))
 
     # -- memory -------------------------------------------------------------------------
     def _window(self, tile_v, coords_v, mem_v):
