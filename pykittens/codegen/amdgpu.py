@@ -121,12 +121,26 @@ class AMDGPURenderer(Renderer):
         oob = cdna.BUFFER_OOB_OFFSET - (1 << 32)
         return self.op(f"select i1 {mask.text}, i32 {b.text}, i32 {oob}", "i32", 0)
 
+    def _dwords(self, nbytes):
+        """The integer type a buffer access of `nbytes` moves (the backend splits only
+        dword-based vectors, e.g. not <8 x i8>)."""
+        if nbytes % 4 == 0:
+            n = nbytes // 4
+            return ("i32", "i32") if n == 1 else (f"<{n} x i32>", f"v{n}i32")
+        return {2: ("i16", "i16"), 1: ("i8", "i8")}[nbytes]
+
     def load_run(self, gl, off, k, d):
-        ty, sfx = self._buf_ty(llty(d), k)
+        ety = llty(d)
+        if k == 1:
+            ty, sfx = self._buf_ty(ety, 1)
+        else:
+            ty, sfx = self._dwords(k * d.bytes)
         r = self.call(ty, f"llvm.amdgcn.raw.ptr.buffer.load.{sfx}",
                       [f"ptr addrspace(8) {self.resource(gl)}", str(self._boff(off, d.bytes)),
                        "i32 0", "i32 0"])
-        return Value(r, llty(d), k if k > 1 else 0)
+        if k == 1:
+            return Value(r, ety, 0)
+        return self.op(f"bitcast {ty} {r} to <{k} x {ety}>", ety, k)
 
     def load_elem(self, gl, off, mask, d):
         # Out-of-range offsets read zero: no branch needed for masked elements.
@@ -137,7 +151,11 @@ class AMDGPURenderer(Renderer):
         return Value(r, llty(d), 0)
 
     def store_run(self, gl, off, vec: Value, d):
-        ty, sfx = self._buf_ty(llty(d), max(vec.n, 1))
+        if vec.n > 1:
+            ty, sfx = self._dwords(vec.n * d.bytes)
+            vec = self.op(f"bitcast {vec} to {ty}", ty, 0)
+        else:
+            ty, sfx = self._buf_ty(llty(d), 1)
         self.call("void", f"llvm.amdgcn.raw.ptr.buffer.store.{sfx}",
                   [str(vec), f"ptr addrspace(8) {self.resource(gl)}",
                    str(self._boff(off, d.bytes)), "i32 0", "i32 0"])

@@ -1,0 +1,155 @@
+"""Matrix multiply on CDNA: role tiles in MFMA layouts, emulated against numpy and compiled."""
+import re
+
+import llvmlite.binding as llvm
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pykittens as pk
+from pykittens import compiler
+from pykittens.kernels.spec import rel_err
+
+llvm.initialize_all_targets()
+llvm.initialize_all_asmprinters()
+
+CDNA = ("gfx942", "gfx950")
+FP8 = {"gfx942": pk.e4m3fnuz, "gfx950": pk.e4m3}
+
+
+@pk.kernel(num_waves=4)
+def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
+         DT: pk.const = None, BK: pk.const = 32, MMA: pk.const = 32):
+    # A 64x64 block per workgroup, one 32x32 quadrant per wave; K stepped in a real loop.
+    wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
+    m0 = pk.program_id(0) * 64 + wm * 32
+    n0 = pk.program_id(1) * 64 + wn * 32
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", mma=MMA))
+    for k in pk.range((a.shape[1] + BK - 1) // BK):
+        ta = pk.load(pk.rt((32, BK), DT, role="a", mma=MMA), a, (m0, k * BK))
+        tb = pk.load(pk.rt((BK, 32), DT, role="b", layout="col", mma=MMA), b, (k * BK, n0))
+        pk.mma_AB(acc, ta, tb)
+    pk.store(c, acc, (m0, n0))
+
+
+@pk.kernel(num_waves=1)
+def gemm_abt(a: pk.gl[pk.bf16, 2], bt: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2]):
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc"))
+    ta = pk.load(pk.rt((32, 64), pk.bf16, role="a"), a, (0, 0))
+    tb = pk.load(pk.rt((32, 64), pk.bf16, role="b", layout="row"), bt, (0, 0))
+    pk.mma_ABt(acc, ta, tb)
+    pk.store(c, acc, (0, 0))
+
+
+@pk.kernel(num_waves=1)
+def gemm_atb(at: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2]):
+    acc = pk.zeros(pk.rt((16, 32), pk.f32, role="acc", mma=16))
+    ta = pk.load(pk.rt((64, 16), pk.bf16, role="a", layout="col", mma=16), at, (0, 0))
+    tb = pk.load(pk.rt((64, 32), pk.bf16, role="b", layout="col", mma=16), b, (0, 0))
+    pk.mma_AtB(acc, ta, tb)
+    pk.store(c, acc, (0, 0))
+
+
+def _operands(rng, m, n, k, dtype):
+    a = rng.standard_normal((m, k)).astype(dtype.np)
+    b = rng.standard_normal((k, n)).astype(dtype.np)
+    return a, b, a.astype(np.float64) @ b.astype(np.float64)
+
+
+@pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("mma", (16, 32))
+@pytest.mark.parametrize("shape", [(64, 64, 64), (100, 70, 96)])
+def test_gemm_bf16_matches_numpy(target, mma, shape, rng):
+    m, n, k = shape
+    a, b, ref = _operands(rng, m, n, k, pk.bf16)
+    out = pk.emulate(gemm, a, b, np.full((m, n), np.nan, np.float32),
+                     grid=(-(-m // 64), -(-n // 64)), target=target, MMA=mma)["c"]
+    assert rel_err(out, ref) < 1e-5          # bf16 products are exact in f32
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_gemm_fp8_uses_the_chip_flavour(target, rng):
+    dt = FP8[target]
+    a, b, ref = _operands(rng, 64, 64, 64, dt)
+    out = pk.emulate(gemm, a, b, np.zeros((64, 64), np.float32), grid=(1, 1), target=target,
+                     MMA=32)["c"]
+    assert rel_err(out, ref) < 1e-5
+    other = pk.e4m3 if target == "gfx942" else pk.e4m3fnuz
+    a2 = a.astype(np.float32).astype(other.np)
+    with pytest.raises(pk.KernelError, match="not supported on"):
+        pk.emulate(gemm, a2, a2, np.zeros((64, 64), np.float32), grid=(1, 1), target=target)
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_transposed_operands(target, rng):
+    a, b, ref = _operands(rng, 32, 32, 64, pk.bf16)
+    out = pk.emulate(gemm_abt, a, np.ascontiguousarray(b.T), np.zeros((32, 32), np.float32),
+                     grid=1, target=target)["c"]
+    assert rel_err(out, ref) < 1e-5
+    a, b, ref = _operands(rng, 16, 32, 64, pk.bf16)
+    out = pk.emulate(gemm_atb, np.ascontiguousarray(a.T), b, np.zeros((16, 32), np.float32),
+                     grid=1, target=target)["c"]
+    assert rel_err(out, ref) < 1e-5
+
+
+def _asm(ir, target):
+    mod = llvm.parse_assembly(ir)
+    mod.verify()
+    tm = llvm.Target.from_triple("amdgcn-amd-amdhsa").create_target_machine(cpu=target, opt=3)
+    return tm.emit_assembly(mod)
+
+
+@pytest.mark.parametrize("target,mma,instr", [
+    ("gfx942", 32, "v_mfma_f32_32x32x8_bf16"), ("gfx942", 16, "v_mfma_f32_16x16x16_bf16"),
+    ("gfx950", 32, "v_mfma_f32_32x32x16_bf16"), ("gfx950", 16, "v_mfma_f32_16x16x32_bf16")])
+def test_gemm_compiles_to_the_mfma(target, mma, instr):
+    asm = _asm(compiler.llvm_ir(gemm, target, DT="bf16", MMA=mma), target)
+    assert instr in asm
+    assert re.search(r"\.private_segment_fixed_size:\s+0", asm)
+    assert any(instr in body for body in _loop_bodies(asm))   # inside the K loop
+
+
+def _loop_bodies(asm: str) -> list[str]:
+    """Text between a label and a later branch back to it."""
+    lines = asm.splitlines()
+    where = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.LBB\w+):", ln))}
+    out = []
+    for i, ln in enumerate(lines):
+        m = re.match(r"\s+s_(?:cbranch_\w+|branch)\s+(\.LBB\w+)", ln)
+        if m and where.get(m.group(1), i) < i:
+            out.append("\n".join(lines[where[m.group(1)]:i]))
+    return out
+
+
+def test_fp8_gemm_compiles(rng):
+    asm = _asm(compiler.llvm_ir(gemm, "gfx942", DT="e4m3fnuz"), "gfx942")
+    assert "v_mfma_f32_32x32x16_fp8_fp8" in asm
+
+
+def test_mma_argument_errors():
+    @pk.kernel
+    def bad(a: pk.gl[pk.bf16, 2]):
+        acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc"))
+        ta = pk.zeros(pk.rt((32, 16), pk.bf16, role="a"))
+        tb = pk.zeros(pk.rt((16, 32), pk.bf16, role="b", layout="row"))
+        pk.mma_AB(acc, ta, tb)
+
+    with pytest.raises(pk.KernelError, match="layout='col'") as e:
+        bad.specialize()
+    assert "test_mma.py" in str(e.value)
+
+    @pk.kernel
+    def mixed(a: pk.gl[pk.bf16, 2]):
+        acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", mma=16))
+        ta = pk.zeros(pk.rt((32, 16), pk.bf16, role="a"))
+        tb = pk.zeros(pk.rt((16, 32), pk.bf16, role="b", layout="col"))
+        pk.mma_AB(acc, ta, tb)
+
+    with pytest.raises(pk.KernelError, match="same mma="):
+        mixed.specialize()
+
+
+def test_mma_on_hopper_is_not_supported_yet(rng):
+    a, b, _ = _operands(rng, 64, 64, 64, pk.bf16)
+    with pytest.raises(pk.NotSupportedYet, match="not supported yet on sm_90a"):
+        pk.emulate(gemm, a, b, np.zeros((64, 64), np.float32), grid=(1, 1), target="sm_90a")
