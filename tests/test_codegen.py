@@ -39,8 +39,8 @@ def test_library_kernel_compiles(name, target):
         assert f".amdgcn_target \"amdgcn-amd-amdhsa--{target}\"" in asm
         assert re.search(r"\.private_segment_fixed_size:\s+0", asm)     # no scratch / spills
         assert "buffer_load_dwordx2" in asm or "buffer_load_dwordx4" in asm  # vector runs
-        if name != "scaled_add":
-            assert "ds_bpermute_b32" in asm
+        if name != "scaled_add":          # butterflies: DPP within quads, ds_swizzle beyond
+            assert "quad_perm:[1,0,3,2]" in asm and "ds_swizzle_b32" in asm
 
 
 def test_kernel_arguments_follow_the_abi():

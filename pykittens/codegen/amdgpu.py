@@ -66,11 +66,21 @@ class AMDGPURenderer(Renderer):
         return self.tid
 
     def lane_xor(self, v: Value, mask: int) -> Value:
-        addr = self.op(f"xor i32 {self.lane.text}, {mask}", "i32", 0)
-        addr = self.op(f"shl i32 {addr.text}, 2", "i32", 0)
+        """Value of lane (lane ^ mask), cheapest first: DPP quad permutes (VALU) for masks 1
+        and 2, ds_swizzle's bit mode inside 32 lanes, ds_bpermute across the halves."""
         x = self._to_i32(v)
-        r = Value(self.call("i32", "llvm.amdgcn.ds.bpermute", [str(addr), str(x)]), "i32", 0)
-        return self._from_i32(r, v.ety)
+        if mask in cdna.DPP_QUAD_PERM_XOR:
+            r = self.call("i32", "llvm.amdgcn.update.dpp.i32",
+                          ["i32 poison", str(x), f"i32 {cdna.DPP_QUAD_PERM_XOR[mask]}",
+                           "i32 15", "i32 15", "i1 true"])
+        elif mask < 32:
+            r = self.call("i32", "llvm.amdgcn.ds.swizzle",
+                          [str(x), f"i32 {cdna.ds_swizzle_xor(mask)}"])
+        else:
+            addr = self.op(f"xor i32 {self.lane.text}, {mask}", "i32", 0)
+            addr = self.op(f"shl i32 {addr.text}, 2", "i32", 0)
+            r = self.call("i32", "llvm.amdgcn.ds.bpermute", [str(addr), str(x)])
+        return self._from_i32(Value(r, "i32", 0), v.ety)
 
     def _to_i32(self, v):
         if v.ety == "i32":

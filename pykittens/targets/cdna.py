@@ -26,6 +26,18 @@ LLC = 256 << 20                   # 256 MiB AMD Infinity Cache
 # Word 3 of a raw buffer resource (format/swizzle fields) for gfx90a/gfx94x/gfx950, as
 # Composable Kernel's CK_BUFFER_RESOURCE_3RD_DWORD; num_records gives out-of-range -> zero.
 BUFFER_RSRC_WORD3 = 0x00020000
+# DPP quad_perm controls (CDNA3 ISA, "DPP_CTRL"): lane i of each quad reads lane perm[i];
+# encoded perm[0] | perm[1] << 2 | perm[2] << 4 | perm[3] << 6.
+DPP_QUAD_PERM_XOR = {1: 0b10_11_00_01, 2: 0b01_00_11_10}
+
+
+def ds_swizzle_xor(mask: int) -> int:
+    """ds_swizzle offset in bit mode (CDNA3 ISA, DS_SWIZZLE_B32): and_mask=0x1f, or_mask=0,
+    xor_mask=mask; each lane reads lane ((lane & and) | or) ^ xor within its 32-lane half."""
+    assert 0 < mask < 32
+    return 0x1F | (mask << 10)
+
+
 # A byte offset no tensor reaches: buffer accesses there read 0 and drop stores.
 BUFFER_OOB_OFFSET = 0x80000000
 
