@@ -521,3 +521,53 @@ def test_named_arguments_and_outputs(rng):
     assert set(res) == {"x", "y", "out"}
     assert np.array_equal(res["x"], x) and res["out"].dtype == np.float32
     assert rel_err(res["out"], 2 * f64(x) + f64(y)) < 1e-6
+
+
+# ---- matrix multiply (CDNA: MFMA layouts, emulated lane-exactly) -------------------------------
+
+@pk.kernel
+def mma_k(a: pk.gl["AT", 2], b: pk.gl["AT", 2], c: pk.gl[pk.f32, 2], AT: pk.const = None,
+          M_: pk.const = 32, N_: pk.const = 32, K_: pk.const = 16, MMA: pk.const = 0,
+          TR: pk.const = "AB"):
+    mma = MMA or None
+    d = pk.zeros(pk.rt((M_, N_), pk.f32, role="acc", mma=mma))
+    if TR == "AB":
+        ta = pk.load(pk.rt((M_, K_), AT, role="a", mma=mma), a)
+        tb = pk.load(pk.rt((K_, N_), AT, "col", role="b", mma=mma), b)
+        pk.mma_AB(d, ta, tb)
+    elif TR == "ABt":
+        ta = pk.load(pk.rt((M_, K_), AT, role="a", mma=mma), a)
+        tb = pk.load(pk.rt((N_, K_), AT, role="b", mma=mma), b)          # stored N x K
+        pk.mma_ABt(d, ta, tb)
+    else:
+        ta = pk.load(pk.rt((K_, M_), AT, "col", role="a", mma=mma), a)   # stored K x M
+        tb = pk.load(pk.rt((K_, N_), AT, "col", role="b", mma=mma), b)
+        pk.mma_AtB(d, ta, tb)
+    if TR == "AB":
+        pk.mma_AB(d, ta, tb)            # accumulate a second time: d = 2 a b
+    pk.store(c, d)
+
+
+@pytest.mark.parametrize("tr", ["AB", "ABt", "AtB"])
+@pytest.mark.parametrize("m, n, k, mma", [(32, 32, 16, 0), (16, 16, 32, 16), (64, 32, 32, 0),
+                                          (32, 64, 64, 16)])
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_mma_bf16(target, rng, m, n, k, mma, tr):
+    sa = (k, m) if tr == "AtB" else (m, k)
+    sb = (n, k) if tr == "ABt" else (k, n)
+    a = rng.standard_normal(sa).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal(sb).astype(ml_dtypes.bfloat16)
+    got = pk.emulate(mma_k, a, b, poison((m, n)), grid=1, target=target, M_=m, N_=n, K_=k,
+                     MMA=mma, TR=tr)["c"]
+    ref = (f64(a).T if tr == "AtB" else f64(a)) @ (f64(b).T if tr == "ABt" else f64(b))
+    assert rel_err(got, ref * (2 if tr == "AB" else 1)) < 1e-5
+
+
+@pytest.mark.parametrize("target, dt", [(t, d) for t in ("gfx942", "gfx950")
+                                        for d in ("f16", *FP8[t])])
+def test_mma_f16_fp8(target, dt, rng):
+    d = T.DTYPES[dt]
+    a = rng.standard_normal((32, 32)).astype(d.np)
+    b = rng.standard_normal((32, 32)).astype(d.np)
+    got = pk.emulate(mma_k, a, b, poison((32, 32)), grid=1, target=target, K_=32)["c"]
+    assert rel_err(got, 2 * f64(a) @ f64(b)) < 1e-5
