@@ -16,6 +16,7 @@ from .lang.ops import (abs, add, barrier, cast, col_max, col_sum, copy, div, els
                        mma_ABt, mma_AtB, mul, num_programs, num_waves, program_id, range,
                        row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st, static_range,
                        store, sub, wave_id, zeros)
+from .lang.schedule import interleave, pingpong, sched_barrier, sched_group, waitcnt
 from .lang.values import maximum, minimum, where
 from .emulator.launch import emulate
 

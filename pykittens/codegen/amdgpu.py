@@ -213,3 +213,15 @@ class AMDGPURenderer(Renderer):
 
     def r_setprio(self, op):
         self.call("void", "llvm.amdgcn.s.setprio", [f"i16 {op.attrs['level']}"])
+
+    def r_sched_barrier(self, op):
+        self.call("void", "llvm.amdgcn.sched.barrier", [f"i32 {op.attrs['mask']}"])
+
+    def r_sched_group(self, op):
+        a = op.attrs
+        self.call("void", "llvm.amdgcn.sched.group.barrier",
+                  [f"i32 {a['mask']}", f"i32 {a['size']}", f"i32 {a['sync_id']}"])
+
+    def r_waitcnt(self, op):
+        imm = cdna.waitcnt_imm(op.attrs["vmcnt"], op.attrs["lgkmcnt"])
+        self.call("void", "llvm.amdgcn.s.waitcnt", [f"i32 {imm}"])

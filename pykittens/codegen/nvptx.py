@@ -108,4 +108,9 @@ class NVPTXRenderer(Renderer):
         self.call("void", "llvm.nvvm.barrier.cta.sync.all", ["i32 0"])
 
     def r_setprio(self, op):
-        pass                                  # Hopper has no wave priority: nothing to emit
+        """Hopper has no wave priority nor CDNA's scheduling hints: nothing to emit."""
+
+    r_sched_barrier = r_sched_group = r_setprio
+
+    def r_waitcnt(self, op):
+        """Loads on Hopper are waited for by data dependence: nothing to emit."""

@@ -230,6 +230,12 @@ class _Machine:
     def x_setprio(self, w, op):
         w.prio = op.attrs["level"]
 
+    def x_sched_barrier(self, w, op):
+        """Scheduling hints and waits change timing, not results: nothing to emulate (the
+        emulator completes every memory operation at once)."""
+
+    x_sched_group = x_waitcnt = x_sched_barrier
+
     # -- global memory ------------------------------------------------------------------
     def _gcheck(self, w, op, buf, off, mask):
         bad = mask & ((off < 0) | (off >= buf.flat.size))

@@ -17,6 +17,7 @@ Op kinds (attrs in brackets):
   mfma(a, b, c)[instr, a_slots, b_slots, c_slots]   one CDNA matrix instruction: the
                                      listed slots of a, b and c are its operand registers
   for(start, stop)[step]{body}  if(c){then}{else}  barrier  setprio[level]
+  sched_barrier[mask]  sched_group[mask, size, sync_id]  waitcnt[vmcnt, lgkmcnt]
 """
 from __future__ import annotations
 

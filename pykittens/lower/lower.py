@@ -377,6 +377,15 @@ class _Lowering:
     def op_setprio(self, op):
         self.emit("setprio", level=op.attrs["level"])
 
+    def op_sched_barrier(self, op):
+        self.emit("sched_barrier", mask=op.attrs["mask"])
+
+    def op_sched_group(self, op):
+        self.emit("sched_group", **op.attrs)
+
+    def op_waitcnt(self, op):
+        self.emit("waitcnt", **op.attrs)
+
 
 def runs(lay, dim: int, mem_dtype) -> tuple[tuple[int, int], ...]:
     """Groups of consecutive slots whose elements are adjacent along `dim` (the tensor's

@@ -71,3 +71,24 @@ def mfma_acc(m: int, n: int):
     bits += [(0, 4 << b) for b in range(groups.bit_length() - 1)]
     slots = [(4 * groups * (s // 4) + s % 4, 0) for s in range(m * n // WAVE)]
     return linear((m, n), bits, slots)
+
+
+# llvm.amdgcn.sched.group.barrier / sched.barrier instruction-class masks (LLVM AMDGPUUsage,
+# "AMDGPU Intrinsics": sched_group_barrier).
+SCHED_MASK = {
+    "none": 0x0, "alu": 0x1, "valu": 0x2, "salu": 0x4, "mfma": 0x8, "vmem": 0x10,
+    "vmem_read": 0x20, "vmem_write": 0x40, "ds": 0x80, "ds_read": 0x100, "ds_write": 0x200,
+    "trans": 0x400,
+}
+
+
+def waitcnt_imm(vmcnt: int | None = None, lgkmcnt: int | None = None,
+                expcnt: int | None = None) -> int:
+    """s_waitcnt simm16 on gfx9 (CDNA3 ISA, S_WAITCNT): vmcnt[3:0] and [15:14], expcnt[6:4],
+    lgkmcnt[11:8]. A counter left None is not waited for (its maximum)."""
+    vm = 63 if vmcnt is None else vmcnt
+    lgkm = 15 if lgkmcnt is None else lgkmcnt
+    exp = 7 if expcnt is None else expcnt
+    if not (0 <= vm <= 63 and 0 <= lgkm <= 15 and 0 <= exp <= 7):
+        raise ValueError("waitcnt: vmcnt 0..63, lgkmcnt 0..15, expcnt 0..7")
+    return (vm & 0xF) | ((vm >> 4) << 14) | (exp << 4) | (lgkm << 8)

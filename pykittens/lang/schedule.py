@@ -1,0 +1,106 @@
+"""Wave-scheduling primitives: HipKittens' 8-wave ping-pong and 4-wave interleave as reusable
+constructs, plus the raw scheduling hints they are made of.
+
+On CDNA these become `s_barrier`, `s_setprio`, `sched_barrier`, `sched_group_barrier` and
+`s_waitcnt`; on Hopper priorities and scheduling hints have no counterpart and emit nothing
+(the barriers stay), so one kernel source serves both.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from ..targets.cdna import SCHED_MASK
+from . import ops
+from .trace import current, error
+
+
+def _mask(kinds) -> int:
+    if isinstance(kinds, int):
+        return kinds
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    m = 0
+    for k in kinds:
+        if k not in SCHED_MASK:
+            raise error(f"unknown instruction class {k!r}; choose from {', '.join(SCHED_MASK)}")
+        m |= SCHED_MASK[k]
+    return m
+
+
+def sched_barrier(allow="none") -> None:
+    """No instruction moves across this point, except the classes in `allow`."""
+    current().emit("sched_barrier", mask=_mask(allow))
+
+
+def sched_group(kind, count: int, sync_id: int = 0) -> None:
+    """Ask the scheduler for a group of `count` instructions of class `kind` here; groups with
+    the same sync_id are ordered as written (llvm.amdgcn.sched.group.barrier)."""
+    if count < 1:
+        raise error("sched_group count must be >= 1")
+    current().emit("sched_group", mask=_mask(kind), size=int(count), sync_id=int(sync_id))
+
+
+def interleave(pattern, repeat: int = 1, sync_id: int = 0) -> None:
+    """4-wave interleave: declare that the enclosing block's instructions issue as `pattern`
+    (a list of (class, count), e.g. [("mfma", 1), ("ds_read", 2), ("vmem_read", 1)]) repeated
+    `repeat` times. Call it at the end of the block (e.g. a pk.range body) it shapes."""
+    if not pattern or repeat < 1:
+        raise error("interleave needs a non-empty pattern and repeat >= 1")
+    for _ in range(repeat):
+        for kind, count in pattern:
+            sched_group(kind, count, sync_id)
+
+
+def waitcnt(vmcnt: int | None = None, lgkmcnt: int | None = None) -> None:
+    """Wait until at most `vmcnt` global and `lgkmcnt` LDS/scalar memory operations of this
+    wave are outstanding (s_waitcnt); None means do not wait on that counter."""
+    for name, v in (("vmcnt", vmcnt), ("lgkmcnt", lgkmcnt)):
+        if v is not None and not (isinstance(v, int) and v >= 0):
+            raise error(f"waitcnt {name} must be a non-negative int or None")
+    current().emit("waitcnt", vmcnt=vmcnt, lgkmcnt=lgkmcnt)
+
+
+class PingPong:
+    """8-wave ping-pong: two groups of waves one barrier phase apart, so that while one group
+    runs its compute cluster (at raised priority) the other runs its memory cluster.
+
+        with pk.pingpong() as pp:
+            for k in pk.range(n):
+                with pp.memory():   ...loads...
+                with pp.compute():  ...mma...
+
+    Group 1 passes one extra barrier before the loop and group 0 one after it, so both pass
+    the same number of barriers (the emulator checks this)."""
+
+    def __init__(self, priority: int = 1):
+        tr = current()
+        if tr.num_waves % 2:
+            raise error(f"ping-pong needs an even number of waves (two groups); this kernel "
+                        f"has num_waves={tr.num_waves}")
+        self.group_size = tr.num_waves // 2
+        self.priority = priority
+        self.group = ops.wave_id() // self.group_size
+
+    @contextlib.contextmanager
+    def memory(self):
+        """Memory cluster: base priority, then a barrier hands the phase over."""
+        yield
+        ops.barrier()
+
+    @contextlib.contextmanager
+    def compute(self):
+        """Compute cluster: raised priority while it issues, then a barrier."""
+        ops.setprio(self.priority)
+        yield
+        ops.setprio(0)
+        ops.barrier()
+
+
+@contextlib.contextmanager
+def pingpong(priority: int = 1):
+    pp = PingPong(priority)
+    with ops.if_(pp.group == 1):
+        ops.barrier()                       # group 1 starts one phase behind
+    yield pp
+    with ops.if_(pp.group == 0):
+        ops.barrier()                       # re-align: group 0 passes the missing barrier
