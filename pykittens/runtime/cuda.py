@@ -1,0 +1,503 @@
+"""Load cubins (or PTX, through the driver's JIT) with the CUDA driver API and launch them on
+PyTorch tensors, on torch's current stream.
+
+Why the driver API (cuda.bindings) and not torch or the runtime API: a cubin from ptxas is a
+module, and only cuModuleLoadData / cuLaunchKernel take one without a C++ extension build.
+
+Arguments: the kernel-argument buffer is packed exactly as `runtime.abi` lays it out (the
+same bytes the HIP launcher passes) and handed to cuLaunchKernel through `extra`
+(CU_LAUNCH_PARAM_BUFFER_POINTER / CU_LAUNCH_PARAM_BUFFER_SIZE), so there is one definition
+of the layout. Before a function's first launch its parameter layout is read back from the
+loaded image (cuFuncGetParamInfo, CUDA 12.4+) and compared with the buffer: a disagreement
+between code generation and this launcher is an error, never a launch with shifted arguments.
+
+Every driver call goes through `check`, which raises CudaError naming the call, the CUresult
+and what to do about it. Nothing here runs on import: `import pykittens.runtime.cuda` works
+on a machine without cuda.bindings or a GPU, and the first driver use raises CudaUnavailable.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+
+from ..ir import types as T
+from .abi import KernArg, kernel_args, offsets
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+class CudaUnavailable(CudaError):
+    """No cuda.bindings package, no NVIDIA driver, or no GPU on this machine."""
+
+
+# ---- the driver binding ---------------------------------------------------------------------
+
+_DRIVER = None
+_INIT = False
+
+
+def driver():
+    """The `cuda.bindings.driver` module (or the pre-12.6 `cuda.cuda` spelling of it)."""
+    global _DRIVER
+    if _DRIVER is None:
+        try:
+            from cuda.bindings import driver as d
+        except ImportError:
+            try:
+                from cuda import cuda as d      # cuda-python < 12.6
+            except ImportError:
+                raise CudaUnavailable(
+                    "the CUDA launcher needs NVIDIA's Python driver bindings: "
+                    "`pip install cuda-bindings` (or cuda-python)") from None
+        _DRIVER = d
+    return _DRIVER
+
+
+_HINTS = {
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": "the cubin was built for another GPU architecture; "
+                                    "compile for this GPU's target or load the PTX instead",
+    "CUDA_ERROR_UNSUPPORTED_PTX_VERSION": "the driver is older than the PTX ISA version; "
+                                          "load the cubin from ptxas instead, or update the "
+                                          "driver",
+    "CUDA_ERROR_INVALID_PTX": "the driver's JIT rejected the PTX; run ptxas on it "
+                              "(toolchain.nvptx.assemble) to see the assembler's message",
+    "CUDA_ERROR_INVALID_IMAGE": "the bytes are not a cubin, fatbin or PTX this driver accepts",
+    "CUDA_ERROR_NOT_FOUND": "no kernel of that name in the module; names are the PTX "
+                            "`.entry` names (compile_ir(...)['kernels'])",
+    "CUDA_ERROR_INVALID_VALUE": "an argument is out of range: grid/block dimensions, shared "
+                                "memory size or the argument buffer",
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": "too many registers x threads per block or too much "
+                                          "shared memory; use fewer threads or less smem",
+    "CUDA_ERROR_INVALID_CONTEXT": "no CUDA context on this thread; create the module from the "
+                                  "thread that launches, after torch has initialised CUDA",
+    "CUDA_ERROR_NO_DEVICE": "no NVIDIA GPU is visible (check CUDA_VISIBLE_DEVICES)",
+}
+
+
+def _err_name(d, err) -> str:
+    """'CUDA_ERROR_...' for a CUresult (an enum member in cuda.bindings, else an int)."""
+    name = getattr(err, "name", None)
+    if isinstance(name, str):
+        return name
+    try:
+        name = d.cuGetErrorName(err)[1]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return f"CUresult {int(err)}"
+
+
+def check(result, call: str):
+    """Unwrap a cuda.bindings return tuple (CUresult, *values); raise CudaError naming `call`."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, vals = result[0], result[1:]
+    if int(err) != 0:
+        name = _err_name(_DRIVER, err)
+        hint = _HINTS.get(name)
+        raise CudaError(f"{call} failed with {name} ({int(err)})" + (f": {hint}" if hint else ""))
+    if not vals:
+        return None
+    return vals[0] if len(vals) == 1 else vals
+
+
+def _init():
+    global _INIT
+    d = driver()
+    if _INIT:
+        return d
+    try:
+        res = d.cuInit(0)
+    except Exception as e:       # the binding could not dlopen libcuda.so
+        raise CudaUnavailable(f"the NVIDIA driver (libcuda.so) could not be loaded "
+                              f"({str(e).rstrip('.')}); "
+                              "the CUDA launcher runs only on a machine with an NVIDIA GPU "
+                              "and driver") from None
+    try:
+        check(res, "cuInit")
+    except CudaError as e:
+        raise CudaUnavailable(f"{e}; the CUDA launcher needs an NVIDIA GPU and driver") from None
+    _INIT = True
+    return d
+
+
+_CTX: dict[int, object] = {}
+
+
+class _OnDevice:
+    """Make `device`'s primary context (the one PyTorch uses) current for a block of driver
+    calls and restore the caller's context afterwards, so torch's notion of the current
+    device is never changed behind its back."""
+
+    def __init__(self, device: int):
+        d = _init()
+        if device not in _CTX:
+            n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
+            if not 0 <= device < n:
+                raise CudaError(f"CUDA device {device} does not exist; this machine has {n}")
+            dev = check(d.cuDeviceGet(device), "cuDeviceGet")
+            _CTX[device] = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        self.d, self.ctx, self.pushed = d, _CTX[device], False
+
+    def __enter__(self):
+        cur = check(self.d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if cur is None or int(cur) != int(self.ctx):
+            check(self.d.cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+            self.pushed = True
+        return self.d
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            check(self.d.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+
+def _current_device() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
+# ---- images, modules, functions -------------------------------------------------------------
+
+def image_kind(image: bytes | str) -> str:
+    """'cubin', 'fatbin' or 'ptx' — decided from the bytes, since the driver takes all three
+    through cuModuleLoadData and we want to say which one failed."""
+    if isinstance(image, str):
+        image = image.encode()
+    if image[:4] == b"\x7fELF":
+        return "cubin"
+    if image[:4] == struct.pack("<I", 0xBA55ED50):
+        return "fatbin"
+    head = image[:4096]
+    if b".version" in head and b".target" in head:
+        return "ptx"
+    raise CudaError("the image is neither a cubin (ELF), a fatbin nor PTX text; pass "
+                    "compile_ir(...)['cubin'] or ['ptx']")
+
+
+class Module:
+    """One loaded code object on one device."""
+
+    def __init__(self, image: bytes | str, *, device: int | None = None):
+        self.kind = image_kind(image)
+        self.device = _current_device() if device is None else int(device)
+        data = image.encode() if isinstance(image, str) else bytes(image)
+        if self.kind == "ptx" and not data.endswith(b"\0"):
+            data += b"\0"                 # the driver reads PTX as a C string
+        self._data = data                 # the driver may read the image lazily
+        with _OnDevice(self.device) as d:
+            self.handle = check(d.cuModuleLoadData(data), f"cuModuleLoadData ({self.kind})")
+        self._functions: dict[str, Function] = {}
+
+    @classmethod
+    def from_compiled(cls, result: dict, *, device: int | None = None,
+                      prefer: str = "cubin") -> "Module":
+        """Load a `toolchain.nvptx.compile_ir` result: the cubin when there is one (and
+        `prefer` is 'cubin'), else the PTX through the driver's JIT."""
+        if prefer not in ("cubin", "ptx"):
+            raise ValueError(f"prefer must be 'cubin' or 'ptx', not {prefer!r}")
+        image = result.get("cubin") if prefer == "cubin" else None
+        return cls(image if image is not None else result["ptx"], device=device)
+
+    def function(self, name: str, kargs: list[KernArg] | None = None) -> "Function":
+        if name not in self._functions:
+            self._functions[name] = Function(self, name, kargs)
+        return self._functions[name]
+
+    def close(self) -> None:
+        if getattr(self, "handle", None) is not None:
+            with _OnDevice(self.device) as d:
+                check(d.cuModuleUnload(self.handle), "cuModuleUnload")
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_UNKNOWN = object()
+
+
+class Function:
+    """A kernel in a loaded module. `kargs` (from runtime.abi) lets `launch` take a list of
+    plain values and lets the layout check compare every argument, not only the total size."""
+
+    def __init__(self, module: Module, name: str, kargs: list[KernArg] | None = None):
+        self.module, self.name, self.kargs = module, name, kargs
+        with _OnDevice(module.device) as d:
+            self.handle = check(d.cuModuleGetFunction(module.handle, name.encode()),
+                                f"cuModuleGetFunction({name!r})")
+            A = d.CUfunction_attribute
+            self.registers = self._attr(d, A.CU_FUNC_ATTRIBUTE_NUM_REGS)
+            self.static_smem = self._attr(d, A.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            self.max_threads = self._attr(d, A.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+            self._dyn_limit = self._attr(d, A.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            dev = check(d.cuDeviceGet(module.device), "cuDeviceGet")
+            self._optin = check(d.cuDeviceGetAttribute(
+                d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+                "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
+        self._layout, self._abi_checked = _UNKNOWN, None
+
+    def _attr(self, d, attr):
+        return check(d.cuFuncGetAttribute(attr, self.handle),
+                     f"cuFuncGetAttribute({attr.name}) for {self.name!r}")
+
+    def param_layout(self) -> list[tuple[int, int]] | None:
+        """(offset, size) of each parameter as the loaded image has it; None when the driver
+        or binding predates cuFuncGetParamInfo (CUDA 12.4)."""
+        with _OnDevice(self.module.device) as d:
+            if not hasattr(d, "cuFuncGetParamInfo"):
+                return None
+            out = []
+            while True:
+                res = d.cuFuncGetParamInfo(self.handle, len(out))
+                if int(res[0]) != 0:
+                    name = _err_name(d, res[0])
+                    if name == "CUDA_ERROR_INVALID_VALUE":      # past the last parameter
+                        return out
+                    if name == "CUDA_ERROR_NOT_SUPPORTED":
+                        return None
+                    check(res, f"cuFuncGetParamInfo({self.name!r}, {len(out)})")
+                out.append((int(res[1]), int(res[2])))
+
+    def _check_layout(self, nbytes: int) -> None:
+        """Every launch: the buffer must cover exactly the image's parameters. Once per kargs
+        list: each argument's offset and size must be where runtime.abi puts it."""
+        if self._layout is _UNKNOWN:
+            self._layout = self.param_layout()
+        if self._layout is None:
+            return
+        kargs = self.kargs if self.kargs is not self._abi_checked else None
+        check_param_layout(self.name, self._layout, nbytes, kargs)
+        self._abi_checked = self.kargs
+
+    def launch(self, grid, block, args: bytes | list = b"", shared_bytes: int = 0,
+               stream=None) -> None:
+        """Launch asynchronously on `stream` (default: torch's current stream on the module's
+        device). `args` is the packed buffer, a list of values in `kargs` order, or a list of
+        (dtype, value) pairs with dtype 'ptr', 'i32' or 'f32'."""
+        grid, block = dims3(grid, "grid"), dims3(block, "block")
+        buf = args_buffer(args, self.kargs)
+        threads = math.prod(block)
+        if threads > self.max_threads:
+            raise CudaError(f"{self.name}: block {block} has {threads} threads but the kernel "
+                            f"allows at most {self.max_threads} (registers: {self.registers})")
+        shared_bytes = int(shared_bytes)
+        if shared_bytes < 0:
+            raise ValueError(f"shared_bytes must be >= 0, not {shared_bytes}")
+        if self.static_smem + shared_bytes > self._optin:
+            raise CudaError(f"{self.name}: {shared_bytes} bytes of dynamic shared memory plus "
+                            f"{self.static_smem} static exceed the device's per-block limit of "
+                            f"{self._optin} bytes")
+        self._check_layout(len(buf))
+        with _OnDevice(self.module.device) as d:
+            if shared_bytes > self._dyn_limit:
+                # Above the default (48 KiB) a kernel must opt in to more dynamic smem.
+                A = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                check(d.cuFuncSetAttribute(self.handle, A, shared_bytes),
+                      f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={shared_bytes}) "
+                      f"for {self.name!r}")
+                self._dyn_limit = shared_bytes
+            hstream = d.CUstream(stream_handle(stream, self.module.device))
+            cbuf = ctypes.create_string_buffer(buf, max(len(buf), 1))
+            size = ctypes.c_size_t(len(buf))
+            extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(cbuf),
+                                          _BUFFER_SIZE, ctypes.addressof(size), _END)
+            check(d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, hstream, None,
+                                   ctypes.addressof(extra) if buf else 0),
+                  f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
+                  f"shared={shared_bytes})")
+
+
+# ---- pure helpers (tested on the CPU) -------------------------------------------------------
+
+_FMT = {"ptr": "<Q", "i32": "<i", "f32": "<f"}
+
+# The `extra` markers, as cuda.h defines them: CU_LAUNCH_PARAM_END ((void*)0x00),
+# CU_LAUNCH_PARAM_BUFFER_POINTER ((void*)0x01), CU_LAUNCH_PARAM_BUFFER_SIZE ((void*)0x02).
+# Spelled out because older bindings expose them as opaque pointer objects, not ints.
+_END, _BUFFER_POINTER, _BUFFER_SIZE = 0, 1, 2
+
+
+def dims3(v, what: str) -> tuple[int, int, int]:
+    """int or up-to-3 tuple -> (x, y, z), each a positive int."""
+    t = (v,) if isinstance(v, int) else tuple(v)
+    if not 1 <= len(t) <= 3 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                       for x in t):
+        raise ValueError(f"{what} must be an int or a tuple of 1-3 ints, not {v!r}")
+    t = t + (1,) * (3 - len(t))
+    if any(x < 1 for x in t):
+        raise ValueError(f"{what} dimensions must be >= 1, got {t}")
+    return t
+
+
+def pack_values(pairs) -> bytes:
+    """[(dtype, value)] -> the argument buffer, each at its natural alignment (runtime.abi)."""
+    kargs = [KernArg(f"arg{i}", f"arg{i}", "scalar", dt, 8 if dt == "ptr" else 4)
+             for i, (dt, _) in enumerate(pairs)]
+    return pack(kargs, [v for _, v in pairs])
+
+
+def pack(kargs: list[KernArg], values: list) -> bytes:
+    """Pack values for `kargs` (runtime.abi.kernel_args) into the kernel-argument buffer."""
+    if len(values) != len(kargs):
+        raise ValueError(f"{len(kargs)} kernel arguments ({', '.join(a.name for a in kargs)})"
+                         f" but {len(values)} values")
+    offs = offsets(kargs)
+    buf = bytearray(offs[-1] + kargs[-1].size if kargs else 0)
+    for a, off, v in zip(kargs, offs, values):
+        if a.dtype not in _FMT:
+            raise TypeError(f"kernel argument {a.name!r} has unsupported type {a.dtype!r}; "
+                            f"the ABI has {', '.join(_FMT)}")
+        if a.dtype == "f32":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) and \
+                    not hasattr(v, "__float__"):
+                raise TypeError(f"kernel argument {a.name!r} (f32) must be a number, "
+                                f"not {type(v).__name__}")
+            v = float(v)
+        else:
+            if isinstance(v, bool) or not hasattr(v, "__index__"):
+                raise TypeError(f"kernel argument {a.name!r} ({a.dtype}) must be an integer, "
+                                f"not {type(v).__name__}")
+            v = int(v)
+            lo, hi = (0, 2**64 - 1) if a.dtype == "ptr" else (-2**31, 2**31 - 1)
+            if not lo <= v <= hi:
+                raise OverflowError(f"kernel argument {a.name!r} = {v} does not fit {a.dtype}")
+        struct.pack_into(_FMT[a.dtype], buf, off, v)
+    return bytes(buf)
+
+
+def args_buffer(args, kargs: list[KernArg] | None) -> bytes:
+    if isinstance(args, (bytes, bytearray, memoryview)):
+        return bytes(args)
+    args = list(args)
+    if args and all(isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)
+                    for a in args):
+        return pack_values(args)
+    if kargs is None:
+        raise TypeError("launch args must be the packed buffer (bytes), (dtype, value) pairs, "
+                        "or plain values for a Function created with kargs=")
+    return pack(kargs, args)
+
+
+def check_param_layout(name: str, layout: list[tuple[int, int]], nbytes: int,
+                       kargs: list[KernArg] | None = None) -> None:
+    """Compare the image's parameter layout with the buffer the launcher built."""
+    end = max((o + s for o, s in layout), default=0)
+    if kargs is not None:
+        want = list(zip(offsets(kargs), (a.size for a in kargs)))
+        if want != layout:
+            raise CudaError(f"{name}: the kernel image has parameters at (offset, size) "
+                            f"{layout} but runtime.abi lays out {want} for "
+                            f"{[a.name for a in kargs]}; code generation and the launcher "
+                            "disagree on the kernel-argument ABI")
+    if end != nbytes:
+        raise CudaError(f"{name}: the kernel's {len(layout)} parameters take {end} bytes "
+                        f"(offset, size: {layout}) but the argument buffer has {nbytes}; "
+                        "pass exactly the kernel's parameters, packed per runtime.abi")
+
+
+def stream_handle(stream, device: int) -> int:
+    """A CUstream handle as an int: None -> torch's current stream on `device` (0, the
+    legacy default stream, without torch); a torch.cuda.Stream; a CUstream; or an int."""
+    if stream is None:
+        try:
+            import torch
+        except ImportError:
+            return 0
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    if hasattr(stream, "cuda_stream"):
+        s_dev = getattr(getattr(stream, "device", None), "index", None)
+        if s_dev is not None and s_dev != device:
+            raise CudaError(f"the stream is on cuda:{s_dev} but the module is loaded on "
+                            f"cuda:{device}")
+        return int(stream.cuda_stream)
+    if hasattr(stream, "getPtr"):
+        return int(stream.getPtr())
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    raise TypeError(f"stream must be None, a torch.cuda.Stream, a CUstream or an int handle, "
+                    f"not {type(stream).__name__}")
+
+
+def check_tensor(t, *, name: str = "tensor", dtype=None, rank: int | None = None,
+                 device: int | None = None, align: int | None = 16) -> None:
+    """Reject what would make a kernel read garbage: a tensor not on the GPU or on another
+    GPU, the wrong element type or rank, an inner dimension that is not contiguous, strides
+    or sizes beyond the ABI's i32, or a pointer that breaks `align`-byte vector loads."""
+    if not all(hasattr(t, a) for a in ("data_ptr", "stride", "dtype", "device", "shape")):
+        raise TypeError(f"{name} must be a torch tensor, not {type(t).__name__}")
+    dev = t.device
+    if getattr(dev, "type", None) != "cuda":
+        raise CudaError(f"{name} is on {dev}; move it to the GPU first (x.cuda() or "
+                        f"x.to('cuda:{0 if device is None else device}'))")
+    if device is not None and dev.index is not None and dev.index != device:
+        raise CudaError(f"{name} is on cuda:{dev.index} but the kernel is loaded on "
+                        f"cuda:{device}; move it with .to('cuda:{device}')")
+    if dtype is not None:
+        got, want = T.dtype_of(t.dtype), T.dtype_of(dtype)
+        if got != want:
+            raise TypeError(f"{name} has element type {got} but the kernel expects {want}; "
+                            f"convert it first (x.to(...))")
+    shape = tuple(t.shape)
+    if rank is not None and len(shape) != rank:
+        raise ValueError(f"{name} has rank {len(shape)} but the kernel expects rank {rank}")
+    strides = tuple(t.stride())
+    if shape and shape[-1] != 1 and strides[-1] != 1:
+        raise ValueError(f"{name} has stride {strides[-1]} in its last dimension; kernels "
+                         "need the last dimension contiguous: pass x.contiguous()")
+    if any(s < 0 for s in strides):
+        raise ValueError(f"{name} has a negative stride {strides}; pass x.contiguous()")
+    if any(v >= 2**31 for v in shape + strides):
+        raise ValueError(f"{name} has a size or stride >= 2^31 (shape {shape}, strides "
+                         f"{strides}); the kernel ABI passes them as i32")
+    if align and t.data_ptr() % align:
+        raise ValueError(f"{name} starts at address {t.data_ptr():#x}, not {align}-byte "
+                         "aligned (a slice with an offset?); pass x.clone() or a slice that "
+                         "starts on an aligned element")
+
+
+def kernel_arg_values(params, bound: dict, *, device: int | None = None,
+                      align: int | None = 16) -> tuple[list[KernArg], list]:
+    """Check each tensor and scalar of `bound` against the kernel's `params` and return the
+    ABI argument list with its values (pointer, sizes, strides in elements, scalars)."""
+    kargs = kernel_args(params)
+    by_name = {p.name: p for p in params}
+    for p in params:
+        if p.name not in bound:
+            raise ValueError(f"missing kernel argument {p.name!r}")
+        if p.kind == "gl":
+            check_tensor(bound[p.name], name=f"argument {p.name!r}", dtype=p.type.dtype,
+                         rank=p.type.rank, device=device, align=align)
+    values = []
+    for a in kargs:
+        v = bound[a.param]
+        if a.kind == "ptr":
+            values.append(int(v.data_ptr()))
+        elif a.kind == "size":
+            values.append(int(v.shape[a.axis]))
+        elif a.kind == "stride":
+            values.append(int(v.stride(a.axis)))
+        else:
+            want = by_name[a.param].type.dtype
+            if not T.dtype_of(want).is_float and float(v) != int(v):
+                raise TypeError(f"argument {a.name!r} must be an integer ({want}), not {v!r}")
+            values.append(v)
+    return kargs, values
+
+
+def launch(function: Function, params, bound: dict, grid, block, *, shared_bytes: int = 0,
+           stream=None, align: int | None = 16) -> None:
+    """Check `bound` (name -> tensor/scalar) against `params`, pack per runtime.abi, launch."""
+    kargs, values = kernel_arg_values(params, bound, device=function.module.device,
+                                      align=align)
+    if function.kargs is None:
+        function.kargs = kargs
+    function.launch(grid, block, pack(kargs, values), shared_bytes=shared_bytes, stream=stream)
+
