@@ -191,6 +191,17 @@ def test_saturation_bounds(name, top):
         assert set(np.unique(got)) == {127.0, -128.0, 3.0, -2.0, 0.0, 2.0}
 
 
+@pytest.mark.xfail(strict=True, reason="integer narrowing wraps: i32 -> i8 truncates the bits "
+                   "(emulator values.to_dtype and the LLVM renderer's `trunc` agree on it), "
+                   "while the documented rule is that conversions to int8 saturate, as "
+                   "f32 -> i8 does; fixing it means changing the emulator and codegen together")
+def test_int32_to_int8_saturates():
+    x = np.full((4, 64), 300, np.int32)
+    x[:, ::2] = -300
+    got = pk.emulate(cast_k, x, np.zeros((4, 64), np.int8), grid=(1, 1), MID="i8", RT="i32")
+    assert set(np.unique(got["out"])) == {127, -128}
+
+
 def test_cast_chain_and_int_tiles(target, rng):
     """i8 tensor -> i8 tile -> bf16 -> f16 -> f32 output, and f32 -> i32 tile."""
     x = rng.integers(-128, 128, (M, N)).astype(np.int8)
@@ -423,6 +434,27 @@ def test_nested_loops(target, rng):
     blk = np.zeros(cdiv(M, 4) * 4)
     blk[:M] = rows
     assert rel_err(got[M:], blk.reshape(-1, 4).sum(0)) < 1e-5
+
+
+@pk.kernel
+def reverse_k(x: pk.gl[pk.f32, 2], first: pk.gl[pk.f32, 2], order: pk.gl[pk.f32, 2]):
+    """A loop counting down: `first` keeps the block seen last (block 0), `order` gets
+    2 * order + j, which records the visiting order."""
+    t = pk.rt((4, 64), pk.f32)
+    keep = pk.zeros(t)
+    seq = pk.zeros(t)
+    for j in pk.range(x.shape[1] // 64 - 1, -1, -1):
+        keep.set(pk.load(t, x, (0, j * 64)))
+        seq.set(seq * 2.0 + pk.full(t, j))
+    pk.store(first, keep)
+    pk.store(order, seq)
+
+
+def test_loop_with_negative_step(target, rng):
+    x = rng.standard_normal((4, 64 * 3)).astype(np.float32)
+    got = pk.emulate(reverse_k, x, poison((4, 64)), poison((4, 64)), grid=1, target=target)
+    assert np.array_equal(got["first"], x[:, :64])
+    assert np.all(got["order"] == (2 * 2 + 1) * 2 + 0)          # visited 2, 1, 0
 
 
 # ---- branches, ids, grids ----------------------------------------------------------------------

@@ -58,6 +58,16 @@ def test_unknown_and_missing_consts():
         k.specialize()
 
 
+def test_consts_must_be_hashable():
+    @pk.kernel
+    def k(x: pk.gl[pk.f32, 2], SHAPE: pk.const = (4, 64)):
+        pk.zeros(pk.rt(SHAPE, pk.f32))
+
+    assert k.specialize(SHAPE=(8, 64)) is k.specialize(SHAPE=(8, 64))
+    with pytest.raises(pk.KernelError, match=r"constant\(s\) \['SHAPE'\] must be hashable"):
+        k.specialize(SHAPE=[8, 64])
+
+
 def test_dtype_from_const():
     @pk.kernel
     def k(x: pk.gl["DT", 2], DT: pk.const = None):

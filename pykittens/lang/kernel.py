@@ -105,6 +105,10 @@ class Kernel:
 
     def specialize(self, **consts) -> KernelIR:
         merged = self.consts_for(consts)
+        bad = [k for k, v in merged.items() if not _hashable(v)]
+        if bad:
+            raise KernelError(f"compile-time constant(s) {bad} must be hashable values "
+                              "(e.g. a tuple, not a list)", self.loc, self.name)
         key = tuple(sorted(merged.items()))
         if key not in self._cache:
             self._cache[key] = self._trace(merged)
@@ -141,6 +145,14 @@ class Kernel:
 
     def __repr__(self):
         return f"<pykittens kernel {self.name}>"
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def kernel(fn=None, *, num_waves: int = 1):
