@@ -19,5 +19,6 @@ from .lang.ops import (abs, add, barrier, cast, col_max, col_sum, copy, div, els
 from .lang.schedule import interleave, pingpong, sched_barrier, sched_group, waitcnt
 from .lang.values import maximum, minimum, where
 from .emulator.launch import emulate
+from .runtime.launch import launch
 
 __version__ = "0.1.0"

@@ -19,20 +19,27 @@ def lane_ir(kernel, target, **consts):
     return lower(tile_ir(kernel, **consts), get_target(target))
 
 
-def llvm_ir(kernel, target, **consts) -> str:
+def llvm_ir(kernel, target, *, aligned: bool = True, **consts) -> str:
+    """aligned=True: tensors' non-last strides are multiples of 16 elements (the common case,
+    checked at launch), so runs of elements become aligned vector accesses."""
     from .codegen import render
-    return render(lane_ir(kernel, target, **consts))
+    return render(lane_ir(kernel, target, **consts), 16 if aligned else 1)
 
 
-def code_object(kernel, target, **consts):
+def code_object(kernel, target, *, aligned: bool = True, **consts):
     """hsaco bytes (CDNA) or the NVPTX compile result dict (Hopper)."""
-    t = get_target(target)
-    ir = llvm_ir(kernel, t, **consts)
-    if t.family == "cdna":
+    return compile_lane(lane_ir(kernel, target, **consts), aligned=aligned)
+
+
+def compile_lane(prog, *, aligned: bool = True):
+    """Code object of an already lowered lane program (what launchers call)."""
+    from .codegen import render
+    ir = render(prog, 16 if aligned else 1)
+    if prog.target.family == "cdna":
         from .toolchain import amdgpu
-        return amdgpu.compile_ir(ir, t.name)
+        return amdgpu.compile_ir(ir, prog.target.name)
     from .toolchain import nvptx
-    return nvptx.compile_ir(ir, t.name)
+    return nvptx.compile_ir(ir, prog.target.name)
 
 
 def assembly(kernel, target, **consts) -> str:

@@ -21,8 +21,95 @@ class AMDGPURenderer(Renderer):
 
     def module_footer(self):
         threads = self.p.num_waves * self.p.wave_size
+        extra = ""
+        pins = self._pins()
+        if any(f == "a" for f, _, _ in pins):
+            # The register allocator gets no AGPRs: the pinned accumulators are ours alone.
+            extra += ' "amdgpu-agpr-alloc"="0"'
+        vlow = min((first for f, first, _ in pins if f == "v"), default=None)
+        if vlow is not None:
+            # Cap the allocator below the lowest pinned VGPR.
+            extra += f' "amdgpu-num-vgpr"="{vlow}"'
         return (f'attributes #0 = {{ "amdgpu-flat-work-group-size"="{threads},{threads}" '
-                f'"target-cpu"="{self.p.target.name}" "uniform-work-group-size"="true" }}')
+                f'"target-cpu"="{self.p.target.name}" "uniform-work-group-size"="true"{extra} }}')
+
+    def _pins(self):
+        from ..ir.nodes import walk
+        seen = {}
+        for op in walk(self.p.body):
+            for r in (op.dst, *op.srcs):
+                pin = getattr(getattr(r, "type", None), "pin", None)
+                if pin is not None:
+                    seen[r] = (pin[0], pin[1], r.type.dwords)
+        return list(seen.values())
+
+    # -- pinned registers: every access is inline asm naming the physical registers ----------
+    def read(self, reg):
+        pin = getattr(reg.type, "pin", None)
+        if pin is None:
+            return super().read(reg)
+        f, first = pin
+        words = []
+        for i in range(reg.type.dwords):
+            asm = f"v_accvgpr_read_b32 $0, a{first + i}" if f == "a" else f"v_mov_b32 $0, v{first + i}"
+            r = self.fresh()
+            self.ins(f'{r} = call i32 asm sideeffect "{asm}", "=v"()')
+            words.append(Value(r, "i32", 0))
+        packed = self.build(words) if len(words) > 1 else words[0]
+        n, ety = reg.type.nslots, llty(reg.type.dtype)
+        return self.op(f"bitcast {packed} to <{n} x {ety}>", ety, n)
+
+    def write(self, reg, v: Value):
+        pin = getattr(reg.type, "pin", None)
+        if pin is None:
+            return super().write(reg, v)
+        n = reg.type.nslots
+        if v.n != n:
+            v = self.splat(v, n)
+        f, first = pin
+        k = reg.type.dwords
+        words = self.op(f"bitcast {v} to <{k} x i32>", "i32", k)
+        for i in range(k):
+            w = self.extract(words, i)
+            r = first + i
+            asm = f"v_accvgpr_write_b32 a{r}, $0" if f == "a" else f"v_mov_b32 v{r}, $0"
+            self.ins(f'call void asm sideeffect "{asm}", "v,~{{{f}{r}}}"({w})')
+
+    def _asm_operand(self, reg_v, slots, ins, inputs: list):
+        """Register text for an MFMA operand in inline asm: the pinned range itself, or an
+        input operand ($n) passed as dword-typed VGPRs."""
+        pin = getattr(reg_v.type, "pin", None)
+        per = reg_v.type.dtype.bytes
+        if pin is not None:
+            f, first = pin
+            lo = first + slots[0] * per // 4
+            hi = first + (slots[-1] + 1) * per // 4 - 1
+            return f"{f}[{lo}:{hi}]"
+        v = self.read(reg_v)
+        k = len(slots)
+        idx = ", ".join(f"i32 {i}" for i in slots)
+        sub = self.op(f"shufflevector {v}, {v.ty} poison, <{k} x i32> <{idx}>", v.ety, k)
+        words = k * per // 4
+        inputs.append(self.op(f"bitcast {sub} to <{words} x i32>", "i32", words))
+        return f"${len(inputs) - 1}"
+
+    def _mfma_pinned(self, op):
+        """An MFMA whose accumulator is pinned: one inline-asm instruction on the physical
+        registers, so no copies in or out of the accumulation registers."""
+        ins = op.attrs["instr"]
+        a_v, b_v, c_v = op.srcs
+        f, first = c_v.type.pin
+        cs = op.attrs["c_slots"]
+        lo, hi = first + cs[0], first + cs[-1]
+        inputs: list = []
+        a_txt = self._asm_operand(a_v, op.attrs["a_slots"], ins, inputs)
+        b_txt = self._asm_operand(b_v, op.attrs["b_slots"], ins, inputs)
+        acc = f"{f}[{lo}:{hi}]"
+        clob = ",".join(f"~{{{f}{r}}}" for r in range(lo, hi + 1))
+        cons = ",".join(["v"] * len(inputs) + [clob])
+        args = ", ".join(str(x) for x in inputs)
+        self.ins(f'call void asm sideeffect "{ins.name} {acc}, {a_txt}, {b_txt}, {acc}", '
+                 f'"{cons}"({args})')
 
     def function_header(self, args):
         return f"define amdgpu_kernel void @{self.p.name}({args}) #0"
@@ -190,6 +277,8 @@ class AMDGPURenderer(Renderer):
         return v
 
     def r_mfma(self, op):
+        if getattr(op.srcs[2].type, "pin", None) is not None and op.srcs[2] is op.dst:
+            return self._mfma_pinned(op)
         ins = op.attrs["instr"]
         a, b, c = (self.read(s) for s in op.srcs)
         av = self._mfma_operand(a, op.attrs["a_slots"], ins)

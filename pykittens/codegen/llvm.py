@@ -58,8 +58,10 @@ class Value:
 class Renderer:
     dialect_name = "?"
 
-    def __init__(self, prog: LaneProgram):
+    def __init__(self, prog: LaneProgram, stride_divisor: int = 1):
+        from .divisibility import analyze
         self.p = prog
+        self.divs = analyze(prog, stride_divisor)
         self.lines: list[str] = []
         self.decls: dict[str, str] = {}
         self.globals: list[str] = []
@@ -298,9 +300,11 @@ class Renderer:
             getattr(self, "r_" + op.kind)(op)
 
     def assigned(self, block: Block) -> list:
+        """Registers a region writes (pinned ones live in physical registers: no phis)."""
         seen, out = set(), []
         for op in walk(block):
-            if op.dst is not None and op.dst not in seen:
+            if op.dst is not None and op.dst not in seen and \
+                    getattr(op.dst.type, "pin", None) is None:
                 seen.add(op.dst)
                 out.append(op.dst)
         return out
@@ -509,6 +513,10 @@ class Renderer:
             p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {a}", "ptr addrspace(3)", 0)
             self.ins(f"store {x}, ptr addrspace(3) {p.text}, align {d.bytes}")
 
+    def run_align(self, off_reg, slot, d) -> int:
+        from .divisibility import alignment
+        return alignment(self.divs, off_reg, slot, d.bytes)
+
     def _norm(self, reg, n) -> Value:
         v = self.read(reg)
         return self.splat(v, n) if v.n != n else v
@@ -533,6 +541,7 @@ class Renderer:
         self.start_block(fast_l)
         elems = []
         for first, k in self.runs_of(op, n):
+            self.align = self.run_align(off_r, first, d)
             v = self.load_run(gl, offs[first], k, d)
             elems += [self.extract(v, i) for i in range(k)] if k > 1 else [v]
         fast = self.build(elems)
@@ -561,6 +570,7 @@ class Renderer:
             idx = ", ".join(f"i32 {first + i}" for i in range(k))
             part = self.op(f"shufflevector {val}, {val.ty} poison, <{k} x i32> <{idx}>",
                            val.ety, k) if k > 1 else self.extract(val, first)
+            self.align = self.run_align(off_r, first, d)
             self.store_run(gl, offs[first], part, d)
         self.ins(f"br label %{join}")
         self.start_block(slow_l)

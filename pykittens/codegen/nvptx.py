@@ -75,30 +75,32 @@ class NVPTXRenderer(Renderer):
         return self.op(f"getelementptr {llty(gl.type.dtype)}, ptr addrspace(1) %{gl.name}, "
                        f"i32 {off.text}", "ptr addrspace(1)", 0)
 
-    def load_run(self, gl, off, k, d):
+    def load_run(self, gl, off, k, d, vector_align=True):
         p = self._ptr(gl, off)
         ety = llty(d)
         ty = ety if k == 1 else f"<{k} x {ety}>"
-        return self.op(f"load {ty}, ptr addrspace(1) {p.text}, align {d.bytes}", ety,
+        a = min(self.align, k * d.bytes) if k > 1 and vector_align else d.bytes
+        return self.op(f"load {ty}, ptr addrspace(1) {p.text}, align {a}", ety,
                        k if k > 1 else 0)
 
     def load_elem(self, gl, off, mask, d):
         # A masked element reads the tensor's first element instead (always valid for a
         # non-empty tensor) and is then replaced by zero.
         safe = self.op(f"select i1 {mask.text}, i32 {off.text}, i32 0", "i32", 0)
-        v = self.load_run(gl, safe, 1, d)
+        v = self.load_run(gl, safe, 1, d, vector_align=False)
         zero = literal(0.0 if d.is_float else 0, d)
         return self.op(f"select i1 {mask.text}, {v}, {llty(d)} {zero}", llty(d), 0)
 
-    def store_run(self, gl, off, vec, d):
+    def store_run(self, gl, off, vec, d, vector_align=True):
         p = self._ptr(gl, off)
-        self.ins(f"store {vec}, ptr addrspace(1) {p.text}, align {d.bytes}")
+        a = min(self.align, vec.n * d.bytes) if vector_align and vec.n > 1 else d.bytes
+        self.ins(f"store {vec}, ptr addrspace(1) {p.text}, align {a}")
 
     def store_elem(self, gl, off, mask, val, d):
         do, skip = self.label("st_one"), self.label("st_next")
         self.ins(f"br i1 {mask.text}, label %{do}, label %{skip}")
         self.start_block(do)
-        self.store_run(gl, off, val, d)
+        self.store_run(gl, off, val, d, vector_align=False)
         self.ins(f"br label %{skip}")
         self.start_block(skip)
 

@@ -32,11 +32,21 @@ class LaneType:
     dtype: DType
     nslots: int = 1
     uniform: bool = False
+    pin: tuple[str, int] | None = None     # ('v'|'a', first physical register) on CDNA
+
+    @property
+    def dwords(self) -> int:
+        """32-bit registers per lane (sub-dword elements packed)."""
+        return -(-self.nslots * self.dtype.bits // 32)
 
     def __str__(self) -> str:
         if self.uniform:
             return f"s.{self.dtype}"
-        return f"v.{self.dtype}x{self.nslots}"
+        pin = ""
+        if self.pin:
+            f, first = self.pin
+            pin = f"@{f}[{first}:{first + self.dwords - 1}]"
+        return f"v.{self.dtype}x{self.nslots}{pin}"
 
 
 @dataclass(frozen=True)
@@ -68,8 +78,8 @@ class LaneBuilder:
     def __init__(self):
         self.blocks = [Block()]
 
-    def reg(self, dtype, nslots=1, uniform=False, name="") -> Value:
-        return Value(LaneType(dtype, nslots, uniform), name)
+    def reg(self, dtype, nslots=1, uniform=False, name="", pin=None) -> Value:
+        return Value(LaneType(dtype, nslots, uniform, pin), name)
 
     def emit(self, kind, dst=None, srcs=(), loc=None, regions=None, **attrs):
         op = Op(kind, dst, tuple(srcs), attrs, regions or [], loc)

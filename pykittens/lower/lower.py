@@ -179,7 +179,11 @@ class _Lowering:
             self.env[op.dst] = reg
             return
         lay = self.layout(op.dst)
-        self.env[op.dst] = self.b.reg(t.dtype, lay.nslots, name=f"t{op.dst.id}")
+        pin = getattr(t, "pin", None)
+        if pin is not None and self.t.family != "cdna":
+            raise self.err(f"register pinning is a CDNA feature; on {self.t.name} budget "
+                           "registers per warpgroup (setmaxnreg) instead of pinning tiles")
+        self.env[op.dst] = self.b.reg(t.dtype, lay.nslots, name=f"t{op.dst.id}", pin=pin)
 
     def op_fill(self, op):
         dst = self.env[op.dst]

@@ -1,0 +1,184 @@
+"""Device check on a CUDA GPU (H200): every library kernel at real shapes against a float64
+torch reference, the hardware against the emulator at small shapes, and the LayerNorm
+bandwidth against a device-to-device copy and torch.nn.functional.layer_norm.
+
+    PYTHONPATH=. python3 bench/device_check.py          # JSON details go to $OUT if set
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import pykittens as pk
+from pykittens.kernels import KERNELS
+from pykittens.kernels.spec import rel_err
+
+DEV = "cuda"
+TORCH_DT = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def torch_reference(name, t):
+    """float64 reference computed on the GPU."""
+    x = t["x"].double()
+    if name == "scaled_add":
+        return t["alpha"] * x + t["y"].double()
+    if name == "softmax":
+        return torch.softmax(x, dim=1)
+    if name == "layernorm":
+        mu = x.mean(1, keepdim=True)
+        var = ((x - mu) ** 2).mean(1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + t["eps"]) * t["w"].double() + t["b"].double()
+    raise KeyError(name)
+
+
+def to_torch(inputs, dtype):
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, np.ndarray):
+            out[k] = torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[dtype])
+        else:
+            out[k] = v
+    return out
+
+
+def run_gpu(spec, t, grid, consts):
+    t["out"].fill_(float("nan"))                       # poison: unwritten elements show
+    pk.launch(spec.kernel, grid=grid, **t, **consts)
+    torch.cuda.synchronize()
+    return t["out"]
+
+
+def correctness(rows, details):
+    rng = np.random.default_rng(0)
+    for spec in KERNELS.values():
+        for dt in spec.dtypes:
+            for shape in spec.gpu_shapes:
+                inputs = spec.make_inputs(shape, pk.ir.types.dtype_of(dt), rng)
+                grid, consts = spec.launch(inputs, "sm_90a")
+                t = to_torch(inputs, dt)
+                got = run_gpu(spec, t, grid, consts)
+                ref = torch_reference(spec.name, t)
+                err = float((got.double() - ref).norm() / ref.norm())
+                if not torch.isfinite(got).all():
+                    err = float("inf")
+                ok = err <= spec.tolerance(dt)
+                rows.append(["gpu-vs-f64", spec.name, dt, "x".join(map(str, shape)),
+                             f"{err:.2e}", "ok" if ok else "FAIL"])
+                details.append({"check": "gpu_vs_float64", "kernel": spec.name, "dtype": dt,
+                                "shape": shape, "rel_err": err, "ok": ok})
+
+
+def emulator_agreement(rows, details):
+    rng = np.random.default_rng(1)
+    for spec in KERNELS.values():
+        for dt in spec.dtypes:
+            for shape in spec.shapes:
+                inputs = spec.make_inputs(shape, pk.ir.types.dtype_of(dt), rng)
+                grid, consts = spec.launch(inputs, "sm_90a")
+                emu = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs,
+                                 **consts)["out"].astype(np.float64)
+                t = to_torch(inputs, dt)
+                hw = run_gpu(spec, t, grid, consts).double().cpu().numpy()
+                diff = float(np.max(np.abs(hw - emu)))
+                rel = rel_err(hw, emu)
+                exact = int(np.sum(hw == emu))
+                ok = rel <= spec.tolerance(dt) and np.all(np.isfinite(hw))
+                rows.append(["gpu-vs-emulator", spec.name, dt, "x".join(map(str, shape)),
+                             f"{rel:.2e}", "ok" if ok else "FAIL"])
+                details.append({"check": "gpu_vs_emulator", "kernel": spec.name, "dtype": dt,
+                                "shape": shape, "rel_diff": rel, "max_abs_diff": diff,
+                                "bitwise_equal_fraction": exact / hw.size, "ok": bool(ok)})
+
+
+def graph_time(fn, reps=20):
+    """Median time of one call, replaying a CUDA graph of `reps` calls (no launch gaps)."""
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / reps * 1e-3)
+    return float(np.median(times))
+
+
+def performance(rows, details):
+    m, n = 16384, 8192
+    x = torch.randn(m, n, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    big = torch.randn(4 * m, n, device=DEV, dtype=torch.bfloat16)     # 1 GiB: beats L2
+    dst = torch.empty_like(big)
+    copy_s = graph_time(lambda: dst.copy_(big))
+    copy_bw = 2 * big.numel() * 2 / copy_s
+    spec = KERNELS["layernorm"]
+    grid, consts = spec.launch({"x": np.empty((m, 1))}, "sm_90a")
+    results = {"copy_bytes_per_s": copy_bw}
+    variants = {"pykittens": lambda: pk.launch(spec.kernel, x, w, b, out, 1e-5, grid=grid,
+                                                **consts),
+                "torch.layer_norm": lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5)}
+    for name, fn in variants.items():
+        s = graph_time(fn)
+        bw = 2 * x.numel() * 2 / s                     # read x, write out (bf16)
+        results[name] = {"seconds": s, "bytes_per_s": bw, "fraction_of_copy": bw / copy_bw}
+        rows.append(["perf", f"layernorm ({name})", "bf16", f"{m}x{n}",
+                     f"{bw / 1e12:.2f} TB/s", f"{100 * bw / copy_bw:.0f}% of copy"])
+    rows.append(["perf", "device copy (read+write)", "bf16", f"{4 * m}x{n}",
+                 f"{copy_bw / 1e12:.2f} TB/s", "ceiling"])
+    ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)
+    pk.launch(spec.kernel, x, w, b, out, 1e-5, grid=grid, **consts)
+    torch.cuda.synchronize()
+    results["rel_err_vs_f32_torch"] = float((out.float() - ref).norm() / ref.norm())
+    details.append({"check": "layernorm_bandwidth", **results})
+
+
+def main() -> int:
+    t0 = time.time()
+    props = torch.cuda.get_device_properties(0)
+    env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+           "sms": props.multi_processor_count}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    rows, details = [], []
+    for step in (correctness, emulator_agreement, performance):
+        try:
+            step(rows, details)
+        except Exception as e:  # noqa: BLE001 - report and continue with the next step
+            import traceback
+            traceback.print_exc()
+            rows.append([step.__name__, "ERROR", "", "", type(e).__name__, str(e)[:80]])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "device_check.json"), "w") as f:
+            json.dump({"env": env, "results": details}, f, indent=2, default=str)
+    print(f"\n{env}  ({time.time() - t0:.0f}s)")
+    w = [max(len(str(r[i])) for r in rows) for i in range(6)]
+    for r in rows:
+        print("  ".join(str(x).ljust(w[i]) for i, x in enumerate(r)))
+    bad = [r for r in rows if r[-1] == "FAIL" or r[1] == "ERROR"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""`pk.launch`: run a kernel on the GPU that holds its tensors (CUDA: sm_90a; ROCm: gfx942 /
+gfx950), compiling on first use. Code objects are cached on disk by the toolchain and loaded
+modules in memory per (kernel, constants, alignment, device)."""
+from __future__ import annotations
+
+from ..ir.errors import KernelError
+from .args import bind_args
+
+_modules: dict = {}
+ALIGN_ELEMS = 16          # strides divisible by this many elements allow 16-byte vectors
+
+
+def _aligned(bound: dict) -> bool:
+    """True when every tensor starts 16-byte aligned and its non-last strides are multiples
+    of 16 elements: the build that uses aligned vector accesses is then valid."""
+    for v in bound.values():
+        if hasattr(v, "data_ptr"):
+            if v.data_ptr() % 16 or any(s % ALIGN_ELEMS for s in v.stride()[:-1]):
+                return False
+    return True
+
+
+def cuda_target(device_index: int) -> str:
+    import torch
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if (major, minor) != (9, 0):
+        raise KernelError(f"pykittens' NVIDIA backend targets Hopper (sm_90a); cuda:"
+                          f"{device_index} has compute capability {major}.{minor}")
+    return "sm_90a"
+
+
+def launch(kernel, *args, grid, stream=None, **kwargs):
+    """Run `kernel` on the GPU over `grid` workgroups. Tensor and scalar arguments go by
+    position or name; other keywords are compile-time constants. Tensors are written in
+    place (as any GPU kernel would); returns None."""
+    from . import cuda
+    from .. import compiler
+    from ..lower import lower
+    bound, consts = bind_args(kernel, args, kwargs, device="cuda")
+    tensors = [v for v in bound.values() if hasattr(v, "data_ptr")]
+    if not tensors:
+        raise KernelError("launch needs at least one GPU tensor argument", kernel.loc,
+                          kernel.name)
+    dev = tensors[0].device
+    if dev.type != "cuda":
+        raise KernelError(f"tensors are on {dev}; pykittens launches on CUDA devices here "
+                          "(use pk.emulate for CPU arrays)", kernel.loc, kernel.name)
+    if any(t.numel() == 0 for t in tensors):
+        return None                                       # nothing to compute
+    index = dev.index if dev.index is not None else 0
+    target = cuda_target(index)
+    grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
+    aligned = _aligned(bound)
+    key = (id(kernel), tuple(sorted((k, str(v)) for k, v in consts.items())), aligned, index)
+    entry = _modules.get(key)
+    if entry is None:
+        k_ir = kernel.specialize(**consts)
+        prog = lower(k_ir, target)
+        result = compiler.compile_lane(prog, aligned=aligned)
+        module = cuda.Module.from_compiled(result, device=index)
+        entry = _modules[key] = (module.function(prog.name), prog)
+    function, prog = entry
+    cuda.launch(function, prog.params, bound, grid, (prog.num_waves * prog.wave_size, 1, 1),
+                shared_bytes=prog.lds_bytes, stream=stream, align=16 if aligned else None)
+    return None
