@@ -239,6 +239,23 @@ def test_vector_broadcast(target, rng, op, axis, lay):
     assert rel_err(got, BINARY[op][1](f64(x), vv)) < 1e-6
 
 
+@pk.kernel(num_waves=WAVES)
+def rank4_k(x: pk.gl[pk.f32, 4], v: pk.gl[pk.f32, 3], out: pk.gl[pk.f32, 4]):
+    """Tiles of a (batch, head, rows, cols) tensor: leading coordinates pick the matrix."""
+    b, h = pk.program_id(1), pk.program_id(2)
+    r0 = (pk.program_id(0) * pk.num_waves() + pk.wave_id()) * 4
+    t = pk.rt((4, 64), pk.f32)
+    a = pk.load(t, x, (b, h, r0, 0))
+    pk.store(out, a * pk.load(pk.rv(t, "row"), v, (b, h, r0)), (b, h, r0, 0))
+
+
+def test_rank4_tensors(target, rng):
+    x = rng.standard_normal((2, 3, 13, 50)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 13)).astype(np.float32)
+    got = pk.emulate(rank4_k, x, v, poison(x.shape), grid=(2, 2, 3), target=target)["out"]
+    assert rel_err(got, f64(x) * f64(v)[..., None]) < 1e-6
+
+
 # ---- reductions, fill, mask_outside -----------------------------------------------------------
 
 @pk.kernel(num_waves=WAVES)

@@ -126,6 +126,17 @@ def test_pins():
         pk.emulate(pin_k, x8(), grid=1, target="sm_90a")
 
 
+def test_pins_count_packed_registers():
+    """A 32x64 bf16 tile is 32 elements per lane, packed two to a 32-bit register: 16."""
+    @pk.kernel
+    def k(x: pk.gl[pk.f32, 2], P: pk.const = "a240"):
+        pk.zeros(pk.rt((32, 64), pk.bf16, pin=P))
+
+    pk.emulate(k, x8(), grid=1, target="gfx942")
+    with pytest.raises(pk.KernelError, match=r"needs a241..a256 but gfx942 has only a0..a255"):
+        pk.emulate(k, x8(), grid=1, target="gfx942", P="a241")
+
+
 def test_register_budget_and_wave_limits():
     @pk.kernel
     def big(x: pk.gl[pk.f32, 2]):
