@@ -13,11 +13,19 @@ from conftest import TARGETS
 HERE = __file__
 
 # The op kinds the lane IR documents (pykittens/lower/lane.py) plus 'arg' (a scalar kernel
-# argument) and 'mfma' (CDNA matrix instructions): both the renderer and the emulator
-# implement exactly these.
+# argument), 'mfma' (CDNA matrix instructions) and the scheduling hints: both the renderer and
+# the emulator implement exactly these.
 LANE_KINDS = {"const", "special", "dim", "stride", "coord", "mov", "bin", "un", "cmp",
               "select", "cvt", "slots", "slot_reduce", "bfly", "gload", "gstore", "lds_load",
-              "lds_store", "for", "if", "barrier", "setprio", "arg", "mfma"}
+              "lds_store", "for", "if", "barrier", "setprio", "arg", "mfma", "sched_barrier",
+              "sched_group", "waitcnt"}
+
+
+def test_emulator_implements_every_lane_kind():
+    from pykittens.emulator.machine import _Machine
+    structural = {"for", "if", "barrier"}          # run_block handles these itself
+    missing = {k for k in LANE_KINDS - structural if not hasattr(_Machine, "x_" + k)}
+    assert not missing
 
 
 @pk.kernel(num_waves=4)
