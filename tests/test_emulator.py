@@ -191,10 +191,6 @@ def test_saturation_bounds(name, top):
         assert set(np.unique(got)) == {127.0, -128.0, 3.0, -2.0, 0.0, 2.0}
 
 
-@pytest.mark.xfail(strict=True, reason="integer narrowing wraps: i32 -> i8 truncates the bits "
-                   "(emulator values.to_dtype and the LLVM renderer's `trunc` agree on it), "
-                   "while the documented rule is that conversions to int8 saturate, as "
-                   "f32 -> i8 does; fixing it means changing the emulator and codegen together")
 def test_int32_to_int8_saturates():
     x = np.full((4, 64), 300, np.int32)
     x[:, ::2] = -300

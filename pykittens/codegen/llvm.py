@@ -267,8 +267,13 @@ class Renderer:
                                    [str(r)]), e, n)
         if dst.is_float:
             return self.op(f"sitofp {v} to {ty}", e, n)
-        kind = "trunc" if dst.bits < src.bits else "sext"
-        return self.op(f"{kind} {v} to {ty}", e, n)
+        if dst.bits < src.bits:                # saturate, as float -> int conversions do
+            lo, hi = -(1 << (dst.bits - 1)), (1 << (dst.bits - 1)) - 1
+            sv = lambda c: self.splat(Value(str(c), v.ety, 0), n) if n else Value(str(c), v.ety, 0)  # noqa: E731
+            v = Value(self.call(v.ty, self.intrinsic_name("llvm.smax", v), [str(v), str(sv(lo))]), v.ety, n)
+            v = Value(self.call(v.ty, self.intrinsic_name("llvm.smin", v), [str(v), str(sv(hi))]), v.ety, n)
+            return self.op(f"trunc {v} to {ty}", e, n)
+        return self.op(f"sext {v} to {ty}", e, n)
 
     def _suffix(self, ety, n):
         s = {"float": "f32", "bfloat": "bf16", "half": "f16"}.get(ety, ety)

@@ -25,7 +25,8 @@ def to_dtype(x: np.ndarray, d: T.DType) -> np.ndarray:
         return np.clip(f, info.min, info.max).astype(d.np)
     if x.dtype == np.bool_:
         return x.astype(d.np)
-    return x.astype(np.int64).astype(d.np)
+    info = np.iinfo(d.np)                      # integer narrowing saturates too
+    return np.clip(x.astype(np.int64), info.min, info.max).astype(d.np)
 
 
 def _wide(x):
