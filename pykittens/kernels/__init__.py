@@ -59,6 +59,22 @@ def _rows_launch(i, target):
     return (_rows_grid(i["x"].shape[0]),), {}
 
 
+RESIDENT_CHUNK = 512             # a multiple of every target's wave sweep (64 lanes x 8)
+RESIDENT_MAX_REGS = 128          # 32-bit registers per lane a resident row may take
+
+
+def _ln_launch(i, target):
+    """Rows that fit in a wave's registers are read once (RESIDENT); longer rows loop."""
+    from ..targets import get
+    m, n = i["x"].shape
+    esz = np.dtype(i["x"].dtype).itemsize
+    n_max = max(RESIDENT_CHUNK, 1 << (max(n, 1) - 1).bit_length())
+    if n_max * esz // 4 // get(target).wave_size <= RESIDENT_MAX_REGS:
+        return (max(1, -(-m // WAVES)),), {"RESIDENT": 1, "N_MAX": n_max,
+                                          "CHUNK": RESIDENT_CHUNK}
+    return (_rows_grid(m),), {}
+
+
 # ---- layernorm --------------------------------------------------------------------------------
 
 def _ln_inputs(shape, dtype, rng):
@@ -75,14 +91,16 @@ def _ln_ref(i):
 
 
 _SMALL = ((16, 64), (37, 100), (5, 300), (64, 256))
+_LN_SMALL = _SMALL + ((9, 2000),)            # rows past one resident chunk
 
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("scaled_add", scaled_add, _sa_inputs, _sa_ref, _sa_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((8192, 8192),), compile_consts={"DT": "bf16"}),
     KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, _rows_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"}),
-    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _rows_launch, ("out",),
-               shapes=_SMALL, gpu_shapes=((16384, 8192),), compile_consts={"DT": "bf16"}),
+    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _ln_launch, ("out",),
+               shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
+               compile_consts={"DT": "bf16", "RESIDENT": 1}),
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "rel_err", "layernorm", "scaled_add", "softmax"]

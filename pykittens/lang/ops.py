@@ -241,6 +241,27 @@ def _check_subtile(tshape, sshape, coord, what):
                         f"the shared tile {sshape}")
 
 
+def subtile(t: RT, origin, shape) -> RT:
+    """A copy of the static window t[r0:r0+R, c0:c0+C] as a tile of its own: a register-only
+    slot selection, valid when the window's elements sit in the same lanes as a fresh
+    (R, C) tile would hold them (e.g. column blocks of a row that are multiples of a wave's
+    sweep). How a kernel keeps a whole row in registers and works on it in pieces."""
+    _need_reg(t, "subtile")
+    if isinstance(t, RV):
+        raise error("subtile takes a 2-D register tile")
+    if not (isinstance(origin, (tuple, list)) and len(origin) == 2 and
+            all(isinstance(o, int) for o in origin)):
+        raise error("subtile origin must be two Python ints (a static window)")
+    st_ = t.type
+    sub_t = rt(shape, st_.dtype, st_.layout)
+    if any(o < 0 or o + n > m for o, n, m in zip(origin, sub_t.shape, st_.shape)):
+        raise error(f"subtile {sub_t.shape} at {tuple(origin)} falls outside the tile "
+                    f"{st_.shape}")
+    dst = empty(sub_t)
+    current().emit("subtile", dst.v, (t.v,), origin=tuple(origin))
+    return dst
+
+
 # ---- math ---------------------------------------------------------------------------------
 
 _UNARY = ("exp2", "log2", "rsqrt", "abs", "neg", "sqrt", "recip")

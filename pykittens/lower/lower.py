@@ -205,6 +205,26 @@ class _Lowering:
             a, b = b, a
         self.emit("bin", self.env[op.dst], (a, b), op=op.attrs["op"])
 
+    def op_subtile(self, op):
+        """A static slot selection: each slot of the window's own layout must be found, in
+        the same lane for every lane, among the parent's slots."""
+        src_v = op.srcs[0]
+        parent, sub = self.layout(src_v), self.layout(op.dst)
+        pr, pc = parent.coords()
+        sr, sc = sub.coords()
+        r0, c0 = op.attrs["origin"]
+        where = {(tuple(pr[:, p]), tuple(pc[:, p])): p for p in range(parent.nslots)}
+        index = []
+        for s in range(sub.nslots):
+            p = where.get((tuple(sr[:, s] + r0), tuple(sc[:, s] + c0)))
+            if p is None:
+                raise self.err(f"subtile {op.dst.type.shape} at {(r0, c0)} does not sit in the "
+                               f"same lanes as a fresh tile of that shape; use a window whose "
+                               f"column offset and width are multiples of the wave's sweep "
+                               f"({parent.lanes} lanes)")
+            index.append(p)
+        self.emit("slots", self.env[op.dst], (self.val(src_v),), index=tuple(index))
+
     def op_mask(self, op):
         src = self.val(op.srcs[0])
         o0, o1, e0, e1 = (self.val(s) for s in op.srcs[1:])
