@@ -294,8 +294,9 @@ def lds_oob_k(x: pk.gl[pk.f32, 2]):
 def test_lds_out_of_bounds(target):
     """Wave 1 reads rows 4..7 of a 4-row shared tile: the bytes exist (they belong to the
     next tile) but are outside this one."""
-    with pytest.raises(OutOfBounds, match=r"LDS access at byte 1024 is outside shared tile st0 "
-                                          r"\[0, 1024\) \(workgroup \(0, 0, 0\), wave 1") as e:
+    with pytest.raises(OutOfBounds, match=r"LDS access to element \(4, 0\) is outside shared "
+                                          r"tile st0 of shape \(4, 64\) \(workgroup "
+                                          r"\(0, 0, 0\), wave 1") as e:
         pk.emulate(lds_oob_k, x8(), grid=1, target=target)
     assert_names_line(e.value, HERE, "# MARK-oob")
 

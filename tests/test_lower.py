@@ -70,7 +70,7 @@ def test_lane_op_kinds_are_the_documented_ones(prog):
     ks = set(kinds(prog))
     assert ks <= LANE_KINDS, ks - LANE_KINDS
     assert {"gload", "gstore", "lds_load", "lds_store", "for", "if", "barrier", "setprio",
-            "bfly", "slot_reduce", "un", "cvt", "arg", "coord"} <= ks
+            "bfly", "slot_reduce", "un", "cvt", "arg"} <= ks
 
 
 def test_registers_are_typed_per_lane(prog):
@@ -132,8 +132,8 @@ def test_ops_keep_user_lines(prog):
 def test_swizzle_needs_wide_rows(target):
     @pk.kernel
     def k(x: pk.gl[pk.f32, 2]):
-        s = pk.empty(pk.st((64, 16), pk.f32, swizzle=8))      # 64-byte rows < 8 * 16
-        pk.load(s, x)  # MARK-swz
+        s = pk.empty(pk.st((64, 16), pk.f32, swizzle=8))  # 64-byte rows < 8 x 16  # MARK-swz
+        pk.load(s, x)
 
     with pytest.raises(pk.KernelError, match="swizzle=8 needs rows of at least 128 bytes; "
                                              "this tile's rows are 64") as e:

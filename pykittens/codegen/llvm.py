@@ -9,6 +9,7 @@ The target dialects (amdgpu.py, nvptx.py) supply ids, memory access and cross-la
 from __future__ import annotations
 
 import struct
+from math import gcd
 
 import numpy as np
 
@@ -31,8 +32,8 @@ def literal(value, d: T.DType) -> str:
         return "true" if value else "false"
     if not d.is_float:
         return str(int(value))
-    if d.is_fp8:
-        raise NotSupportedYet("fp8 constants are not supported yet in LLVM rendering")
+    if d.is_fp8:                              # fp8 registers are i8: the encoded byte
+        return str(int(np.array([value], np.float32).astype(d.np).view(np.int8)[0]))
     if d == T.f32:
         bits = struct.unpack("<Q", struct.pack("<d", float(np.float32(value))))[0]
         return f"0x{bits:016X}"
@@ -61,6 +62,7 @@ class Renderer:
     def __init__(self, prog: LaneProgram, stride_divisor: int = 1):
         from .divisibility import analyze
         self.p = prog
+        self.stride_divisor = stride_divisor
         self.divs = analyze(prog, stride_divisor)
         self.lines: list[str] = []
         self.decls: dict[str, str] = {}
@@ -410,7 +412,15 @@ class Renderer:
 
     def r_coord(self, op):
         lay, dim = op.attrs["layout"], op.attrs["dim"]
-        lane = self.lane_id() if op.attrs["scope"] == "wave" else self.flat_thread_id()
+        base = self.lane_base(lay, dim, op.attrs["scope"])
+        offs = [s[dim] for s in lay.slots]
+        v = self.splat(base, len(offs))
+        self.write(op.dst, self.op(f"add {v}, {self.const_vec(offs, T.i32).text}", "i32", len(offs)))
+
+    def lane_base(self, lay, dim, scope) -> Value:
+        """The lane's contribution to coordinate `dim` under a layout: sum of its lane bits'
+        strides (runs of bits with doubling strides become one shift-and-mask)."""
+        lane = self.lane_id() if scope == "wave" else self.flat_thread_id()
         base = None
         bits = [(b, s) for b, (d, s) in enumerate(lay.lane_bits) if d == dim]
         i = 0
@@ -426,11 +436,7 @@ class Renderer:
             term = self.op(f"mul i32 {fld.text}, {s0}", "i32", 0)
             base = term if base is None else self.op(f"add i32 {base.text}, {term.text}", "i32", 0)
             i = j
-        if base is None:
-            base = Value("0", "i32", 0)
-        offs = [s[dim] for s in lay.slots]
-        v = self.splat(base, len(offs))
-        self.write(op.dst, self.op(f"add {v}, {self.const_vec(offs, T.i32).text}", "i32", len(offs)))
+        return base if base is not None else Value("0", "i32", 0)
 
     def r_mov(self, op):
         (v,), n = self.operands(op.dst, op.srcs)
@@ -469,8 +475,14 @@ class Renderer:
             self.write(op.dst, src)
             return
         mask = ", ".join(f"i32 {i}" for i in idx)
-        self.write(op.dst, self.op(f"shufflevector {src}, {src.ty} poison, <{len(idx)} x i32> <{mask}>",
-                                   src.ety, len(idx)))
+        v = self.op(f"shufflevector {src}, {src.ty} poison, <{len(idx)} x i32> <{mask}>",
+                    src.ety, len(idx))
+        if op.attrs.get("window"):
+            # A window of a register-resident tile: each use converts its own copy. `freeze`
+            # keeps LLVM from merging the conversions of separate uses into values that would
+            # stay live (in f32) between the passes over the tile.
+            v = self.op(f"freeze {v}", v.ety, v.n)
+        self.write(op.dst, v)
 
     def r_slot_reduce(self, op):
         src = self.read(op.srcs[0])
@@ -492,68 +504,151 @@ class Renderer:
         self.write(op.dst, self.build(elems))
 
     # -- memory shared by dialects --------------------------------------------------------
-    def runs_of(self, op, n):
-        return op.attrs.get("runs") or tuple((i, 1) for i in range(n))
+    # -- windows: global and LDS accesses ---------------------------------------------------
+    @staticmethod
+    def window_runs(lay, dim: int, esz: int):
+        """(first slot, count) groups of slots holding adjacent elements along `dim`, at most
+        16 bytes each and of power-of-two size: each becomes one vector access."""
+        cap = max(1, 16 // esz)
+        out, i, n = [], 0, lay.nslots
+        while i < n:
+            j = i + 1
+            while j < n and j - i < cap:
+                a, b = lay.slots[j - 1], lay.slots[j]
+                if b[dim] != a[dim] + 1 or b[1 - dim] != a[1 - dim]:
+                    break
+                j += 1
+            k = 1 << ((j - i).bit_length() - 1)
+            out.append((i, k))
+            i += k
+        return out
 
-    def r_lds_load(self, op):
-        addr = self.read(op.srcs[0])
-        d = op.dst.type.dtype
-        n = self.shape_of(op.dst)
-        addr = self.splat(addr, n) if addr.n != n else addr
-        elems = []
-        for i in range(n):
-            a = self.extract(addr, i)
-            p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {a}", "ptr addrspace(3)", 0)
-            elems.append(self.op(f"load {llty(d)}, ptr addrspace(3) {p.text}, align {d.bytes}", llty(d), 0))
-        self.write(op.dst, self.build(elems))
+    def _provable(self, origin_reg, lay, dim, slot_off) -> int:
+        """A number that element index origin + lane part + slot_off is provably a multiple
+        of (0 = any)."""
+        g = self.divs.get(origin_reg, (1,))[0] if origin_reg is not None else 0
+        for d, st in lay.lane_bits:
+            if d == dim:
+                g = gcd(g, st)
+        return gcd(g, slot_off)
 
-    def r_lds_store(self, op):
-        addr, val = (self.read(s) for s in op.srcs)
-        n = max(addr.n, val.n, 1)
-        addr = self.splat(addr, n) if addr.n != n else addr
-        val = self.splat(val, n) if val.n != n else val
-        d = op.srcs[1].type.dtype
-        for i in range(n):
-            a, x = self.extract(addr, i), self.extract(val, i)
-            p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {a}", "ptr addrspace(3)", 0)
-            self.ins(f"store {x}, ptr addrspace(3) {p.text}, align {d.bytes}")
+    def _align_bytes(self, g: int, esz: int, k: int) -> int:
+        p = (g & -g) if g else 16
+        return max(esz, min(16, p * esz, k * esz))
 
-    def run_align(self, off_reg, slot, d) -> int:
-        from .divisibility import alignment
-        return alignment(self.divs, off_reg, slot, d.bytes)
+    def _tensor_window(self, op, nvals):
+        """Per-run element offset, validity and alignment of a gload/gstore window."""
+        gl = op.srcs[0]
+        lay, dims, scope = op.attrs["layout"], op.attrs["dims"], op.attrs["scope"]
+        rank, esz = gl.type.rank, gl.type.dtype.bytes
+        nlead = rank - len(dims)
+        idx_regs = op.srcs[1:len(op.srcs) - nvals]
+        lead = [self.read(r) for r in idx_regs[:nlead]]
+        origin_regs = idx_regs[nlead:]
+        base = [self.op(f"add i32 {self.read(o).text}, {self.lane_base(lay, d, scope).text}",
+                        "i32", 0) for o, d in zip(origin_regs, dims)]
+        size = [Value(f"%{gl.name}.size{a}", "i32", 0) for a in range(rank)]
+        stride = [Value("1" if a == rank - 1 else f"%{gl.name}.stride{a}", "i32", 0)
+                  for a in range(rank)]
+        ok_lead = Value("true", "i1", 0)
+        off_lead = Value("0", "i32", 0)
+        for a, v in enumerate(lead):
+            ok_lead = self._and(ok_lead, self._in_range(v, size[a]))
+            off_lead = self.op(f"add i32 {off_lead.text}, "
+                               f"{self.op(f'mul i32 {v.text}, {stride[a].text}', 'i32', 0).text}", "i32", 0)
+        stride_div = self.stride_divisor if rank > 1 else 0
+        runs = []
+        for first, k in self.window_runs(lay, dims[-1], esz):
+            off, ok, last = off_lead, ok_lead, None
+            for o_reg, d, b in zip(origin_regs, dims, base):
+                axis = rank - len(dims) + dims.index(d)
+                idx = self.op(f"add i32 {b.text}, {lay.slots[first][d]}", "i32", 0)
+                off = self.op(f"add i32 {off.text}, "
+                              f"{self.op(f'mul i32 {idx.text}, {stride[axis].text}', 'i32', 0).text}", "i32", 0)
+                if d == dims[-1]:
+                    last = (idx, size[axis])
+                    lo = self.op(f"icmp sge i32 {idx.text}, 0", "i1", 0)
+                    end = self.op(f"add i32 {idx.text}, {k}", "i32", 0)
+                    hi = self.op(f"icmp sle i32 {end.text}, {size[axis].text}", "i1", 0)
+                    full = self._and(self._and(ok, lo), hi)
+                else:
+                    ok = self._and(ok, self._in_range(idx, size[axis]))
+            g = gcd(self._provable(origin_regs[-1], lay, dims[-1], lay.slots[first][dims[-1]]),
+                    stride_div)
+            runs.append((first, k, off, ok, full, last, self._align_bytes(g, esz, k)))
+        return runs
 
-    def _norm(self, reg, n) -> Value:
-        v = self.read(reg)
-        return self.splat(v, n) if v.n != n else v
+    def _in_range(self, v, size):
+        lo = self.op(f"icmp sge i32 {v.text}, 0", "i1", 0)
+        hi = self.op(f"icmp slt i32 {v.text}, {size.text}", "i1", 0)
+        return self._and(lo, hi)
 
-    def _all(self, bits: list[Value]) -> Value:
-        acc = bits[0]
-        for b in bits[1:]:
-            acc = self.op(f"and i1 {acc.text}, {b.text}", "i1", 0)
-        return acc
+    def _and(self, a, b):
+        if a.text == "true":
+            return b
+        return self.op(f"and i1 {a.text}, {b.text}", "i1", 0)
+
+    def _elements(self, off, ok, last, k):
+        """Per-element (offset, valid) of a run that is not wholly inside the tensor."""
+        idx, size = last
+        out = []
+        for i in range(k):
+            oi = self.op(f"add i32 {off.text}, {i}", "i32", 0) if i else off
+            ii = self.op(f"add i32 {idx.text}, {i}", "i32", 0) if i else idx
+            out.append((oi, self._and(ok, self._in_range(ii, size))))
+        return out
 
     def r_gload(self, op):
-        """Fast path: every element of the lane in range -> one vector access per run.
-        Otherwise each element is loaded on its own, masked elements reading zero."""
-        gl, off_r, mask_r = op.srcs
+        """Fast path (every run of the lane inside the tensor): one aligned vector load per
+        run. Otherwise element by element, elements outside reading the fill value."""
+        gl = op.srcs[0]
         d, n = op.dst.type.dtype, self.shape_of(op.dst)
-        off, mask = self._norm(off_r, n), self._norm(mask_r, n)
-        offs = [self.extract(off, i) for i in range(n)]
-        ms = [self.extract(mask, i) for i in range(n)]
-        full = self._all(ms)
+        runs = self._tensor_window(op, 0)
+        full = runs[0][4]
+        for r in runs[1:]:
+            full = self._and(full, r[4])
         fast_l, slow_l, join = self.label("ld_full"), self.label("ld_edge"), self.label("ld_join")
         self.ins(f"br i1 {full.text}, label %{fast_l}, label %{slow_l}")
         self.start_block(fast_l)
-        elems = []
-        for first, k in self.runs_of(op, n):
-            self.align = self.run_align(off_r, first, d)
-            v = self.load_run(gl, offs[first], k, d)
-            elems += [self.extract(v, i) for i in range(k)] if k > 1 else [v]
+        elems = [None] * n
+        for first, k, off, ok, _, last, align in runs:
+            self.align = align
+            v = self.load_run(gl, off, k, d)
+            for i in range(k):
+                elems[first + i] = self.extract(v, i) if k > 1 else v
         fast = self.build(elems)
         fast_end = self.block
         self.ins(f"br label %{join}")
         self.start_block(slow_l)
-        slow = self.build([self.load_elem(gl, offs[i], ms[i], d) for i in range(n)])
+        fill = Value(literal(op.attrs["fill"], d), llty(d), 0)
+        for first, k, off, ok, run_full, last, align in runs:
+            # Each run again: a vector when it is inside, else element by element; so the
+            # edge path holds no more registers than the fast one.
+            if k > 1:
+                v_l, e_l, j_l = self.label("run_vec"), self.label("run_elem"), self.label("run_join")
+                self.ins(f"br i1 {run_full.text}, label %{v_l}, label %{e_l}")
+                self.start_block(v_l)
+                self.align = align
+                vec = self.load_run(gl, off, k, d)
+                v_end = self.block
+                self.ins(f"br label %{j_l}")
+                self.start_block(e_l)
+            parts = []
+            for i, (oi, vi) in enumerate(self._elements(off, ok, last, k)):
+                x = self.load_elem(gl, oi, vi, d)
+                if op.attrs["fill"] != 0.0:
+                    x = self.op(f"select i1 {vi.text}, {x}, {fill}", x.ety, 0)
+                parts.append(x)
+            if k > 1:
+                ev = self.build(parts)
+                e_end = self.block
+                self.ins(f"br label %{j_l}")
+                self.start_block(j_l)
+                merged = self.op(f"phi {vec.ty} [ {vec.text}, %{v_end} ], [ {ev.text}, %{e_end} ]",
+                                 vec.ety, k)
+                parts = [self.extract(merged, i) for i in range(k)]
+            elems[first:first + k] = parts
+        slow = self.build(elems)
         slow_end = self.block
         self.ins(f"br label %{join}")
         self.start_block(join)
@@ -561,28 +656,110 @@ class Renderer:
                                    f"[ {slow.text}, %{slow_end} ]", fast.ety, n))
 
     def r_gstore(self, op):
-        gl, off_r, mask_r, val_r = op.srcs
-        d = val_r.type.dtype
-        n = max(self.shape_of(val_r), self.shape_of(off_r), 1)
-        off, mask, val = self._norm(off_r, n), self._norm(mask_r, n), self._norm(val_r, n)
-        offs = [self.extract(off, i) for i in range(n)]
-        ms = [self.extract(mask, i) for i in range(n)]
-        full = self._all(ms)
+        gl = op.srcs[0]
+        d = gl.type.dtype
+        n = op.attrs["layout"].nslots
+        val = self._norm(op.srcs[-1], n)
+        runs = self._tensor_window(op, 1)
+        full = runs[0][4]
+        for r in runs[1:]:
+            full = self._and(full, r[4])
         fast_l, slow_l, join = self.label("st_full"), self.label("st_edge"), self.label("st_join")
         self.ins(f"br i1 {full.text}, label %{fast_l}, label %{slow_l}")
         self.start_block(fast_l)
-        for first, k in self.runs_of(op, n):
+        for first, k, off, ok, _, last, align in runs:
             idx = ", ".join(f"i32 {first + i}" for i in range(k))
             part = self.op(f"shufflevector {val}, {val.ty} poison, <{k} x i32> <{idx}>",
                            val.ety, k) if k > 1 else self.extract(val, first)
-            self.align = self.run_align(off_r, first, d)
-            self.store_run(gl, offs[first], part, d)
+            self.align = align
+            self.store_run(gl, off, part, d)
         self.ins(f"br label %{join}")
         self.start_block(slow_l)
-        for i in range(n):
-            self.store_elem(gl, offs[i], ms[i], self.extract(val, i), d)
+        for first, k, off, ok, run_full, last, align in runs:
+            if k > 1:
+                v_l, e_l, j_l = self.label("run_vec"), self.label("run_elem"), self.label("run_join")
+                self.ins(f"br i1 {run_full.text}, label %{v_l}, label %{e_l}")
+                self.start_block(v_l)
+                idx = ", ".join(f"i32 {first + i}" for i in range(k))
+                part = self.op(f"shufflevector {val}, {val.ty} poison, <{k} x i32> <{idx}>",
+                               val.ety, k)
+                self.align = align
+                self.store_run(gl, off, part, d)
+                self.ins(f"br label %{j_l}")
+                self.start_block(e_l)
+            for i, (oi, vi) in enumerate(self._elements(off, ok, last, k)):
+                self.store_elem(gl, oi, vi, self.extract(val, first + i), d)
+            if k > 1:
+                self.ins(f"br label %{j_l}")
+                self.start_block(j_l)
         self.ins(f"br label %{join}")
         self.start_block(join)
+
+    def _lds_runs(self, op):
+        """Per-run LDS byte address and whether the run is one aligned vector access. A run
+        stays contiguous through the swizzle when it fits in one 16-byte chunk."""
+        region, lay, scope = op.attrs["region"], op.attrs["layout"], op.attrs["scope"]
+        t = region.tile
+        esz = t.dtype.bytes
+        r0, c0 = op.srcs[0], op.srcs[1]
+        rb = self.op(f"add i32 {self.read(r0).text}, {self.lane_base(lay, 0, scope).text}", "i32", 0)
+        cb = self.op(f"add i32 {self.read(c0).text}, {self.lane_base(lay, 1, scope).text}", "i32", 0)
+        out = []
+        for first, k in self.window_runs(lay, 1, esz):
+            g = self._provable(c0, lay, 1, lay.slots[first][1])
+            whole = k == 1 or (g and (g & -g) % k == 0) or g == 0
+            if whole:
+                out.append((first, k, self._lds_addr(region, rb, cb, lay.slots[first]), esz * k))
+            else:
+                for i in range(k):
+                    sl = (lay.slots[first][0], lay.slots[first][1] + i)
+                    out.append((first + i, 1, self._lds_addr(region, rb, cb, sl), esz))
+        return out
+
+    def _lds_addr(self, region, rb, cb, slot) -> Value:
+        t = region.tile
+        esz = t.dtype.bytes
+        row = self.op(f"add i32 {rb.text}, {slot[0]}", "i32", 0)
+        col = self.op(f"add i32 {cb.text}, {slot[1]}", "i32", 0)
+        b = self.op(f"mul i32 {col.text}, {esz}", "i32", 0)
+        if t.swizzle:
+            ch = self.op(f"lshr i32 {b.text}, 4", "i32", 0)
+            rs = self.op(f"and i32 {row.text}, {t.swizzle - 1}", "i32", 0)
+            ch = self.op(f"xor i32 {ch.text}, {rs.text}", "i32", 0)
+            lo = self.op(f"and i32 {b.text}, 15", "i32", 0)
+            b = self.op(f"or i32 {self.op(f'shl i32 {ch.text}, 4', 'i32', 0).text}, {lo.text}", "i32", 0)
+        rowb = self.op(f"mul i32 {row.text}, {t.shape[1] * esz}", "i32", 0)
+        a = self.op(f"add i32 {rowb.text}, {b.text}", "i32", 0)
+        return self.op(f"add i32 {a.text}, {region.base}", "i32", 0)
+
+    def r_lds_load(self, op):
+        d = op.dst.type.dtype
+        n = self.shape_of(op.dst)
+        elems = [None] * n
+        for first, k, addr, align in self._lds_runs(op):
+            p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {addr}",
+                        "ptr addrspace(3)", 0)
+            ty = llty(d) if k == 1 else f"<{k} x {llty(d)}>"
+            v = self.op(f"load {ty}, ptr addrspace(3) {p.text}, align {align}", llty(d),
+                        k if k > 1 else 0)
+            for i in range(k):
+                elems[first + i] = self.extract(v, i) if k > 1 else v
+        self.write(op.dst, self.build(elems))
+
+    def r_lds_store(self, op):
+        n = op.attrs["layout"].nslots
+        val = self._norm(op.srcs[-1], n)
+        for first, k, addr, align in self._lds_runs(op):
+            p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {addr}",
+                        "ptr addrspace(3)", 0)
+            idx = ", ".join(f"i32 {first + i}" for i in range(k))
+            part = self.op(f"shufflevector {val}, {val.ty} poison, <{k} x i32> <{idx}>",
+                           val.ety, k) if k > 1 else self.extract(val, first)
+            self.ins(f"store {part}, ptr addrspace(3) {p.text}, align {align}")
+
+    def _norm(self, reg, n) -> Value:
+        v = self.read(reg)
+        return self.splat(v, n) if v.n != n else v
 
     # -- dialect hooks ----------------------------------------------------------------------
     def module_header(self) -> str: raise NotImplementedError

@@ -236,7 +236,38 @@ class _Machine:
 
     x_sched_group = x_waitcnt = x_sched_barrier
 
-    # -- global memory ------------------------------------------------------------------
+    # -- windows --------------------------------------------------------------------------
+    def _lane_coords(self, w, op):
+        """(rows, cols) int64[W, nslots] of this wave's lanes under the op's layout."""
+        key = (id(op), w.wave)
+        c = self._coord_cache.get(key)
+        if c is None:
+            rows, cols = op.attrs["layout"].coords()
+            if op.attrs["scope"] == "workgroup":
+                rows = rows[w.wave * self.W:(w.wave + 1) * self.W]
+                cols = cols[w.wave * self.W:(w.wave + 1) * self.W]
+            c = self._coord_cache[key] = (rows.astype(np.int64), cols.astype(np.int64))
+        return c
+
+    def _tensor_window(self, w, op, nvals):
+        """Element offsets and in-bounds mask of a gload/gstore window."""
+        gl = op.srcs[0]
+        buf = self.bufs[gl.name]
+        dims = op.attrs["dims"]
+        rank = len(buf.shape)
+        nlead = rank - len(dims)
+        srcs = op.srcs[1:len(op.srcs) - nvals]
+        lead = [int(self.get(w, s)) for s in srcs[:nlead]]
+        origin = [int(self.get(w, s)) for s in srcs[nlead:]]
+        rc = self._lane_coords(w, op)
+        idx = [np.full_like(rc[0], v) for v in lead] + [o + rc[d] for o, d in zip(origin, dims)]
+        off = np.zeros_like(rc[0])
+        mask = np.ones(rc[0].shape, bool)
+        for axis, x in enumerate(idx):
+            off = off + x * buf.strides[axis]
+            mask &= (x >= 0) & (x < buf.shape[axis])
+        return buf, off, mask
+
     def _gcheck(self, w, op, buf, off, mask):
         bad = mask & ((off < 0) | (off >= buf.flat.size))
         if np.any(bad):
@@ -246,38 +277,38 @@ class _Machine:
                             f"[0, {buf.flat.size}) at lane {lane}, slot {slot}")
 
     def x_gload(self, w, op):
-        gl, off, mask = op.srcs
-        buf = self.bufs[gl.name]
-        off = np.broadcast_to(self.get(w, off), (self.W, op.dst.type.nslots))
-        mask = np.broadcast_to(self.get(w, mask), off.shape)
+        buf, off, mask = self._tensor_window(w, op, 0)
         self._gcheck(w, op, buf, off, mask)
         vals = buf.flat[np.where(mask, off, 0)]
-        self.put(w, op.dst, np.where(mask, vals, np.zeros((), vals.dtype)))
+        fill = V.to_dtype(np.asarray(op.attrs["fill"]), op.dst.type.dtype)
+        self.put(w, op.dst, np.where(mask, vals, fill))
 
     def x_gstore(self, w, op):
-        gl, off, mask, val = op.srcs
-        buf = self.bufs[gl.name]
-        n = val.type.nslots
-        off = np.broadcast_to(self.get(w, off), (self.W, n))
-        mask = np.broadcast_to(self.get(w, mask), off.shape)
+        buf, off, mask = self._tensor_window(w, op, 1)
         self._gcheck(w, op, buf, off, mask)
-        v = np.broadcast_to(self.get(w, val), off.shape)
+        v = np.broadcast_to(self.get(w, op.srcs[-1]), off.shape)
         buf.flat[off[mask]] = V.to_dtype(v[mask], T.dtype_of(buf.flat.dtype))
 
     # -- LDS ------------------------------------------------------------------------------
-    def _lds_bytes(self, w, op, addr, esz):
+    def _lds_bytes(self, w, op, nvals):
+        """Byte indices [W*nslots*esz] of an LDS window, after bounds checks."""
         region = op.attrs["region"]
-        lo, hi = region.base, region.base + region.size
-        if np.any((addr < lo) | (addr + esz > hi)):
-            a = addr[(addr < lo) | (addr + esz > hi)].ravel()[0]
-            raise self.fail(OutOfBounds, w, op, f"LDS access at byte {int(a)} is outside "
-                            f"shared tile {region.name} [{lo}, {hi})")
-        return (addr[..., None] + np.arange(esz)).reshape(-1)
+        t = region.tile
+        r0, c0 = (int(self.get(w, s)) for s in op.srcs[:2])
+        rows, cols = self._lane_coords(w, op)
+        rows, cols = rows + r0, cols + c0
+        bad = (rows < 0) | (rows >= t.shape[0]) | (cols < 0) | (cols >= t.shape[1])
+        if np.any(bad):
+            lane, slot = np.argwhere(bad)[0]
+            raise self.fail(OutOfBounds, w, op, f"LDS access to element "
+                            f"({int(rows[lane, slot])}, {int(cols[lane, slot])}) is outside "
+                            f"shared tile {region.name} of shape {t.shape}")
+        addr = region.byte_offset(rows, cols)
+        return (addr[..., None] + np.arange(t.dtype.bytes)).reshape(-1)
 
     def x_lds_load(self, w, op):
         d = op.dst.type.dtype
-        addr = np.broadcast_to(self.get(w, op.srcs[0]), (self.W, op.dst.type.nslots))
-        idx = self._lds_bytes(w, op, addr.astype(np.int64), d.bytes)
+        idx = self._lds_bytes(w, op, 0)
         wg = self.wg_of(w)
         if not np.all(wg.written[idx]):
             b = int(idx[~wg.written[idx]][0])
@@ -297,11 +328,10 @@ class _Machine:
         w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
 
     def x_lds_store(self, w, op):
-        addr_v, val_v = op.srcs
-        d = val_v.type.dtype
-        n = val_v.type.nslots
-        addr = np.broadcast_to(self.get(w, addr_v), (self.W, n)).astype(np.int64)
-        idx = self._lds_bytes(w, op, addr, d.bytes)
+        val_v = op.srcs[-1]
+        d = op.attrs["region"].tile.dtype
+        n = op.attrs["layout"].nslots
+        idx = self._lds_bytes(w, op, 1)
         wg = self.wg_of(w)
         ep = wg.epoch
         waw = (wg.w_epoch[idx] == ep) & (wg.w_wave[idx] != w.wave)
@@ -310,7 +340,8 @@ class _Machine:
             kind = "wrote" if np.any(waw) else "read"
             raise self.fail(Race, w, op, f"race: writes shared memory that another wave {kind} "
                             "since the last barrier; add pk.barrier() between them")
-        vals = np.ascontiguousarray(np.broadcast_to(self.get(w, val_v), (self.W, n)))
+        vals = np.ascontiguousarray(V.to_dtype(np.broadcast_to(self.get(w, val_v),
+                                                               (self.W, n)), d))
         wg.lds[idx] = vals.view(np.uint8).reshape(-1)
         wg.written[idx] = True
         wg.w_epoch[idx] = ep

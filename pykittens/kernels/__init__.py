@@ -60,7 +60,7 @@ def _rows_launch(i, target):
 
 
 RESIDENT_CHUNK = 512             # a multiple of every target's wave sweep (64 lanes x 8)
-RESIDENT_MAX_REGS = 128          # 32-bit registers per lane a resident row may take
+RESIDENT_MAX_REGS = 64           # 32-bit registers per lane a resident row may take
 
 
 def _ln_launch(i, target):
@@ -72,7 +72,7 @@ def _ln_launch(i, target):
     if n_max * esz // 4 // get(target).wave_size <= RESIDENT_MAX_REGS:
         return (max(1, -(-m // WAVES)),), {"RESIDENT": 1, "N_MAX": n_max,
                                           "CHUNK": RESIDENT_CHUNK}
-    return (_rows_grid(m),), {}
+    return (max(1, -(-m // WAVES)),), {"ROWS": 1, "COLS": 1024}
 
 
 # ---- layernorm --------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Two schedules, chosen by a compile-time constant:
 - RESIDENT=1: each wave keeps one whole row in registers in its storage type (up to N_MAX
   elements), so x is read from memory exactly once; the statistics and the output are
   computed block by block from the registers (pk.subtile), converting to f32 on the fly.
-- RESIDENT=0: ROWS rows per wave, three passes over column blocks of COLS (any width).
+- RESIDENT=0: ROWS rows per wave, any width: one pass over column blocks of COLS for the
+  statistics (block-wise merge), one for the output.
 """
 import pykittens as pk
 
@@ -39,21 +40,26 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
             pk.store(out, (block(j) - mean) * rstd * gamma + beta, (r0, j * CHUNK))
         return
 
+    # Statistics in one pass over column blocks: each block's mean and centred sum of
+    # squares, merged into the running ones (Chan et al.'s parallel update), so no large
+    # mean ever cancels; then one more pass writes the output (mostly from L2).
     r0 = (pk.program_id(0) * pk.num_waves() + pk.wave_id()) * ROWS
     tile = pk.rt((ROWS, COLS), pk.f32)
     row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
     blocks = (n + COLS - 1) // COLS
-
-    total = pk.zeros(row)
+    mean = pk.zeros(row)
+    m2 = pk.zeros(row)
     for j in pk.range(blocks):
-        pk.row_sum(pk.load(tile, x, (r0, j * COLS)), into=total)
-    mean = total / n
-
-    sq = pk.zeros(row)
-    for j in pk.range(blocks):
-        d = pk.mask_outside(pk.load(tile, x, (r0, j * COLS)) - mean, (r0, j * COLS), (m_rows, n))
-        pk.row_sum(d * d, into=sq)
-    rstd = pk.rsqrt(sq / n + eps)
+        c0 = j * COLS
+        t = pk.load(tile, x, (r0, c0))
+        n_blk = pk.minimum(n - c0, COLS)
+        mean_blk = pk.row_sum(t) / n_blk
+        d = pk.mask_outside(t - mean_blk, (r0, c0), (m_rows, n))
+        delta = mean_blk - mean
+        share = n_blk / (c0 + n_blk)                  # this block's weight in the total
+        mean += delta * share
+        m2 += pk.row_sum(d * d) + delta * delta * (c0 * share)
+    rstd = pk.rsqrt(m2 / n + eps)
 
     for j in pk.range(blocks):
         t = pk.load(tile, x, (r0, j * COLS))

@@ -12,8 +12,13 @@ Op kinds (attrs in brackets):
   slots(a)[index]                    static gather of slots
   slot_reduce(a)[op, groups]         reduce groups of slots, left to right
   bfly(a)[op, bits]                  butterfly across lanes, one lane bit at a time
-  gload(gl, off, mask)  gstore(gl, off, mask, val)      global, element offsets
-  lds_load(addr)[region]  lds_store(addr, val)[region]  LDS, byte addresses
+  gload(gl, *lead, *origin)[layout, dims, scope, fill]  a window of a tensor: slot s of
+                                     lane l reads element lead.., origin + layout(l, s) along
+                                     `dims` (the tensor's last one or two); outside -> fill
+  gstore(gl, *lead, *origin, val)[layout, dims, scope]  likewise; outside is not written
+  lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
+                                     shared tile (region.byte_offset gives the swizzle)
+  scope 'wave': lane = lane id; 'workgroup': lane = wave id * wave size + lane id
   mfma(a, b, c)[instr, a_slots, b_slots, c_slots]   one CDNA matrix instruction: the
                                      listed slots of a, b and c are its operand registers
   for(start, stop)[step]{body}  if(c){then}{else}  barrier  setprio[level]
@@ -55,6 +60,17 @@ class LDSRegion:
     name: str
     base: int
     size: int
+    tile: object = None          # its SharedTileType (shape, dtype, swizzle)
+
+    def byte_offset(self, row, col):
+        """Byte address of element (row, col): row-major, 16-byte chunks of a row XORed with
+        (row % swizzle) to spread LDS banks. Works on ints and numpy arrays alike."""
+        t = self.tile
+        esz = t.dtype.bytes
+        b = col * esz
+        if t.swizzle:
+            b = (((b >> 4) ^ (row & (t.swizzle - 1))) << 4) | (b & 15)
+        return self.base + row * (t.shape[1] * esz) + b
 
 
 @dataclass(eq=False)

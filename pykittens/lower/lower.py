@@ -50,24 +50,6 @@ class _Lowering:
             out.append(self.bin("add", c, origin[dim]) if origin[dim] is not None else c)
         return out
 
-    def gl_access(self, gl_v, idx_lead, rows, cols):
-        """Element offsets and in-bounds mask of a window of a global tensor."""
-        gt: T.GlobalType = gl_v.type
-        n = gt.rank
-        idx = list(idx_lead) + [x for x in (rows, cols) if x is not None]
-        off = mask = None
-        for axis, x in enumerate(idx):
-            stride = self.b.reg(T.i32, uniform=True)
-            self.emit("stride", stride, (gl_v,), axis=axis)
-            term = self.bin("mul", x, stride)
-            off = term if off is None else self.bin("add", off, term)
-            dim = self.dim(gl_v, axis)
-            ok = self.bin("lt", x, dim)
-            ok = self.bin("and", ok, self.bin("ge", x, self.const(0)), T.boolean)
-            mask = ok if mask is None else self.bin("and", mask, ok, T.boolean)
-        assert len(idx) == n
-        return off, mask
-
     def dim(self, gl_v, axis):
         d = self.b.reg(T.i32, uniform=True)
         return self.emit("dim", d, (gl_v,), axis=axis)
@@ -87,24 +69,6 @@ class _Lowering:
             except ValueError as e:
                 raise self.err(str(e)) from None
         return self.layouts[v]
-
-    def lds_addr(self, region: LDSRegion, st: T.SharedTileType, rows, cols):
-        """Byte address of (row, col) in a row-major shared tile, with its XOR swizzle."""
-        esz = st.dtype.bytes
-        row_bytes = st.shape[1] * esz
-        byte_col = self.bin("mul", cols, self.const(esz))
-        if st.swizzle:
-            chunks = row_bytes // 16
-            if chunks < st.swizzle:
-                raise self.err(f"swizzle={st.swizzle} needs rows of at least "
-                               f"{16 * st.swizzle} bytes; this tile's rows are {row_bytes}")
-            rsel = self.bin("and", rows, self.const(st.swizzle - 1))
-            chunk = self.bin("shr", byte_col, self.const(4))
-            chunk = self.bin("xor", chunk, rsel)
-            byte_col = self.bin("or", self.bin("shl", chunk, self.const(4)),
-                                self.bin("and", byte_col, self.const(15)))
-        a = self.bin("add", self.bin("mul", rows, self.const(row_bytes)), byte_col)
-        return self.bin("add", a, self.const(region.base))
 
     # -- driver -------------------------------------------------------------------------
     def run(self) -> LaneProgram:
@@ -173,7 +137,11 @@ class _Lowering:
         t = op.dst.type
         if isinstance(t, T.SharedTileType):
             base = -(-self.lds // LDS_ALIGN) * LDS_ALIGN
-            reg = LDSRegion(f"st{len(self.regions)}", base, t.nbytes)
+            if t.swizzle and t.shape[1] * t.dtype.bytes < 16 * t.swizzle:
+                raise self.err(f"swizzle={t.swizzle} needs rows of at least "
+                               f"{16 * t.swizzle} bytes; this tile's rows are "
+                               f"{t.shape[1] * t.dtype.bytes}")
+            reg = LDSRegion(f"st{len(self.regions)}", base, t.nbytes, t)
             self.regions.append(reg)
             self.lds = base + t.nbytes
             self.env[op.dst] = reg
@@ -223,7 +191,7 @@ class _Lowering:
                                f"column offset and width are multiples of the wave's sweep "
                                f"({parent.lanes} lanes)")
             index.append(p)
-        self.emit("slots", self.env[op.dst], (self.val(src_v),), index=tuple(index))
+        self.emit("slots", self.env[op.dst], (self.val(src_v),), index=tuple(index), window=True)
 
     def op_mask(self, op):
         src = self.val(op.srcs[0])
@@ -294,91 +262,84 @@ class _Lowering:
         return tuple(range(index * per, (index + 1) * per))
 
     # -- memory -------------------------------------------------------------------------
-    def _window(self, tile_v, coords_v, mem_v):
-        """Lane coordinates of a register tile/vector placed at coords in global memory."""
+    # Every access is a *window*: a layout placed at an origin. The lane ops carry the origin
+    # and the layout, so the renderer can address and bounds-check per contiguous run.
+
+    def _window(self, tile_v, coords_v):
+        """(layout, dims, lead indices, origin) of a register tile/vector placed in a tensor:
+        a tile covers the last two tensor dims, a row/col vector the last one."""
         lay = self.layout(tile_v)
-        self._last_runs = runs(lay, 0 if getattr(tile_v.type, "axis", "col") == "row" else 1,
-                               mem_v.type.dtype)
         c = [self.val(x) for x in coords_v]
-        if isinstance(tile_v.type, T.RegVecType):
-            dim = 0 if tile_v.type.axis == "row" else 1
-            pos = self.coords(lay, (None, None))[dim]
-            return c[:-1], None, self.bin("add", pos, c[-1])
-        rows, cols = self.coords(lay, (c[-2], c[-1]))
-        return c[:-2], rows, cols
+        t = tile_v.type
+        dims = ((0,) if t.axis == "row" else (1,)) if isinstance(t, T.RegVecType) else (0, 1)
+        return lay, dims, c[:-len(dims)], c[-len(dims):]
 
-    def op_load(self, op):
-        src_v, coords_v = op.srcs[0], op.srcs[1:]
-        dst_v = op.dst
-        if isinstance(src_v.type, T.GlobalType):
-            gl = self.val(src_v)
-            if isinstance(dst_v.type, T.SharedTileType):
-                return self._gl_to_st(op, gl, dst_v, coords_v)
-            lead, rows, cols = self._window(dst_v, coords_v, src_v)
-            off, mask = self.gl_access(gl, lead, rows, cols)
-            raw = self.b.reg(src_v.type.dtype, off.type.nslots)
-            self.emit("gload", raw, (gl, off, mask), runs=self._last_runs)
-            if op.attrs["fill"] != 0.0:
-                f = self.const(op.attrs["fill"], src_v.type.dtype)
-                self.emit("select", raw, (mask, raw, f))
-            self.emit("cvt" if raw.type.dtype != dst_v.type.dtype else "mov",
-                      self.env[dst_v], (raw,))
-            return
-        # shared -> register
-        region, st = self.env[src_v], src_v.type
-        r0, c0 = (self.val(x) for x in coords_v)
-        rows, cols = self.coords(self.layout(dst_v), (r0, c0))
-        addr = self.lds_addr(region, st, rows, cols)
-        raw = self.b.reg(st.dtype, addr.type.nslots)
-        self.emit("lds_load", raw, (addr,), region=region)
-        self.emit("cvt" if st.dtype != dst_v.type.dtype else "mov", self.env[dst_v], (raw,))
-
-    def _wg_coords(self, st_t):
+    def _wg_layout(self, st_t):
         try:
-            lay = L.workgroup_layout(st_t, self.t, self.k.num_waves)
-            self._last_runs = runs(lay, 1, st_t.dtype)
+            return L.workgroup_layout(st_t, self.t, self.k.num_waves)
         except ValueError:
             raise self.err(f"shared tile {st_t} has fewer elements than the workgroup's "
                            f"{self.t.wave_size * self.k.num_waves} lanes; use a larger tile "
                            "or fewer waves") from None
-        return self.coords(lay, (None, None), scope="workgroup")
 
-    def _gl_to_st(self, op, gl, st_v, coords_v):
-        region, st = self.env[st_v], st_v.type
-        c = [self.val(x) for x in coords_v]
-        lr, lc = self._wg_coords(st)
-        off, mask = self.gl_access(gl, c[:-2], self.bin("add", lr, c[-2]),
-                                   self.bin("add", lc, c[-1]))
-        raw = self.b.reg(st.dtype, off.type.nslots)
-        self.emit("gload", raw, (gl, off, mask), runs=self._last_runs)
-        if op.attrs["fill"] != 0.0:
-            self.emit("select", raw, (mask, raw, self.const(op.attrs["fill"], st.dtype)))
-        self.emit("lds_store", None, (self.lds_addr(region, st, lr, lc), raw), region=region)
+    def gload(self, gl, lay, dims, lead, origin, scope, fill):
+        raw = self.b.reg(gl.type.dtype, lay.nslots)
+        return self.emit("gload", raw, (gl, *lead, *origin), layout=lay, dims=dims,
+                         scope=scope, fill=fill)
+
+    def gstore(self, gl, lay, dims, lead, origin, scope, val):
+        self.emit("gstore", None, (gl, *lead, *origin, self.cvt(val, gl.type.dtype)),
+                  layout=lay, dims=dims, scope=scope)
+
+    def lds_load(self, region, lay, origin, scope):
+        raw = self.b.reg(region.tile.dtype, lay.nslots)
+        return self.emit("lds_load", raw, tuple(origin), region=region, layout=lay, scope=scope)
+
+    def lds_store(self, region, lay, origin, scope, val):
+        self.emit("lds_store", None, (*origin, self.cvt(val, region.tile.dtype)),
+                  region=region, layout=lay, scope=scope)
+
+    def _into(self, dst_v, raw):
+        self.emit("cvt" if raw.type.dtype != dst_v.type.dtype else "mov", self.env[dst_v], (raw,))
+
+    def op_load(self, op):
+        src_v, coords_v, dst_v = op.srcs[0], op.srcs[1:], op.dst
+        fill = op.attrs["fill"]
+        if isinstance(src_v.type, T.GlobalType):
+            gl = self.val(src_v)
+            if isinstance(dst_v.type, T.SharedTileType):      # global -> shared, cooperative
+                region = self.env[dst_v]
+                lay = self._wg_layout(region.tile)
+                c = [self.val(x) for x in coords_v]
+                raw = self.gload(gl, lay, (0, 1), c[:-2], c[-2:], "workgroup", fill)
+                zero = self.const(0)
+                self.lds_store(region, lay, (zero, zero), "workgroup", raw)
+                return
+            lay, dims, lead, origin = self._window(dst_v, coords_v)
+            self._into(dst_v, self.gload(gl, lay, dims, lead, origin, "wave", fill))
+            return
+        region = self.env[src_v]                              # shared -> register
+        origin = [self.val(x) for x in coords_v]
+        self._into(dst_v, self.lds_load(region, self.layout(dst_v), origin, "wave"))
 
     def op_store(self, op):
         dst_v, src_v, coords_v = op.dst, op.srcs[0], op.srcs[1:]
         if isinstance(dst_v.type, T.GlobalType):
             gl = self.val(dst_v)
-            if isinstance(src_v.type, T.SharedTileType):
-                region, st = self.env[src_v], src_v.type
+            if isinstance(src_v.type, T.SharedTileType):      # shared -> global, cooperative
+                region = self.env[src_v]
+                lay = self._wg_layout(region.tile)
+                zero = self.const(0)
+                raw = self.lds_load(region, lay, (zero, zero), "workgroup")
                 c = [self.val(x) for x in coords_v]
-                lr, lc = self._wg_coords(st)
-                raw = self.b.reg(st.dtype, lr.type.nslots)
-                self.emit("lds_load", raw, (self.lds_addr(region, st, lr, lc),), region=region)
-                off, mask = self.gl_access(gl, c[:-2], self.bin("add", lr, c[-2]),
-                                           self.bin("add", lc, c[-1]))
-                self.emit("gstore", None, (gl, off, mask, raw), runs=self._last_runs)
+                self.gstore(gl, lay, (0, 1), c[:-2], c[-2:], "workgroup", raw)
                 return
-            lead, rows, cols = self._window(src_v, coords_v, dst_v)
-            off, mask = self.gl_access(gl, lead, rows, cols)
-            val = self.cvt(self.val(src_v), dst_v.type.dtype)
-            self.emit("gstore", None, (gl, off, mask, val), runs=self._last_runs)
+            lay, dims, lead, origin = self._window(src_v, coords_v)
+            self.gstore(gl, lay, dims, lead, origin, "wave", self.val(src_v))
             return
-        region, st = self.env[dst_v], dst_v.type
-        r0, c0 = (self.val(x) for x in coords_v)
-        rows, cols = self.coords(self.layout(src_v), (r0, c0))
-        addr = self.lds_addr(region, st, rows, cols)
-        self.emit("lds_store", None, (addr, self.cvt(self.val(src_v), st.dtype)), region=region)
+        region = self.env[dst_v]                              # register -> shared
+        origin = [self.val(x) for x in coords_v]
+        self.lds_store(region, self.layout(src_v), origin, "wave", self.val(src_v))
 
     # -- control ------------------------------------------------------------------------
     def op_for(self, op):
@@ -409,25 +370,6 @@ class _Lowering:
 
     def op_waitcnt(self, op):
         self.emit("waitcnt", **op.attrs)
-
-
-def runs(lay, dim: int, mem_dtype) -> tuple[tuple[int, int], ...]:
-    """Groups of consecutive slots whose elements are adjacent along `dim` (the tensor's
-    contiguous last dim), at most 16 bytes of `mem_dtype` each, as (first slot, count):
-    the renderer turns each group into one vector access."""
-    cap = max(1, L.VEC_BYTES // mem_dtype.bytes)
-    out, i, n = [], 0, lay.nslots
-    while i < n:
-        j = i + 1
-        while j < n and j - i < cap:
-            a, b = lay.slots[j - 1], lay.slots[j]
-            if b[dim] != a[dim] + 1 or b[1 - dim] != a[1 - dim]:
-                break
-            j += 1
-        size = 1 << ((j - i).bit_length() - 1)          # power-of-two vector widths
-        out.append((i, size))
-        i += size
-    return tuple(out)
 
 
 def lower(k: KernelIR, target) -> LaneProgram:
