@@ -170,17 +170,22 @@ def mma_k(x: pk.gl[pk.bf16, 2]):
     pk.mma_AB(d, a, b)  # MARK-mma
 
 
-def test_mma_not_supported_yet():
-    """Matrix-instruction tiles and mma lower per target backend: CDNA's MFMA layouts are
-    in; Hopper's warpgroup-wide wgmma fragments are not yet, and lowering says so at the
-    first op that needs them."""
+def test_mma_runs_everywhere_and_sizes_are_checked_per_target():
+    """mma lowers on every target (MFMA on CDNA, mma.sync on Hopper); an instruction size a
+    target lacks is reported at the tile's line."""
     x = x8().astype(ml_dtypes.bfloat16)
-    with pytest.raises(pk.NotSupportedYet, match="not supported yet on sm_90a") as e:
-        pk.emulate(mma_k, x, grid=1, target="sm_90a")
-    msg = str(e.value)
-    assert any(f"{HERE}:{line_of(HERE, m)}" in msg for m in ("# MARK-acc", "# MARK-mma")), msg
-    for target in ("gfx942", "gfx950"):
+    for target in ("gfx942", "gfx950", "sm_90a"):
         pk.emulate(mma_k, x, grid=1, target=target)
+
+    @pk.kernel
+    def wide(x: pk.gl[pk.bf16, 2]):
+        d = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", mma=32))  # MARK-wide
+        pk.store(x, d.cast(pk.bf16))
+
+    with pytest.raises(pk.NotSupportedYet, match="sm_90a has no matrix instruction with "
+                                                 "M=32") as e:
+        pk.emulate(wide, np.zeros((32, 32), ml_dtypes.bfloat16), grid=1, target="sm_90a")
+    assert_names_line(e.value, HERE, "# MARK-wide")
 
 
 # ---- shared memory: unwritten reads, races, barriers, bounds ---------------------------------

@@ -19,15 +19,16 @@ FP8 = {"gfx942": pk.e4m3fnuz, "gfx950": pk.e4m3}
 
 @pk.kernel(num_waves=4)
 def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
-         DT: pk.const = None, BK: pk.const = 32, MMA: pk.const = 32):
+         DT: pk.const = None, BK: pk.const = 32, MMA: pk.const = 0):
     # A 64x64 block per workgroup, one 32x32 quadrant per wave; K stepped in a real loop.
     wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
     m0 = pk.program_id(0) * 64 + wm * 32
     n0 = pk.program_id(1) * 64 + wn * 32
-    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", mma=MMA))
+    mma = MMA or None                      # 0: the target's choice
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", mma=mma))
     for k in pk.range((a.shape[1] + BK - 1) // BK):
-        ta = pk.load(pk.rt((32, BK), DT, role="a", mma=MMA), a, (m0, k * BK))
-        tb = pk.load(pk.rt((BK, 32), DT, role="b", layout="col", mma=MMA), b, (k * BK, n0))
+        ta = pk.load(pk.rt((32, BK), DT, role="a", mma=mma), a, (m0, k * BK))
+        tb = pk.load(pk.rt((BK, 32), DT, role="b", layout="col", mma=mma), b, (k * BK, n0))
         pk.mma_AB(acc, ta, tb)
     pk.store(c, acc, (m0, n0))
 
@@ -145,11 +146,23 @@ def test_mma_argument_errors():
         tb = pk.zeros(pk.rt((16, 32), pk.bf16, role="b", layout="col"))
         pk.mma_AB(acc, ta, tb)
 
-    with pytest.raises(pk.KernelError, match="same mma="):
-        mixed.specialize()
+    from pykittens.lower import lower
+    with pytest.raises(pk.KernelError, match="different matrix-instruction sizes on gfx942"):
+        lower(mixed.specialize(), "gfx942")
 
 
-def test_mma_on_hopper_is_not_supported_yet(rng):
-    a, b, _ = _operands(rng, 64, 64, 64, pk.bf16)
-    with pytest.raises(pk.NotSupportedYet, match="not supported yet on sm_90a"):
-        pk.emulate(gemm, a, b, np.zeros((64, 64), np.float32), grid=(1, 1), target="sm_90a")
+@pytest.mark.parametrize("dt", ["bf16", "f16", "e4m3"])
+def test_gemm_on_hopper_uses_mma_sync(dt, rng):
+    dtype = pk.ir.types.dtype_of(dt)
+    a, b, ref = _operands(rng, 100, 70, 96, dtype)
+    out = pk.emulate(gemm, a, b, np.zeros((100, 70), np.float32), grid=(2, 2),
+                     target="sm_90a")["c"]
+    assert rel_err(out, ref) < 1e-5
+    ir = compiler.llvm_ir(gemm, "sm_90a", DT=dt)
+    mod = llvm.parse_assembly(ir)
+    mod.verify()
+    tm = llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine(
+        cpu="sm_90a", features="+ptx84")
+    ptx = tm.emit_assembly(mod)
+    k = 32 if dt == "e4m3" else 16
+    assert f"mma.sync.aligned.m16n8k{k}.row.col.f32.{dt}.{dt}.f32" in ptx

@@ -276,7 +276,7 @@ class AMDGPURenderer(Renderer):
             return self.op(f"bitcast {v} to i64", "i64", 0)
         return v
 
-    def r_mfma(self, op):
+    def r_mma(self, op):
         if getattr(op.srcs[2].type, "pin", None) is not None and op.srcs[2] is op.dst:
             return self._mfma_pinned(op)
         ins = op.attrs["instr"]

@@ -104,6 +104,36 @@ class NVPTXRenderer(Renderer):
         self.ins(f"br label %{skip}")
         self.start_block(skip)
 
+    def r_mma(self, op):
+        """One warp-level mma.sync (inline PTX: LLVM's NVVM intrinsics do not cover every
+        type); operands are passed as the 32-bit registers the fragments occupy."""
+        ins = op.attrs["instr"]
+        a, b, c = (self.read(s) for s in op.srcs)
+        words = []
+        for reg, slots in ((a, op.attrs["a_slots"]), (b, op.attrs["b_slots"])):
+            k = len(slots)
+            idx = ", ".join(f"i32 {i}" for i in slots)
+            sub = self.op(f"shufflevector {reg}, {reg.ty} poison, <{k} x i32> <{idx}>", reg.ety, k)
+            nw = k * op.srcs[0].type.dtype.bytes // 4
+            wv = self.op(f"bitcast {sub} to <{nw} x i32>", "i32", nw)
+            words.append([self.extract(wv, i) for i in range(nw)])
+        cs = op.attrs["c_slots"]
+        cvals = [self.extract(c, i) for i in cs]
+        na, nb, nc = len(words[0]), len(words[1]), len(cvals)
+        regs = lambda lo, n: "{" + ", ".join(f"${i}" for i in range(lo, lo + n)) + "}"  # noqa: E731
+        text = (f"{ins.name} {regs(0, nc)}, {regs(nc, na)}, {regs(nc + na, nb)}, "
+                f"{regs(nc + na + nb, nc)};")
+        cons = ",".join(["=f"] * nc + ["r"] * (na + nb) + [str(i) for i in range(nc)])
+        rty = "{" + ", ".join(["float"] * nc) + "}"
+        args = ", ".join(str(x) for x in words[0] + words[1] + cvals)
+        res = self.fresh()
+        self.ins(f'{res} = call {rty} asm sideeffect "{text}", "{cons}"({args})')
+        out = c
+        for i, slot in enumerate(cs):
+            e = self.op(f"extractvalue {rty} {res}, {i}", "float", 0)
+            out = self.op(f"insertelement {out}, {e}, i64 {slot}", "float", c.n)
+        self.write(op.dst, out)
+
     def r_barrier(self, op):
         # barrier.sync (not .aligned): waves may reach it from different code points, as the
         # ping-pong schedules do.

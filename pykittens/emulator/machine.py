@@ -208,7 +208,7 @@ class _Machine:
             v = V.binary(op.attrs["op"], v, v[lanes ^ (1 << b)], d)
         self.put(w, op.dst, v)
 
-    def x_mfma(self, w, op):
+    def x_mma(self, w, op):
         """D = A @ B + C for one matrix instruction, operands gathered from the listed slots
         through the instruction's documented lane layouts."""
         ins = op.attrs["instr"]

@@ -22,8 +22,9 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
        mma: int | None = None) -> T.RegTileType:
     """Register tile type: (rows, cols), element type, 'row'/'col' lane layout and an optional
     matrix role ('a', 'b', 'acc') whose lanes follow the matrix instruction's operand layout.
-    `mma=16|32` picks the instruction family (M = N) of a role tile; by default 32 when the
-    tile's M/N dims allow it. `pin="a0"` places the tile on explicit registers (CDNA)."""
+    `mma=16|32` picks the instruction family (its M) of a role tile; by default the target
+    picks (CDNA: 32 when the tile's M/N dims allow it, else 16; Hopper: 16).
+    `pin="a0"` places the tile on explicit registers (CDNA)."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != 2 or not all(_pow2(s) for s in shape):
         raise error(f"register tile shape {shape} must be two powers of two (rows, cols); "
@@ -36,16 +37,12 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
         if not (isinstance(pin, str) and pin[:1] in ("v", "a") and pin[1:].isdigit()):
             raise error(f"pin={pin!r}: write the first register as 'v<N>' or 'a<N>', e.g. 'a0'")
         pin = (pin[0], int(pin[1:]))
-    if mma is not None:
-        if role is None or mma not in (16, 32):
-            raise error("mma=16 or mma=32 applies to tiles with a role ('a', 'b', 'acc')")
-    elif role is not None:
-        mn = _mn_dims(shape, layout, role)
-        mma = 32 if all(d % 32 == 0 for d in mn) else 16
+    if mma is not None and (role is None or mma not in (16, 32)):
+        raise error("mma=16 or mma=32 applies to tiles with a role ('a', 'b', 'acc')")
     if role == "acc" and layout != "row":
         raise error("accumulator tiles use the row layout (the matrix unit's output layout)")
-    if role is not None and any(d % mma for d in _mn_dims(shape, layout, role)):
-        raise error(f"a {role!r} tile of shape {shape} cannot be built from {mma}x{mma} "
+    if role is not None and any(d % (mma or 16) for d in _mn_dims(shape, layout, role)):
+        raise error(f"a {role!r} tile of shape {shape} cannot be built from {mma or 16}-wide "
                     "matrix-instruction tiles; make its M/N dims multiples of 16")
     return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma)
 
@@ -437,7 +434,7 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None):
         if x.type.role != role or x.type.layout != want[role]:
             raise error(f"{name}: operand {role} must be pk.rt({x.shape}, {x.dtype}, "
                         f"role={role!r}, layout={want[role]!r}); got {x.type}")
-    if len({d.type.mma, a.type.mma, b.type.mma}) != 1:
+    if len({d.type.mma, a.type.mma, b.type.mma} - {None}) > 1:
         raise error(f"{name}: d, a and b use different matrix-instruction sizes "
                     f"({d.type.mma}, {a.type.mma}, {b.type.mma}); give them the same mma=")
     c = d if c is None else c

@@ -19,8 +19,9 @@ Op kinds (attrs in brackets):
   lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
                                      shared tile (region.byte_offset gives the swizzle)
   scope 'wave': lane = lane id; 'workgroup': lane = wave id * wave size + lane id
-  mfma(a, b, c)[instr, a_slots, b_slots, c_slots]   one CDNA matrix instruction: the
-                                     listed slots of a, b and c are its operand registers
+  mma(a, b, c)[instr, a_slots, b_slots, c_slots]    one matrix instruction (CDNA MFMA,
+                                     Hopper mma.sync): the listed slots of a, b and c are its
+                                     operand registers
   for(start, stop)[step]{body}  if(c){then}{else}  barrier  setprio[level]
   sched_barrier[mask]  sched_group[mask, size, sync_id]  waitcnt[vmcnt, lgkmcnt]
 """

@@ -24,17 +24,27 @@ def tiled(base: LaneLayout, shape) -> LaneLayout:
     return LaneLayout(tuple(shape), base.lane_bits, slots)
 
 
+def family(t: RegTileType, target) -> int:
+    """The matrix-instruction M of a role tile: its mma= or the target's choice (the widest
+    instruction whose M divides the tile's M/N dims)."""
+    if t.mma is not None:
+        return t.mma
+    dims = t.shape if t.role == "acc" else ((t.shape[0],) if t.layout == "row" else (t.shape[1],))
+    for m in sorted({ins.m for ins in target.mma}, reverse=True):
+        if all(d % m == 0 for d in dims):
+            return m
+    return min(ins.m for ins in target.mma)
+
+
 def mma_instr(t: RegTileType, target, ab_dtype=None):
     """The matrix instruction whose operand layouts a role tile follows."""
     d = ab_dtype or t.dtype
+    m = family(t, target)
     for ins in target.mma:
-        if ins.m == t.mma and not ins.scaled and (t.role == "acc" or ins.ab_dtype == d.name):
+        if ins.m == m and not ins.scaled and (t.role == "acc" or ins.ab_dtype == d.name):
             return ins
-    if target.family != "cdna":
-        raise NotSupportedYet(f"matrix tiles (role {t.role!r}) are not supported yet on "
-                              f"{target.name}")
-    raise NotSupportedYet(f"{target.name} has no {t.mma}x{t.mma} matrix instruction for "
-                          f"{d} operands")
+    raise NotSupportedYet(f"{target.name} has no matrix instruction with M={m} for {d} "
+                          "operands")
 
 
 def role_base(t: RegTileType, target) -> LaneLayout:

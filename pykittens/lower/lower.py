@@ -224,10 +224,12 @@ class _Lowering:
 
     def op_mma(self, op):
         """One matrix instruction per (i, j, k) triple of base tiles, k innermost."""
-        if self.t.family != "cdna":
-            raise self.err(f"mma is not supported yet on {self.t.name}: its lowering to "
-                           "wgmma arrives with the Hopper backend", NotSupportedYet)
         a_v, b_v, c_v = op.srcs
+        fams = {v: L.family(v.type, self.t) for v in (a_v, b_v, op.dst)}
+        if len(set(fams.values())) > 1:
+            raise self.err(f"mma: d, a and b resolve to different matrix-instruction sizes on "
+                           f"{self.t.name} ({fams[op.dst]}, {fams[a_v]}, {fams[b_v]}); give "
+                           "the tiles the same mma=")
         for v in (a_v, b_v, c_v, op.dst):
             self.layout(v)
         try:
@@ -250,7 +252,7 @@ class _Lowering:
                 for kk in range(k // ins.k):
                     ai, aj = (i, kk) if trans[0] == "N" else (kk, i)
                     bi, bj = (kk, j) if trans[1] == "N" else (j, kk)
-                    self.emit("mfma", d, (a, b, d), instr=ins,
+                    self.emit("mma", d, (a, b, d), instr=ins,
                               a_slots=self._base_slots(a_v, ai, aj),
                               b_slots=self._base_slots(b_v, bi, bj), c_slots=cs)
 

@@ -4,10 +4,46 @@ Sources: NVIDIA H100 Tensor Core GPU Architecture white paper (132 SMs on SXM5, 
 memory per SM, 227 KiB per block, 64K 32-bit registers per SM, at most 255 per thread);
 CUDA C Programming Guide, compute capability 9.0 table (64 resident warps per SM, 32 per
 block); H200 data sheet (4.8 TB/s HBM3e). L2: PyTorch's device properties on an H200 read
-60 MB (two partitions). PTX ISA 8.x "wgmma.mma_async" for the m64nNk16 / k32 shapes, whose
-register fragments are per warpgroup (4 warps) and so are described with the Hopper backend.
+60 MB (two partitions).
+
+Matrix instructions: the warp-level `mma.sync.aligned.m16n8k16` (bf16/f16) and `m16n8k32`
+(e4m3/e5m2) with the register fragments of PTX ISA 8.x section "Matrix Fragments for
+mma.m16n8k16 / m16n8k32" (groupID = lane >> 2, threadID_in_group = lane % 4). The
+warpgroup-wide wgmma.mma_async shapes (m64nNk16) are not in this table yet.
 """
-from .base import Target
+from .base import MMAInstr, Target, linear
+
+# Lane bits 0-1 are threadID_in_group, bits 2-4 groupID (rows of A and C, columns of B).
+_TG = lambda stride: [(1, stride), (1, 2 * stride)]            # noqa: E731  (cols)
+_GROUP_ROWS = [(0, 1), (0, 2), (0, 4)]
+_GROUP_COLS = [(1, 1), (1, 2), (1, 4)]
+
+
+def _a(k):
+    """A (16 x k): registers a0..a3 hold row g / g + 8 (a0, a1 / a2, a3 alternate) at columns
+    t * per_reg + e, the second pair k/2 further; slots follow the register order."""
+    per_reg = 2 if k == 16 else 4           # elements per 32-bit register (2 bf16, 4 fp8)
+    slots = []
+    for reg in range(4):
+        for e in range(per_reg):
+            slots.append((8 * (reg & 1), e + (k // 2) * (reg >> 1)))
+    return linear((16, k), [(1, per_reg), (1, 2 * per_reg)] + _GROUP_ROWS, slots)
+
+
+def _b(k):
+    """B (k x 8): thread holds column g, rows t*per_reg + e (+ k/2 for the second register)."""
+    per_reg = 2 if k == 16 else 4
+    slots = [(e + (k // 2) * reg, 0) for reg in range(2) for e in range(per_reg)]
+    return linear((k, 8), [(0, per_reg), (0, 2 * per_reg)] + _GROUP_COLS, slots)
+
+
+_C = linear((16, 8), _TG(2) + _GROUP_ROWS, [(0, 0), (0, 1), (8, 0), (8, 1)])
+
+
+def _mma(ab, k, ptx):
+    return MMAInstr(f"mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx}.{ptx}.f32", 16, 8, k, ab,
+                    "f32", _a(k), _b(k), _C)
+
 
 TARGET = Target(
     name="sm_90a", family="hopper", chips=("H100", "H200"), triple="nvptx64-nvidia-cuda",
@@ -19,5 +55,7 @@ TARGET = Target(
     cache_line_bytes=128, hbm_bytes_per_s=4.8e12,
     dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "i8", "i32"}),
     fp8_flavor="ocp",
+    mma=(_mma("bf16", 16, "bf16"), _mma("f16", 16, "f16"),
+         _mma("e4m3", 32, "e4m3"), _mma("e5m2", 32, "e5m2")),
     dispatch_round_robin=False,
 )

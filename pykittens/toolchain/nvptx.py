@@ -24,11 +24,10 @@ from .. import targets as _targets
 from . import cache
 from .isolate import ToolchainError, run_isolated
 
-# PTX ISA 8.0 (CUDA 12.0) is the first that accepts `.target sm_90a`, so it is the oldest
-# ISA LLVM may emit for Hopper's arch-specific features, and every CUDA 12+ driver can JIT it
-# (PTX ISA guide, "Release notes": PTX 8.0 adds sm_90a and wgmma). LLVM 22 refuses sm_90a
-# without an explicit ptx feature at least this new.
-PTX_FEATURES = "+ptx80"
+# PTX ISA 8.0 (CUDA 12.0) is the first that accepts `.target sm_90a` (and wgmma); 8.4
+# (CUDA 12.4) adds mma.sync on fp8 (e4m3/e5m2) operands, which the fp8 matrix tiles use.
+# LLVM 22 refuses sm_90a without an explicit ptx feature; CUDA 12.4+ drivers JIT 8.4.
+PTX_FEATURES = "+ptx84"
 
 # Functions the CUDA toolchain itself resolves; any other `.extern .func` is a bug in the IR.
 _BUILTIN_EXTERNS = frozenset({"vprintf", "__assertfail", "malloc", "free"})
