@@ -19,11 +19,13 @@ from pykittens.kernels import KERNELS
 from pykittens.kernels.spec import rel_err
 
 DEV = "cuda"
-TORCH_DT = {"f32": torch.float32, "bf16": torch.bfloat16}
+TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def torch_reference(name, t):
     """float64 reference computed on the GPU."""
+    if name == "gemm":
+        return t["a"].double() @ t["b"].double()
     x = t["x"].double()
     if name == "scaled_add":
         return t["alpha"] * x + t["y"].double()
@@ -36,21 +38,23 @@ def torch_reference(name, t):
     raise KeyError(name)
 
 
-def to_torch(inputs, dtype):
+def to_torch(inputs):
+    """numpy inputs -> CUDA tensors of the same element types."""
     out = {}
     for k, v in inputs.items():
         if isinstance(v, np.ndarray):
-            out[k] = torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[dtype])
+            out[k] = torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[v.dtype.name])
         else:
             out[k] = v
     return out
 
 
 def run_gpu(spec, t, grid, consts):
-    t["out"].fill_(float("nan"))                       # poison: unwritten elements show
+    out = t[spec.outputs[0]]
+    out.fill_(float("nan"))                            # poison: unwritten elements show
     pk.launch(spec.kernel, grid=grid, **t, **consts)
     torch.cuda.synchronize()
-    return t["out"]
+    return out
 
 
 def correctness(rows, details):
@@ -60,7 +64,7 @@ def correctness(rows, details):
             for shape in spec.gpu_shapes:
                 inputs = spec.make_inputs(shape, pk.ir.types.dtype_of(dt), rng)
                 grid, consts = spec.launch(inputs, "sm_90a")
-                t = to_torch(inputs, dt)
+                t = to_torch(inputs)
                 got = run_gpu(spec, t, grid, consts)
                 ref = torch_reference(spec.name, t)
                 err = float((got.double() - ref).norm() / ref.norm())
@@ -81,8 +85,8 @@ def emulator_agreement(rows, details):
                 inputs = spec.make_inputs(shape, pk.ir.types.dtype_of(dt), rng)
                 grid, consts = spec.launch(inputs, "sm_90a")
                 emu = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs,
-                                 **consts)["out"].astype(np.float64)
-                t = to_torch(inputs, dt)
+                                 **consts)[spec.outputs[0]].astype(np.float64)
+                t = to_torch(inputs)
                 hw = run_gpu(spec, t, grid, consts).double().cpu().numpy()
                 diff = float(np.max(np.abs(hw - emu)))
                 rel = rel_err(hw, emu)
@@ -191,6 +195,25 @@ def performance(rows, details):
     details.append({"check": "layernorm_bandwidth", **results})
 
 
+def gemm_performance(rows, details):
+    """The library GEMM (shared-memory staging, warp-level mma.sync) against cuBLAS."""
+    n = 4096
+    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=DEV, dtype=torch.float32)
+    spec = KERNELS["gemm"]
+    grid, consts = spec.launch({"a": np.empty((n, n)), "b": np.empty((n, n))}, "sm_90a")
+    flops = 2 * n ** 3
+    res = {}
+    for name, fn in {"pykittens gemm": lambda: pk.launch(spec.kernel, a, b, c, grid=grid,
+                                                         **consts),
+                     "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b)}.items():
+        s = graph_time(fn, reps=5)
+        res[name] = {"seconds": s, "tflops": flops / s / 1e12}
+        rows.append(["perf", name, "bf16", f"{n}^3", f"{flops / s / 1e12:.0f} TFLOP/s", ""])
+    details.append({"check": "gemm_throughput", **res})
+
+
 def main() -> int:
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
@@ -202,7 +225,7 @@ def main() -> int:
     except ImportError:
         pass
     rows, details = [], []
-    for step in (correctness, emulator_agreement, performance):
+    for step in (correctness, emulator_agreement, performance, gemm_performance):
         try:
             step(rows, details)
         except Exception as e:  # noqa: BLE001 - report and continue with the next step

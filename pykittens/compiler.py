@@ -60,7 +60,11 @@ def report(kernel, target, **consts) -> dict:
         from .analysis import hsaco
         return hsaco.report(obj, t.name, num_waves=k.num_waves)
     from .analysis import cubin
-    return cubin.report(obj)
+    rep = cubin.report(obj)
+    # Shared tiles live in dynamic shared memory, sized at launch: count them too.
+    rep["dynamic_smem_bytes"] = lane_ir(kernel, t, **consts).lds_bytes
+    rep["smem_bytes"] = (rep.get("smem_bytes") or 0) + rep["dynamic_smem_bytes"]
+    return rep
 
 
 def emit(kernel, target, stage: str, **consts) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .gemm import gemm
 from .layernorm import layernorm
 from .scaled_add import scaled_add
 from .softmax import softmax
@@ -90,6 +91,23 @@ def _ln_ref(i):
     return {"out": (x - mu) / np.sqrt(var + i["eps"]) * _f64(i["w"]) + _f64(i["b"])}
 
 
+# ---- gemm (shape = M, N, K) --------------------------------------------------------------------
+
+def _gemm_inputs(shape, dtype, rng):
+    m, n, k = shape
+    return {"a": _rand((m, k), dtype, rng), "b": _rand((k, n), dtype, rng),
+            "c": np.zeros((m, n), np.float32)}
+
+
+def _gemm_ref(i):
+    return {"c": _f64(i["a"]) @ _f64(i["b"])}
+
+
+def _gemm_launch(i, target):
+    (m, _), (_, n) = i["a"].shape, i["b"].shape
+    return (max(1, -(-m // 64)), max(1, -(-n // 64))), {}
+
+
 _SMALL = ((16, 64), (37, 100), (5, 300), (64, 256))
 _LN_SMALL = _SMALL + ((9, 2000),)            # rows past one resident chunk
 
@@ -101,6 +119,12 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _ln_launch, ("out",),
                shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
                compile_consts={"DT": "bf16", "RESIDENT": 1}),
+    KernelSpec("gemm", gemm, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
+               shapes=((64, 64, 64), (100, 70, 96), (128, 64, 160)),
+               gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16"),
+               compile_consts={"DT": "bf16", "OUT": "f32"},
+               tol={"bf16": 1e-5, "f16": 1e-5}),    # exact products, f32 sums
 )}
 
-__all__ = ["KERNELS", "KernelSpec", "check", "rel_err", "layernorm", "scaled_add", "softmax"]
+__all__ = ["KERNELS", "KernelSpec", "check", "rel_err", "gemm", "layernorm", "scaled_add",
+           "softmax"]

@@ -22,10 +22,13 @@ class KernelSpec:
     gpu_shapes: tuple = ()                       # real shapes for a GPU check
     dtypes: tuple[str, ...] = ("f32", "bf16")
     compile_consts: dict = field(default_factory=dict)   # consts for `pykittens compile`
+    tol: dict = field(default_factory=dict)   # per-dtype overrides of the default tolerance
 
     def tolerance(self, dtype) -> float:
-        """Relative Frobenius error allowed for results in `dtype` (DESIGN.md, Testing)."""
-        return {"f32": 1e-5}.get(T.dtype_of(dtype).name, 1e-2)
+        """Relative Frobenius error allowed for results computed from `dtype` inputs
+        (DESIGN.md, Testing): f32 ~1e-5, 16-bit ~1e-2, unless the kernel says otherwise."""
+        name = T.dtype_of(dtype).name
+        return self.tol.get(name, {"f32": 1e-5}.get(name, 1e-2))
 
 
 def rel_err(out, ref) -> float:

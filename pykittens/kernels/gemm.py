@@ -1,0 +1,24 @@
+"""C = A @ B with bf16/f16/fp8 operands and f32 accumulation: each workgroup stages a BM x BK
+block of A and a BK x BN block of B in shared memory, and each of its 2 x 2 waves multiplies
+its quadrant with the target's matrix instructions (MFMA on CDNA, mma.sync on Hopper)."""
+import pykittens as pk
+
+
+@pk.kernel(num_waves=4)
+def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
+         DT: pk.const = None, OUT: pk.const = None,
+         BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32):
+    sa = pk.empty(pk.st((BM, BK), DT))
+    sb = pk.empty(pk.st((BK, BN), DT))
+    wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
+    m0, n0 = pk.program_id(0) * BM, pk.program_id(1) * BN
+    acc = pk.zeros(pk.rt((BM // 2, BN // 2), pk.f32, role="acc"))
+    for k in pk.range((a.shape[1] + BK - 1) // BK):
+        pk.load(sa, a, (m0, k * BK))                     # ragged edges read as zero
+        pk.load(sb, b, (k * BK, n0))
+        pk.barrier()
+        ta = pk.load(pk.rt((BM // 2, BK), DT, role="a"), sa, (wm * (BM // 2), 0))
+        tb = pk.load(pk.rt((BK, BN // 2), DT, "col", role="b"), sb, (0, wn * (BN // 2)))
+        pk.barrier()                                     # the next stage may overwrite
+        pk.mma_AB(acc, ta, tb)
+    pk.store(c, acc, (m0 + wm * (BM // 2), n0 + wn * (BN // 2)))
