@@ -1,5 +1,5 @@
 """What a code object says about its kernels: resources from the metadata note, occupancy,
-and the instruction mix of the innermost loop from the disassembly.
+and the instruction mix of the main loop from the disassembly's control-flow graph.
 
 The metadata is the msgpack map in the AMDGPU note (AMDGPUUsage, "Code Object V3+
 Metadata"): `amdhsa.version`, `amdhsa.target` and one `amdhsa.kernels` entry per kernel with
@@ -130,14 +130,127 @@ def is_branch(mnemonic: str) -> bool:
     return mnemonic == "s_branch" or mnemonic.startswith("s_cbranch_")
 
 
-def loops(insts: list[tuple[str, str]], labels: dict[str, int]) -> list[tuple[int, int]]:
-    """(first, last) instruction index of every loop: a branch back to a label at or above
-    it. Sorted innermost (shortest) first."""
-    found = []
-    for i, (op, arg) in enumerate(insts):
-        if is_branch(op) and arg in labels and labels[arg] <= i:
-            found.append((labels[arg], i))
-    return sorted(found, key=lambda r: (r[1] - r[0], r[0]))
+def ends_flow(mnemonic: str) -> bool:
+    """Control does not fall through: s_branch, s_endpgm*, s_setpc_b64 (return or indirect
+    jump, target unknown). s_swappc_b64 is a call and returns."""
+    return mnemonic in ("s_branch", "s_setpc_b64") or mnemonic.startswith("s_endpgm")
+
+
+def basic_blocks(insts: list[tuple[str, str]], labels: dict[str, int]
+                 ) -> tuple[list[range], list[list[int]]]:
+    """(blocks, successors): blocks are instruction-index ranges, split at labels and after
+    branches and ends; block 0 is the entry. Edges: s_branch -> its label; s_cbranch_* -> its
+    label and the next block; s_endpgm*/s_setpc_b64 -> none; anything else -> the next block.
+    A branch whose operand is not a label of this function (none that LLVM emits) has only
+    its fall-through edge."""
+    n = len(insts)
+    leaders = {0} | {i for i in labels.values() if i < n}
+    leaders |= {i + 1 for i, (op, _) in enumerate(insts)
+                if (is_branch(op) or ends_flow(op)) and i + 1 < n}
+    starts = sorted(leaders)
+    blocks = [range(s, e) for s, e in zip(starts, starts[1:] + [n])]
+    block_at = {s: b for b, s in enumerate(starts)}
+    succs = []
+    for b, blk in enumerate(blocks):
+        op, arg = insts[blk[-1]]
+        out = []
+        if is_branch(op) and labels.get(arg, n) < n:
+            out.append(block_at[labels[arg]])
+        if not ends_flow(op) and b + 1 < len(blocks):
+            out.append(b + 1)
+        succs.append(sorted(set(out)))
+    return blocks, succs
+
+
+def dominators(succs: list[list[int]]) -> dict[int, set[int]]:
+    """{block: the blocks that dominate it} for every block reachable from block 0."""
+    order, seen = [], {0}
+    stack = [(0, iter(succs[0]))] if succs else []
+    while stack:                                  # iterative DFS for a reverse postorder
+        b, it = stack[-1]
+        nxt = next((s for s in it if s not in seen), None)
+        if nxt is None:
+            order.append(b)
+            stack.pop()
+        else:
+            seen.add(nxt)
+            stack.append((nxt, iter(succs[nxt])))
+    rpo = order[::-1]
+    preds = {b: [p for p in rpo if b in succs[p]] for b in rpo}
+    dom = {b: set(rpo) for b in rpo}
+    if rpo:
+        dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for b in rpo[1:]:
+            new = {b} | set.intersection(*(dom[p] for p in preds[b]))
+            if new != dom[b]:
+                dom[b], changed = new, True
+    return dom
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A natural loop: the blocks that reach a back edge (an edge to a block that dominates
+    its source) without passing its header; back edges to one header make one loop."""
+    header: int                 # index of the header's first instruction
+    body: tuple[int, ...]       # indices of the loop's instructions, in address order
+    innermost: bool             # no other loop is nested in it
+
+    def instructions(self, insts: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [insts[i] for i in self.body]
+
+    def mfma(self, insts: list[tuple[str, str]]) -> int:
+        return sum(classify(insts[i][0]) == "mfma" for i in self.body)
+
+
+def loops(insts: list[tuple[str, str]], labels: dict[str, int]) -> list[Loop]:
+    """Natural loops of one function's control-flow graph, by header address.
+
+    Layout does not matter: LLVM often places the latch block above the header (the entry
+    branches down to the header, the latch falls through into it) and shares one `s_endpgm`
+    block that later code branches back up to. A scan for backward branches takes the
+    second for a loop and measures the first by address range; back edges to dominators
+    get both right."""
+    blocks, succs = basic_blocks(insts, labels)
+    dom = dominators(succs)
+    preds: dict[int, list[int]] = {b: [] for b in dom}
+    for b in dom:
+        for s in succs[b]:
+            preds[s].append(b)
+    bodies: dict[int, set[int]] = {}
+    for u in dom:
+        for h in succs[u]:
+            if h in dom[u]:                       # back edge u -> h
+                body, work = bodies.setdefault(h, {h}), [u]
+                while work:
+                    x = work.pop()
+                    if x not in body:
+                        body.add(x)
+                        work.extend(preds[x])
+    return [Loop(header=blocks[h].start,
+                 body=tuple(sorted(i for b in body for i in blocks[b])),
+                 innermost=not any(o != h and o in body for o in bodies))
+            for h, body in sorted(bodies.items())]
+
+
+def main_loop(insts: list[tuple[str, str]], labels: dict[str, int],
+              found: list[Loop] | None = None) -> Loop | None:
+    """The loop a report describes: of the loops that issue MFMAs, one with no such loop
+    nested inside it, most MFMAs first (a loop without MFMAs inside the K loop, e.g. a
+    waterfall loop, does not hide it); without MFMAs, the innermost loop with the most
+    instructions. Ties go to the larger, then the earlier loop. None when there is no loop."""
+    found = loops(insts, labels) if found is None else found
+    mma = [lp for lp in found if lp.mfma(insts)]
+    if mma:
+        cands = [lp for lp in mma if not any(o is not lp and set(o.body) < set(lp.body)
+                                              for o in mma)]
+    else:
+        cands = [lp for lp in found if lp.innermost]
+    if not cands:
+        return None
+    return max(cands, key=lambda lp: (lp.mfma(insts), len(lp.body), -lp.header))
 
 
 INSTRUCTION_CLASSES = ("mfma", "vmem", "ds", "valu", "smem", "salu", "branch", "other")
@@ -176,9 +289,9 @@ def report(hsaco: bytes, target, *, num_waves: int | None = None,
     """Resource and schedule summary of one kernel, JSON-ready.
 
     `num_waves` is the workgroup size in waves (default: the code object's
-    max_flat_workgroup_size / wavefront size). Loop figures describe the innermost loop
-    (shortest backward-branch range); `loop_mfma` is 0 and `loop_instructions` empty when the
-    kernel has no loop.
+    max_flat_workgroup_size / wavefront size). `loops` counts the natural loops; `loop_mfma`
+    and `loop_instructions` describe the main loop (`main_loop`: the innermost loop with the
+    most MFMAs), and are 0 and empty when the kernel has no loop.
     """
     t = targets.get(target)
     k = kernel(hsaco, kernel_name)
@@ -188,7 +301,8 @@ def report(hsaco: bytes, target, *, num_waves: int | None = None,
                          waves_per_workgroup=num_waves)
     insts, labels = instructions(amdgpu.disassemble(hsaco, t.name), k.name)
     found = loops(insts, labels)
-    inner = instruction_mix(insts[found[0][0]:found[0][1] + 1]) if found else {}
+    main = main_loop(insts, labels, found)
+    inner = instruction_mix(main.instructions(insts)) if main else {}
     return {
         "kernel": k.name,
         "target": t.name,

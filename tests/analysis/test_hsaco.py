@@ -1,5 +1,7 @@
 """Reports on real code objects built from hand-written IR: registers, LDS, scratch,
-occupancy and the innermost loop's instruction mix."""
+occupancy and the main loop's instruction mix; loop finding on small disassembly texts."""
+import re
+
 import pytest
 
 from pykittens.analysis import hsaco, waves_per_simd
@@ -135,6 +137,28 @@ def test_lds_limits_occupancy(target, waves):
     assert r["occupancy_limited_by"] == "lds"
 
 
+def _text(*lines: str, name: str = "k") -> str:
+    """Disassembly text as amdgpu.disassemble writes it: labels flush left, instructions
+    tab-indented with a `// addr` comment."""
+    out, addr = [f"{name}:"], 0
+    for ln in lines:
+        if ln.endswith(":"):
+            assert re.fullmatch(r"\.L[0-9a-f]+:", ln), ln     # the disassembler's labels
+            out.append(ln)
+        else:
+            out.append(f"\t{ln:<60} // {addr:x}")
+            addr += 4
+    return "\n".join(out) + "\n"
+
+
+MFMA_I = "v_mfma_f32_32x32x8_bf16 a[0:15], v[4:5], v[6:7], a[0:15]"
+
+
+def _loops(asm: str):
+    insts, labels = hsaco.instructions(asm, "k")
+    return insts, labels, hsaco.loops(insts, labels)
+
+
 def test_loops_from_disassembly_text():
     asm = "\n".join([
         "k:",
@@ -156,13 +180,137 @@ def test_loops_from_disassembly_text():
     ])
     insts, labels = hsaco.instructions(asm, "k")
     assert len(insts) == 10 and labels == {".L4": 1, ".Lc": 2, ".L3c": 9}
+    blocks, succs = hsaco.basic_blocks(insts, labels)
+    assert blocks == [range(0, 1), range(1, 2), range(2, 5), range(5, 8), range(8, 9),
+                      range(9, 10)]
+    assert succs == [[1], [2], [2, 3], [1, 4], [5], []]   # s_branch: no fall-through
     found = hsaco.loops(insts, labels)
-    assert found == [(2, 4), (1, 7)]                  # innermost first; s_branch forward
-    assert hsaco.instruction_mix(insts[2:5]) == {
+    assert found == [hsaco.Loop(header=1, body=(1, 2, 3, 4, 5, 6, 7), innermost=False),
+                     hsaco.Loop(header=2, body=(2, 3, 4), innermost=True)]
+    assert hsaco.main_loop(insts, labels) == found[1]
+    assert hsaco.instruction_mix(found[1].instructions(insts)) == {
         "mfma": 1, "vmem": 0, "ds": 1, "valu": 0, "smem": 0, "salu": 0, "branch": 1,
         "other": 0, "total": 3}
     with pytest.raises(ValueError, match="no function 'missing'"):
         hsaco.instructions(asm, "missing")
+
+
+def test_latch_above_header_and_shared_exit_are_not_mistaken():
+    """The pinned GEMM's layout: the entry jumps down to the loop header, the latch block with
+    the MFMAs sits above the header and falls through into it; the epilogue branches back up
+    to a shared s_endpgm. A backward-branch scan finds two 'loops' and takes the epilogue's
+    (no MFMA) as innermost; the dominator tree finds the one real loop, MFMAs included."""
+    asm = _text(
+        "s_mov_b32 s0, 0",                               # 0  entry
+        "s_branch .L1b",                                 # 1  down to the header
+        ".L1a:",                                         #    latch
+        MFMA_I,                                          # 2
+        MFMA_I,                                          # 3
+        "s_cbranch_scc0 .L1d",                           # 4  exit, else fall into the header
+        ".L1b:",                                         #    header
+        "buffer_load_dword v0, v1, s[4:7], 0 offen",     # 5
+        "s_cbranch_execz .L1c",                          # 6
+        "v_mov_b32_e32 v200, v0",                        # 7
+        ".L1c:",
+        "s_cmp_lg_u32 s0, 0",                            # 8
+        "s_branch .L1a",                                 # 9  up to the latch
+        ".L1d:",                                         #    epilogue
+        "s_cbranch_execnz .L1f",                         # 10
+        ".L1e:",
+        "s_endpgm",                                      # 11 shared exit
+        ".L1f:",
+        "buffer_store_dword v0, v1, s[4:7], 0 offen",    # 12
+        "s_cbranch_execz .L1e",                          # 13 backward, but to the exit
+        "s_endpgm",                                      # 14
+        "s_nop 0",                                       # 15 unreachable padding
+    )
+    insts, labels, found = _loops(asm)
+    assert found == [hsaco.Loop(header=5, body=tuple(range(2, 10)), innermost=True)]
+    main = hsaco.main_loop(insts, labels)
+    assert main.header == 5 and main.mfma(insts) == 2
+
+
+def test_main_loop_is_the_mfma_loop_not_a_nested_waterfall():
+    """A K loop with an MFMA and, nested in it, a loop without MFMAs (e.g. a readfirstlane
+    waterfall): the K loop is the main loop, though it is not innermost."""
+    asm = _text(
+        ".La:",
+        "v_add_u32_e32 v0, 1, v0",               # 0
+        ".Lb:",
+        "v_readfirstlane_b32 s4, v0",            # 1
+        "s_cbranch_execnz .Lb",                  # 2
+        MFMA_I,                                  # 3
+        "s_cbranch_scc1 .La",                    # 4
+        "s_endpgm",                              # 5
+    )
+    insts, labels, found = _loops(asm)
+    assert [(lp.header, lp.innermost) for lp in found] == [(0, False), (1, True)]
+    assert hsaco.main_loop(insts, labels) == found[0]
+
+
+def test_main_loop_picks_the_most_mfma_then_the_largest():
+    asm = _text(
+        ".La:",
+        MFMA_I,                                  # 0: loop A, one MFMA
+        "s_cbranch_scc1 .La",                    # 1
+        ".Lb:",
+        MFMA_I,                                  # 2: loop B, two MFMAs
+        MFMA_I,                                  # 3
+        "s_cbranch_scc1 .Lb",                    # 4
+        ".Lc:",
+        "v_add_f32_e32 v0, v1, v2",              # 5: loop C, no MFMA, the largest
+        "v_add_f32_e32 v0, v1, v2",              # 6
+        "v_add_f32_e32 v0, v1, v2",              # 7
+        "s_cbranch_scc1 .Lc",                    # 8
+        "s_endpgm",                              # 9
+    )
+    insts, labels, found = _loops(asm)
+    assert [lp.header for lp in found] == [0, 2, 5] and all(lp.innermost for lp in found)
+    assert hsaco.main_loop(insts, labels).header == 2
+    no_mfma = asm.replace(MFMA_I, "v_mul_f32_e32 v0, v1, v2")
+    insts, labels, found = _loops(no_mfma)
+    assert hsaco.main_loop(insts, labels).header == 5       # the most instructions
+
+
+def test_flow_ends_and_unknown_targets():
+    asm = _text(
+        ".L0:",
+        "s_cbranch_scc1 65",                     # 0: not a label: fall-through only
+        "s_setpc_b64 s[30:31]",                  # 1: return: no successor
+        "s_branch .L0",                        # 2: unreachable: no loop
+        "s_endpgm",                              # 3
+    )
+    insts, labels, found = _loops(asm)
+    blocks, succs = hsaco.basic_blocks(insts, labels)
+    assert succs == [[1], [], [0], []]
+    assert found == [] and hsaco.main_loop(insts, labels) is None
+    assert hsaco.dominators(succs) == {0: {0}, 1: {0, 1}}     # reachable blocks only
+
+
+@pytest.mark.parametrize("target,mfma", [("gfx942", 4), ("gfx950", 2)])
+def test_report_of_the_pinned_gemm_counts_its_mfmas(target, mfma):
+    """A real kernel whose K loop is laid out latch-above-header (see above)."""
+    import pykittens as pk
+    from pykittens import compiler
+
+    @pk.kernel(num_waves=1)
+    def pinned_gemm(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+                    BK: pk.const = 32):
+        acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", pin="a0"))
+        ta = pk.empty(pk.rt((32, BK), pk.bf16, role="a", pin="v200"))
+        tb = pk.empty(pk.rt((BK, 32), pk.bf16, role="b", layout="col", pin="v216"))
+        for k in pk.range((a.shape[1] + BK - 1) // BK):
+            pk.load(ta, a, (0, k * BK))
+            pk.load(tb, b, (k * BK, 0))
+            pk.mma_AB(acc, ta, tb)
+        pk.store(c, acc, (0, 0))
+
+    obj = compiler.code_object(pinned_gemm, target)
+    r = hsaco.report(obj, target, num_waves=1)
+    insts, _ = hsaco.instructions(amdgpu.disassemble(obj, target), "pinned_gemm")
+    assert sum(hsaco.classify(op) == "mfma" for op, _ in insts) == mfma
+    assert r["loops"] == 1 and r["loop_mfma"] == mfma == r["loop_instructions"]["mfma"]
+    assert r["loop_instructions"]["total"] < r["instructions"]
 
 
 @pytest.mark.parametrize("mnemonic,cls", [

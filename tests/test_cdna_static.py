@@ -1,0 +1,223 @@
+"""CI's static checks on real CDNA code objects (compiler.code_object: AMD's LLVM, then ld.lld)
+for gfx942 and gfx950: no scratch or spills, MFMAs in the main loop, pinned registers in the
+ISA, ping-pong priorities and barriers in the loop, and clear errors before LLVM runs.
+
+Code objects come from the toolchain's disk cache after the first run."""
+import os
+import re
+
+import pytest
+
+import pykittens as pk
+from pykittens import compiler
+from pykittens.analysis import hsaco
+from pykittens.ir.nodes import walk
+from pykittens.kernels import KERNELS
+from pykittens.toolchain import amdgpu
+from conftest import ROOT, assert_names_line, line_of
+
+CDNA = ("gfx942", "gfx950")
+
+
+def build(kernel, target, **consts):
+    """(code object, report, instructions, main loop) of one kernel."""
+    obj = compiler.code_object(kernel, target, **consts)
+    rep = hsaco.report(obj, target, num_waves=compiler.tile_ir(kernel, **consts).num_waves)
+    insts, labels = hsaco.instructions(amdgpu.disassemble(obj, target), rep["kernel"])
+    return obj, rep, insts, hsaco.main_loop(insts, labels)
+
+
+def text(inst) -> str:
+    op, arg = inst
+    return f"{op} {arg}".strip()
+
+
+def uses_mma(kernel, **consts) -> bool:
+    return any(op.kind == "mma" for op in walk(compiler.tile_ir(kernel, **consts).body))
+
+
+# ---- the library ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_library_kernel_has_no_spills_and_mfma_in_its_main_loop(name, target):
+    spec = KERNELS[name]
+    obj, rep, insts, loop = build(spec.kernel, target, **spec.compile_consts)
+    assert hsaco.code_object_version(obj) == rep["code_object_version"] == 5
+    assert rep["scratch_bytes"] == 0
+    assert (rep["vgpr_spill"], rep["sgpr_spill"]) == (0, 0), rep
+    mma = uses_mma(spec.kernel, **spec.compile_consts)
+    assert mma or name != "gemm", "the library GEMM issues no mma"
+    if mma:
+        assert loop is not None and rep["loop_mfma"] == loop.mfma(insts) > 0, rep
+    else:
+        assert rep["agpr"] == 0, rep       # without MFMAs, AGPRs would be VGPR spill space
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_code_object_version_5_by_default(target):
+    assert hsaco.code_object_version(compiler.code_object(pinned_gemm, target)) == 5
+
+
+# ---- pinned registers -------------------------------------------------------------------------
+
+@pk.kernel(num_waves=1)
+def pinned_gemm(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+                BK: pk.const = 32):
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", pin="a0"))
+    ta = pk.empty(pk.rt((32, BK), pk.bf16, role="a", pin="v200"))
+    tb = pk.empty(pk.rt((BK, 32), pk.bf16, role="b", layout="col", pin="v216"))
+    for k in pk.range((a.shape[1] + BK - 1) // BK):
+        pk.load(ta, a, (0, k * BK))
+        pk.load(tb, b, (k * BK, 0))
+        pk.mma_AB(acc, ta, tb)
+    pk.store(c, acc, (0, 0))
+
+
+# MFMA per target, and the 32-bit registers one A (or B) operand of it takes: K/4 for bf16.
+PINNED_MFMA = {"gfx942": ("v_mfma_f32_32x32x8_bf16", 2), "gfx950": ("v_mfma_f32_32x32x16_bf16", 4)}
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_pinned_gemm_runs_its_mfmas_on_the_pinned_registers(target):
+    obj, rep, insts, loop = build(pinned_gemm, target)
+    name, d = PINNED_MFMA[target]
+    want = [f"{name} a[0:15], v[{200 + i * d}:{200 + i * d + d - 1}], "
+            f"v[{216 + i * d}:{216 + i * d + d - 1}], a[0:15]" for i in range(8 // d)]
+    body = loop.instructions(insts)
+    assert [text(i) for i in body if hsaco.classify(i[0]) == "mfma"] == want
+    assert sum(hsaco.classify(op) == "mfma" for op, _ in insts) == len(want)   # all in the loop
+    assert rep["loop_mfma"] == len(want)
+    # the accumulator never leaves a0..a15 inside the loop: 16 writes (zeros) before it,
+    # 16 reads (the store) after it
+    assert not [op for op, _ in body if op.startswith("v_accvgpr_")]
+    ops = [op for op, _ in insts]
+    assert ops.count("v_accvgpr_write_b32") == ops.count("v_accvgpr_read_b32") == 16
+    assert rep["agpr"] == 16
+    assert rep["vgpr"] == 224                          # v0..v223: the highest pin is v216..v223
+    assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0
+
+
+# ---- 8-wave ping-pong (the kernel of tests/test_schedule.py) -----------------------------------
+
+@pk.kernel(num_waves=8)
+def pingpong_gemm(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+                  BK: pk.const = 32):
+    # 8 waves in two groups of 4; each wave owns a 32x32 output tile of a 128x64 block.
+    w = pk.wave_id()
+    m0 = pk.program_id(0) * 128 + (w // 2) * 32
+    n0 = pk.program_id(1) * 64 + (w % 2) * 32
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc"))
+    ta = pk.empty(pk.rt((32, BK), pk.bf16, role="a"))
+    tb = pk.empty(pk.rt((BK, 32), pk.bf16, role="b", layout="col"))
+    with pk.pingpong() as pp:
+        for k in pk.range((a.shape[1] + BK - 1) // BK):
+            with pp.memory():
+                pk.load(ta, a, (m0, k * BK))
+                pk.load(tb, b, (k * BK, n0))
+            with pp.compute():
+                pk.mma_AB(acc, ta, tb)
+                pk.interleave([("mfma", 1), ("valu", 2)], repeat=2)
+    pk.store(c, acc, (m0, n0))
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_pingpong_has_priorities_and_barriers_in_the_main_loop(target):
+    obj, rep, insts, loop = build(pingpong_gemm, target)
+    body = [text(i) for i in loop.instructions(insts)]
+    assert body.count("s_barrier") == 2                # memory cluster, compute cluster
+    hi, lo = body.index("s_setprio 1"), body.index("s_setprio 0")
+    mfma = [i for i, t in enumerate(body) if hsaco.classify(t.split()[0]) == "mfma"]
+    assert mfma and hi < min(mfma) and max(mfma) < lo  # the MFMAs issue at raised priority
+    assert rep["loop_mfma"] == len(mfma)
+    inside = set(loop.body)
+    outside = [text(i) for j, i in enumerate(insts) if j not in inside]
+    assert outside.count("s_barrier") == 2             # group 1's offset, group 0's re-align
+    assert not [t for t in outside if t.startswith("s_setprio")]
+    assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0
+
+
+# ---- errors before LLVM -----------------------------------------------------------------------
+
+@pk.kernel(num_waves=1)
+def over_pinned(c: pk.gl[pk.f32, 2], WHICH: pk.const = "agpr"):
+    if WHICH == "agpr":
+        pk.empty(pk.rt((32, 32), pk.f32, role="acc", pin="a248"))               # pin: a248
+    elif WHICH == "vgpr":
+        pk.empty(pk.rt((32, 32), pk.bf16, role="a", pin="v250"))                # pin: v250
+    else:
+        pk.empty(pk.rt((32, 32), pk.bf16, role="a", pin="v200"))                # pin: v200
+        pk.empty(pk.rt((32, 32), pk.bf16, role="b", layout="col", pin="v204"))  # pin: v204
+
+
+@pk.kernel(num_waves=4)
+def lds_hog(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], TILES: pk.const = 2):
+    for _ in range(TILES):
+        s = pk.empty(pk.st((128, 128), pk.f32))                           # lds: 64 KiB each
+    pk.load(s, x, (0, 0))
+    pk.barrier()
+    pk.store(out, pk.load(pk.rt((4, 64), pk.f32), s, (4 * pk.wave_id(), 0)), (0, 0))
+
+
+@pytest.fixture
+def no_llvm(monkeypatch):
+    """Any compile or disassembly in the toolchain's child process fails the test."""
+    def llvm_ran(*a, **k):
+        raise AssertionError("LLVM ran; the error should have come before it")
+    monkeypatch.setattr(amdgpu, "run_isolated", llvm_ran)
+
+
+@pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("which,marker,message", [
+    ("agpr", "# pin: a248", "needs a248..a263 but {t} has only a0..a255"),
+    ("vgpr", "# pin: v250", "needs v250..v257 but {t} has only v0..v255"),
+    ("overlap", "# pin: v204", "(v204..v211) overlaps the tile pinned at line {line} "
+                               "(v200..v207)"),
+])
+def test_bad_pins_fail_before_llvm(target, which, marker, message, no_llvm):
+    with pytest.raises(pk.KernelError) as e:
+        compiler.code_object(over_pinned, target, WHICH=which)
+    msg = message.format(t=target, line=line_of(__file__, "# pin: v200"))
+    assert msg in str(e.value) and "[kernel over_pinned] pinned tile rt<" in str(e.value)
+    assert_names_line(e.value, __file__, marker)
+
+
+@pytest.mark.parametrize("target,tiles", [("gfx942", 2), ("gfx950", 3)])
+def test_lds_overflow_fails_before_llvm(target, tiles, no_llvm):
+    with pytest.raises(pk.KernelError) as e:
+        compiler.code_object(lds_hog, target, TILES=tiles)
+    limit = {"gfx942": 65536, "gfx950": 163840}[target]
+    assert (f"[kernel lds_hog] shared tiles need {tiles * 65536} bytes of LDS/shared memory "
+            f"but {target} has {limit} per workgroup") in str(e.value)
+    assert_names_line(e.value, __file__, "# lds: 64 KiB each")
+
+
+def test_lds_within_the_limit_compiles():
+    """gfx950's 160 KiB take the two 64 KiB tiles that gfx942 refuses."""
+    obj, rep, _, _ = build(lds_hog, "gfx950", TILES=2)
+    assert rep["lds_bytes"] == 2 * 65536 and rep["scratch_bytes"] == 0
+
+
+# ---- docs/targets/cdna.md -----------------------------------------------------------------------
+
+GUIDE = os.path.join(ROOT, "docs", "targets", "cdna.md")
+# a python block, and the plain block right after it: its exact output
+_BLOCK = re.compile(r"^```python\n(.*?)^```\n(?:\n```\n(.*?)^```\n)?", re.S | re.M)
+
+
+def test_cdna_guide_snippets_run(monkeypatch, capsys):
+    """Every python block of the CDNA notes runs, in order, in one namespace, from the
+    repository root; where a plain block follows one, it is what the block prints."""
+    monkeypatch.chdir(ROOT)
+    with open(GUIDE) as f:
+        text = f.read()
+    blocks = list(_BLOCK.finditer(text))
+    assert len(blocks) >= 10
+    ns = {"__name__": "cdna_md"}
+    for m in blocks:
+        line = text.count("\n", 0, m.start(1)) + 1
+        capsys.readouterr()
+        exec(compile("\n" * (line - 1) + m.group(1), GUIDE, "exec"), ns)
+        out = capsys.readouterr().out
+        if m.group(2) is not None:
+            assert out == m.group(2), f"the output shown after {GUIDE}:{line} is not what it prints"
