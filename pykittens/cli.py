@@ -13,6 +13,7 @@ import numpy as np
 from . import compiler
 from .ir.errors import KernelError, NotSupportedYet
 from .targets import NAMES as TARGETS
+from .toolchain.isolate import ToolchainError
 
 
 def resolve_kernel(ref: str):
@@ -138,6 +139,9 @@ def main(argv=None) -> int:
         return 2
     except KernelError as e:
         print(f"pykittens: error: {e}", file=sys.stderr)
+        return 1
+    except ToolchainError as e:
+        print(f"pykittens: toolchain error: {e}", file=sys.stderr)
         return 1
 
 

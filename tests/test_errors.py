@@ -113,7 +113,11 @@ def pin_k(x: pk.gl[pk.f32, 2], P1: pk.const = "a0", P2: pk.const = ""):
 
 def test_pins():
     pk.emulate(pin_k, x8(), grid=1, target="gfx942", P1="a224", P2="a192")   # 32 regs each
-    pk.emulate(pin_k, x8(), grid=1, target="gfx950", P1="v0", P2="a0")
+    pk.emulate(pin_k, x8(), grid=1, target="gfx950", P1="v64", P2="a0")
+    with pytest.raises(pk.KernelError, match=r"starts at v0: keep v0..v63 for the compiler's "
+                                             r"own values") as e:
+        pk.emulate(pin_k, x8(), grid=1, target="gfx950", P1="v0")
+    assert_names_line(e.value, HERE, "# MARK-pin1")
     with pytest.raises(pk.KernelError, match=r"pinned tile rt<f32>\[32x64,row\] @a250 needs "
                                              r"a250..a281 but gfx942 has only a0..a255") as e:
         pk.emulate(pin_k, x8(), grid=1, target="gfx942", P1="a250")

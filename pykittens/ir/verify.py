@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .errors import KernelError
 from .nodes import Block, KernelIR, walk
+from ..targets.cdna import MIN_FREE_VGPRS
 from .types import GlobalType, RegTileType, RegVecType, ScalarType, SharedTileType
 
 
@@ -76,6 +77,11 @@ def _check_pins(pins, target, kn):
         n = _regs_per_lane(t, target.wave_size)
         if files.get(f, 0) == 0:
             raise KernelError(f"{target.name} has no '{f}' registers to pin to", loc, kn)
+        if f == "v" and first < MIN_FREE_VGPRS:
+            raise KernelError(f"pinned tile {t} starts at v{first}: keep v0..v"
+                              f"{MIN_FREE_VGPRS - 1} for the compiler's own values (addresses, "
+                              f"counters) and pin VGPR tiles at v{MIN_FREE_VGPRS} or above",
+                              loc, kn)
         if first + n > files[f]:
             raise KernelError(f"pinned tile {t} needs {f}{first}..{f}{first + n - 1} but "
                               f"{target.name} has only {f}0..{f}{files[f] - 1}", loc, kn)

@@ -154,6 +154,9 @@ def lane_id(type_) -> RT:
     index of the lane that owns it: a way to see a layout (`pk.emulate` it and print)."""
     if not isinstance(type_, T.RegTileType):
         raise error("pk.lane_id takes a register tile type, e.g. pk.rt((16, 16), pk.i32)")
+    if type_.role in ("a", "b"):
+        raise error("pk.lane_id shows plain and accumulator tiles; an operand tile's lanes "
+                    "depend on its element type: see pykittens.lower.layouts.tile_layout")
     dst = empty(T.RegTileType(T.i32, type_.shape, type_.layout, type_.role, None, type_.mma))
     current().emit("lane_id", dst.v)
     return dst

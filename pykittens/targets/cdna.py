@@ -20,6 +20,10 @@ UNIFIED_REGS = 512                # VGPR + AGPR per lane at one wave per SIMD
 REG_GRANULE = 8
 SGPRS = 102                       # s0..s101 addressable by a kernel (ISA guide, "SGPRs")
 MAX_WAVES_PER_WORKGROUP = 16      # 1024 work-items / 64
+# VGPRs kept below the lowest pinned VGPR for the compiler's own values (addresses, loop
+# counters, temporaries); fewer and the allocator fails or spills. A pykittens choice,
+# not a hardware fact: HipKittens-style kernels pin in the upper half of the file.
+MIN_FREE_VGPRS = 64
 CACHE_LINE = 128                  # L2 cache line (MI300 ISA guide, "Memory hierarchy")
 L2_PER_XCD = 4 << 20              # 4 MiB per XCD (MI300X/MI355X data sheets)
 LLC = 256 << 20                   # 256 MiB AMD Infinity Cache
