@@ -1,6 +1,6 @@
 """`pk.launch`: run a kernel on the GPU that holds its tensors (CUDA: sm_90a; ROCm: gfx942 /
-gfx950), compiling on first use. Code objects are cached on disk by the toolchain and loaded
-modules in memory per (kernel, constants, alignment, device)."""
+gfx950, through HIP), compiling on first use. Code objects are cached on disk by the
+toolchain and loaded modules in memory per (kernel, constants, alignment, device)."""
 from __future__ import annotations
 
 from ..ir.errors import KernelError
@@ -20,8 +20,17 @@ def _aligned(bound: dict) -> bool:
     return True
 
 
-def cuda_target(device_index: int) -> str:
+def gpu_target(device_index: int) -> str:
+    """The pykittens target of a torch GPU: a ROCm build reports the gfx arch, CUDA the
+    compute capability."""
     import torch
+    from ..targets import TARGETS
+    if getattr(torch.version, "hip", None):
+        arch = torch.cuda.get_device_properties(device_index).gcnArchName.split(":")[0]
+        if arch not in TARGETS or TARGETS[arch].family != "cdna":
+            raise KernelError(f"cuda:{device_index} is {arch}; pykittens' AMD backend targets "
+                              "gfx942 (MI300X/MI325X) and gfx950 (MI350X/MI355X)")
+        return arch
     major, minor = torch.cuda.get_device_capability(device_index)
     if (major, minor) != (9, 0):
         raise KernelError(f"pykittens' NVIDIA backend targets Hopper (sm_90a); cuda:"
@@ -33,8 +42,8 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
     """Run `kernel` on the GPU over `grid` workgroups. Tensor and scalar arguments go by
     position or name; other keywords are compile-time constants. Tensors are written in
     place (as any GPU kernel would); returns None."""
-    from . import cuda
     from .. import compiler
+    from . import cuda
     from ..lower import lower
     bound, consts = bind_args(kernel, args, kwargs, device="cuda")
     tensors = [v for v in bound.values() if hasattr(v, "data_ptr")]
@@ -48,18 +57,26 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
     if any(t.numel() == 0 for t in tensors):
         return None                                       # nothing to compute
     index = dev.index if dev.index is not None else 0
-    target = cuda_target(index)
+    target = gpu_target(index)
     grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     aligned = _aligned(bound)
     key = (id(kernel), tuple(sorted((k, str(v)) for k, v in consts.items())), aligned, index)
     entry = _modules.get(key)
     if entry is None:
-        k_ir = kernel.specialize(**consts)
-        prog = lower(k_ir, target)
-        result = compiler.compile_lane(prog, aligned=aligned)
-        module = cuda.Module.from_compiled(result, device=index)
-        entry = _modules[key] = (module.function(prog.name), prog)
-    function, prog = entry
-    cuda.launch(function, prog.params, bound, grid, (prog.num_waves * prog.wave_size, 1, 1),
+        prog = lower(kernel.specialize(**consts), target)
+        obj = compiler.compile_lane(prog, aligned=aligned)
+        if prog.target.family == "cdna":
+            entry = (obj, prog)                       # the HIP launcher loads and caches it
+        else:
+            module = cuda.Module.from_compiled(obj, device=index)
+            entry = (module.function(prog.name), prog)
+        _modules[key] = entry
+    code, prog = entry
+    if prog.target.family == "cdna":
+        from . import hip
+        hip.launch(code, prog.name, prog.params, bound, grid=grid, num_waves=prog.num_waves,
+                   stream=stream)
+        return None
+    cuda.launch(code, prog.params, bound, grid, (prog.num_waves * prog.wave_size, 1, 1),
                 shared_bytes=prog.lds_bytes, stream=stream, align=16 if aligned else None)
     return None
