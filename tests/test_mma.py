@@ -166,3 +166,77 @@ def test_gemm_on_hopper_uses_mma_sync(dt, rng):
     ptx = tm.emit_assembly(mod)
     k = 32 if dt == "e4m3" else 16
     assert f"mma.sync.aligned.m16n8k{k}.row.col.f32.{dt}.{dt}.f32" in ptx
+
+
+# ---- block-scaled (MX) matrix multiply on CDNA4 ------------------------------------------------
+
+@pk.kernel(num_waves=1)
+def mx_gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], sa: pk.gl[pk.e8m0, 2],
+            sb: pk.gl[pk.e8m0, 2], c: pk.gl[pk.f32, 2], DT: pk.const = None,
+            MMA: pk.const = 32, BK: pk.const = 128):
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", mma=MMA))
+    for k in pk.range(a.shape[1] // BK):
+        ta = pk.load(pk.rt((32, BK), DT, role="a", mma=MMA, scaled=True), a, (0, k * BK))
+        tb = pk.load(pk.rt((BK, 32), DT, "col", role="b", mma=MMA, scaled=True), b,
+                     (k * BK, 0))
+        tsa = pk.load(pk.rt((32, BK // 32), pk.e8m0, role="a_scale", mma=MMA), sa,
+                      (0, k * (BK // 32)))
+        tsb = pk.load(pk.rt((BK // 32, 32), pk.e8m0, role="b_scale", mma=MMA), sb,
+                      (k * (BK // 32), 0))
+        pk.mma_AB(acc, ta, tb, scale_a=tsa, scale_b=tsb)
+    pk.store(c, acc)
+
+
+def _mx_operands(rng, dt, k=256):
+    a = rng.standard_normal((32, k)).astype(dt.np)
+    b = rng.standard_normal((k, 32)).astype(dt.np)
+    sa = (2.0 ** rng.integers(-4, 5, (32, k // 32))).astype(pk.e8m0.np)
+    sb = (2.0 ** rng.integers(-4, 5, (k // 32, 32))).astype(pk.e8m0.np)
+    ref = (a.astype(np.float64) * np.repeat(sa.astype(np.float64), 32, 1)) @ \
+        (b.astype(np.float64) * np.repeat(sb.astype(np.float64), 32, 0))
+    return a, b, sa, sb, ref
+
+
+@pytest.mark.parametrize("dt", [pk.e4m3, pk.e5m2])
+@pytest.mark.parametrize("mma,instr", [(32, "v_mfma_scale_f32_32x32x64_f8f6f4"),
+                                       (16, "v_mfma_scale_f32_16x16x128_f8f6f4")])
+def test_block_scaled_mma_on_gfx950(dt, mma, instr, rng):
+    a, b, sa, sb, ref = _mx_operands(rng, dt)
+    out = pk.emulate(mx_gemm, a, b, sa, sb, np.zeros((32, 32), np.float32), grid=1,
+                     target="gfx950", MMA=mma)["c"]
+    assert rel_err(out, ref) < 1e-6
+    ir = compiler.llvm_ir(mx_gemm, "gfx950", DT=dt.name, MMA=mma)
+    assert f"@llvm.amdgcn.mfma.scale.f32.{mma}x{mma}x{64 if mma == 32 else 128}.f8f6f4" in ir
+    assert instr in _asm(ir, "gfx950")
+
+
+def test_block_scaled_mma_errors(rng):
+    a, b, sa, sb, _ = _mx_operands(rng, pk.e4m3fnuz)
+    with pytest.raises(pk.KernelError, match="e8m0 is not supported on gfx942 .E8M0 block "
+                                             "scales feed the MX matrix instructions of gfx950"):
+        pk.emulate(mx_gemm, a, b, sa, sb, np.zeros((32, 32), np.float32), grid=1,
+                   target="gfx942")
+
+    @pk.kernel
+    def missing(a: pk.gl[pk.e4m3, 2]):
+        acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc"))
+        ta = pk.zeros(pk.rt((32, 64), pk.e4m3, role="a", scaled=True))
+        tb = pk.zeros(pk.rt((64, 32), pk.e4m3, "col", role="b", scaled=True))
+        pk.mma_AB(acc, ta, tb)
+
+    with pytest.raises(pk.KernelError, match="scaled operand tiles need scale_a= and scale_b="):
+        missing.specialize()
+
+    @pk.kernel
+    def wrong_shape(a: pk.gl[pk.e4m3, 2]):
+        acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc"))
+        ta = pk.zeros(pk.rt((32, 64), pk.e4m3, role="a", scaled=True))
+        tb = pk.zeros(pk.rt((64, 32), pk.e4m3, "col", role="b", scaled=True))
+        s1 = pk.zeros(pk.rt((32, 4), pk.e8m0, role="a_scale"))
+        s2 = pk.zeros(pk.rt((2, 32), pk.e8m0, role="b_scale"))
+        pk.mma_AB(acc, ta, tb, scale_a=s1, scale_b=s2)
+
+    with pytest.raises(pk.KernelError, match=r"a scales must be pk.rt\(\(32, 2\), pk.e8m0"):
+        wrong_shape.specialize()
+    with pytest.raises(pk.KernelError, match="hold E8M0 block scales"):
+        pk.rt((32, 2), pk.f32, role="a_scale")

@@ -272,22 +272,36 @@ class AMDGPURenderer(Renderer):
         v = self.op(f"shufflevector {reg}, {reg.ty} poison, <{k} x i32> <{idx}>", reg.ety, k)
         if ins.ab_dtype in ("bf16",) and ins.intrinsic.endswith(".1k"):
             return self.op(f"bitcast {v} to <{k} x i16>", "i16", k)   # gfx942: bf16 as i16
-        if reg.ety == "i8":                                            # fp8/bf8: 8 bytes
-            return self.op(f"bitcast {v} to i64", "i64", 0)
+        if reg.ety == "i8":                          # fp8/bf8: 8 bytes as i64, 32 as <8 x i32>
+            if k == 8:
+                return self.op(f"bitcast {v} to i64", "i64", 0)
+            return self.op(f"bitcast {v} to <{k // 4} x i32>", "i32", k // 4)
         return v
+
+    def _scale_operand(self, reg_v, slots) -> str:
+        """An E8M0 scale register: the byte in bits 7:0 of an i32 (op_sel 0)."""
+        v = self.read(reg_v)
+        e = self.extract(v, slots[0])
+        return str(self.op(f"zext {e} to i32", "i32", 0))
 
     def r_mma(self, op):
         if getattr(op.srcs[2].type, "pin", None) is not None and op.srcs[2] is op.dst:
             return self._mfma_pinned(op)
         ins = op.attrs["instr"]
-        a, b, c = (self.read(s) for s in op.srcs)
+        a, b, c = (self.read(s) for s in op.srcs[:3])
         av = self._mfma_operand(a, op.attrs["a_slots"], ins)
         bv = self._mfma_operand(b, op.attrs["b_slots"], ins)
         cs = op.attrs["c_slots"]
         idx = ", ".join(f"i32 {i}" for i in cs)
         cv = self.op(f"shufflevector {c}, {c.ty} poison, <{len(cs)} x i32> <{idx}>", "float", len(cs))
-        dv = Value(self.call(cv.ty, ins.intrinsic, [str(av), str(bv), str(cv), "i32 0", "i32 0",
-                                                    "i32 0"]), "float", len(cs))
+        if ins.scaled:
+            fmt = cdna.F8F6F4_FORMAT[ins.ab_dtype]
+            args = [str(av), str(bv), str(cv), f"i32 {fmt}", f"i32 {fmt}", "i32 0",
+                    self._scale_operand(op.srcs[3], op.attrs["sa_slots"]), "i32 0",
+                    self._scale_operand(op.srcs[4], op.attrs["sb_slots"])]
+        else:
+            args = [str(av), str(bv), str(cv), "i32 0", "i32 0", "i32 0"]
+        dv = Value(self.call(cv.ty, ins.intrinsic, args), "float", len(cs))
         # Put the result back into the accumulator's slots.
         wide = ", ".join(f"i32 {i}" if i < len(cs) else "i32 poison" for i in range(c.n))
         dw = self.op(f"shufflevector {dv}, {dv.ty} poison, <{c.n} x i32> <{wide}>", "float", c.n)

@@ -212,7 +212,7 @@ class _Machine:
         """D = A @ B + C for one matrix instruction, operands gathered from the listed slots
         through the instruction's documented lane layouts."""
         ins = op.attrs["instr"]
-        a, b, c = (self.get(w, s) for s in op.srcs)
+        a, b, c = (self.get(w, s) for s in op.srcs[:3])
         A = np.zeros((ins.m, ins.k), np.float32)
         B = np.zeros((ins.k, ins.n), np.float32)
         C = np.zeros((ins.m, ins.n), np.float32)
@@ -221,6 +221,16 @@ class _Machine:
                                      (C, ins.acc_layout, c, op.attrs["c_slots"])):
             r, col = lay.coords()
             mat[r, col] = reg[:, list(slots)].astype(np.float32)
+        if ins.scaled:                      # E8M0 block scales: 2^(e - 127) per 32 K-elements
+            sa, sb = (self.get(w, s) for s in op.srcs[3:5])
+            SA = np.zeros(ins.scale_a_layout.shape, np.float64)
+            SB = np.zeros(ins.scale_b_layout.shape, np.float64)
+            for mat, lay, reg, slots in ((SA, ins.scale_a_layout, sa, op.attrs["sa_slots"]),
+                                         (SB, ins.scale_b_layout, sb, op.attrs["sb_slots"])):
+                r, col = lay.coords()
+                mat[r, col] = reg[:, list(slots)].astype(np.float64)
+            A = A * np.repeat(SA, ins.scale_block, axis=1)
+            B = B * np.repeat(SB, ins.scale_block, axis=0)
         D = (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32) + C
         r, col = ins.acc_layout.coords()
         out = c.copy()

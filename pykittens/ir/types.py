@@ -37,11 +37,12 @@ e4m3 = DType("e4m3", 8, "float", ml_dtypes.float8_e4m3fn)          # OCP E4M3 (g
 e5m2 = DType("e5m2", 8, "float", ml_dtypes.float8_e5m2)            # OCP E5M2
 e4m3fnuz = DType("e4m3fnuz", 8, "float", ml_dtypes.float8_e4m3fnuz)  # gfx942 FNUZ E4M3
 e5m2fnuz = DType("e5m2fnuz", 8, "float", ml_dtypes.float8_e5m2fnuz)  # gfx942 FNUZ E5M2
+e8m0 = DType("e8m0", 8, "float", ml_dtypes.float8_e8m0fnu)         # OCP MX block scale 2^(e-127)
 i8 = DType("i8", 8, "int", np.int8)
 i32 = DType("i32", 32, "int", np.int32)
 boolean = DType("i1", 1, "int", np.bool_)
 
-DTYPES = {d.name: d for d in (f32, bf16, f16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, i8, i32)}
+DTYPES = {d.name: d for d in (f32, bf16, f16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, e8m0, i8, i32)}
 _NP = {np.dtype(d.np): d for d in DTYPES.values()}
 
 
@@ -54,7 +55,8 @@ def dtype_of(x) -> DType:
     name = str(x).replace("torch.", "")
     torch_names = {"float32": f32, "bfloat16": bf16, "float16": f16, "float8_e4m3fn": e4m3,
                    "float8_e5m2": e5m2, "float8_e4m3fnuz": e4m3fnuz,
-                   "float8_e5m2fnuz": e5m2fnuz, "int8": i8, "int32": i32}
+                   "float8_e5m2fnuz": e5m2fnuz, "float8_e8m0fnu": e8m0, "int8": i8,
+                   "int32": i32}
     if name in torch_names:
         return torch_names[name]
     try:
@@ -94,7 +96,7 @@ class GlobalType:
         return f"gl<{self.dtype}>[{dims}]"
 
 
-ROLES = (None, "a", "b", "acc")
+ROLES = (None, "a", "b", "acc", "a_scale", "b_scale")
 
 
 @dataclass(frozen=True)
@@ -107,10 +109,12 @@ class RegTileType:
     role: str | None = None
     pin: tuple[str, int] | None = None        # ('v'|'a', first register) for pinned tiles
     mma: int | None = None                    # matrix-instruction M/N (16 or 32) of a role tile
+    scaled: bool = False                      # operand of a block-scaled (MX) instruction
 
     def __str__(self) -> str:
         extra = f",{self.role}" if self.role else ""
         extra += f",mma{self.mma}" if self.mma else ""
+        extra += ",scaled" if self.scaled else ""
         pin = f" @{self.pin[0]}{self.pin[1]}" if self.pin else ""
         return f"rt<{self.dtype}>[{self.shape[0]}x{self.shape[1]},{self.layout}{extra}]{pin}"
 

@@ -21,7 +21,9 @@ def _dtype_ok(target, d, loc, kname, what):
         return
     if d.name not in target.dtypes:
         hint = ""
-        if d.is_fp8:
+        if d.name == "e8m0":
+            hint = " (E8M0 block scales feed the MX matrix instructions of gfx950)"
+        elif d.is_fp8:
             hint = (" (gfx942 uses the FNUZ fp8 flavours e4m3fnuz/e5m2fnuz; gfx950 and sm_90a "
                     "use OCP e4m3/e5m2)")
         raise KernelError(f"{what} element type {d} is not supported on {target.name}{hint}",

@@ -19,12 +19,14 @@ def _pow2(n: int) -> bool:
 
 
 def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
-       mma: int | None = None) -> T.RegTileType:
+       mma: int | None = None, scaled: bool = False) -> T.RegTileType:
     """Register tile type: (rows, cols), element type, 'row'/'col' lane layout and an optional
     matrix role ('a', 'b', 'acc') whose lanes follow the matrix instruction's operand layout.
     `mma=16|32` picks the instruction family (its M) of a role tile; by default the target
     picks (CDNA: 32 when the tile's M/N dims allow it, else 16; Hopper: 16).
-    `pin="a0"` places the tile on explicit registers (CDNA)."""
+    `pin="a0"` places the tile on explicit registers (CDNA). `scaled=True` makes an a/b tile
+    an operand of the block-scaled (MX) instructions (gfx950), whose E8M0 scales live in
+    tiles of role 'a_scale' (M x K/32) and 'b_scale' (K/32 x N)."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != 2 or not all(_pow2(s) for s in shape):
         raise error(f"register tile shape {shape} must be two powers of two (rows, cols); "
@@ -39,12 +41,18 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
         pin = (pin[0], int(pin[1:]))
     if mma is not None and (role is None or mma not in (16, 32)):
         raise error("mma=16 or mma=32 applies to tiles with a role ('a', 'b', 'acc')")
-    if role == "acc" and layout != "row":
-        raise error("accumulator tiles use the row layout (the matrix unit's output layout)")
+    if role in ("acc", "a_scale", "b_scale") and layout != "row":
+        raise error(f"{role} tiles use the row layout (the matrix unit's own layout)")
+    if scaled and role not in ("a", "b"):
+        raise error("scaled=True applies to operand tiles (role 'a' or 'b')")
+    if role in ("a_scale", "b_scale"):
+        if T.dtype_of(dtype).name != "e8m0":
+            raise error(f"{role} tiles hold E8M0 block scales: use pk.e8m0, not {dtype}")
+        return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma)
     if role is not None and any(d % (mma or 16) for d in _mn_dims(shape, layout, role)):
         raise error(f"a {role!r} tile of shape {shape} cannot be built from {mma or 16}-wide "
                     "matrix-instruction tiles; make its M/N dims multiples of 16")
-    return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma)
+    return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma, bool(scaled))
 
 
 def _mn_dims(shape, layout, role):
@@ -273,9 +281,9 @@ def _result_like(a: RT, dst=None, dtype=None) -> RT:
     t = a.type
     if dtype is not None:
         t = T.RegVecType(dtype, t.of, t.axis) if isinstance(t, T.RegVecType) else \
-            T.RegTileType(dtype, t.shape, t.layout, t.role, None, t.mma)
+            T.RegTileType(dtype, t.shape, t.layout, t.role, None, t.mma, t.scaled)
     elif t.__class__ is T.RegTileType and t.pin is not None:
-        t = T.RegTileType(t.dtype, t.shape, t.layout, t.role, None, t.mma)
+        t = T.RegTileType(t.dtype, t.shape, t.layout, t.role, None, t.mma, t.scaled)
     return empty(t)
 
 
@@ -309,7 +317,7 @@ def _same_shape(x: RT, y: RT, what):
 
 
 def _lay(t: T.RegTileType):
-    return (t.shape, t.layout, t.role, t.mma)
+    return (t.shape, t.layout, t.role, t.mma, t.scaled)
 
 
 def _binary(op, a: RT, b, dst=None, reverse=False):
@@ -416,7 +424,7 @@ def col_sum(t, into=None):
 
 # ---- matrix multiply ----------------------------------------------------------------------
 
-def _mma(trans, d: RT, a: RT, b: RT, c: RT | None):
+def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None):
     for x, nm in ((d, "d"), (a, "a"), (b, "b")):
         if not isinstance(x, RT) or isinstance(x, RV):
             raise error(f"mma operand {nm} must be a register tile")
@@ -442,26 +450,45 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None):
                     f"({d.type.mma}, {a.type.mma}, {b.type.mma}); give them the same mma=")
     c = d if c is None else c
     _same_shape(d, c, "mma accumulator")
-    current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans)
+    scales = _check_scales(name, a, b, scale_a, scale_b, am, ak, bn)
+    current().emit("mma", d.v, (a.v, b.v, c.v) + scales, trans=trans)
     return d
+
+
+def _check_scales(name, a, b, scale_a, scale_b, m, k, n):
+    """Block-scaled mma: both operands scaled=True and E8M0 scale tiles of the right shape."""
+    if scale_a is None and scale_b is None:
+        if a.type.scaled or b.type.scaled:
+            raise error(f"{name}: scaled operand tiles need scale_a= and scale_b=")
+        return ()
+    if scale_a is None or scale_b is None:
+        raise error(f"{name}: give both scale_a= and scale_b= (E8M0 tiles)")
+    if not (a.type.scaled and b.type.scaled):
+        raise error(f"{name} with scales needs operand tiles made with scaled=True")
+    for t, role, shape in ((scale_a, "a_scale", (m, k // 32)), (scale_b, "b_scale", (k // 32, n))):
+        if not isinstance(t, RT) or t.type.role != role or tuple(t.shape) != shape:
+            raise error(f"{name}: {role.replace('_', ' ')}s must be pk.rt({shape}, pk.e8m0, "
+                        f"role={role!r}) (one E8M0 scale per 32 K-elements)")
+    return (scale_a.v, scale_b.v)
 
 
 _TNAME = {"NN": "AB", "NT": "ABt", "TN": "AtB"}
 
 
-def mma_AB(d, a, b, c=None):
-    """d <- a @ b + c (c defaults to d)."""
-    return _mma("NN", d, a, b, c)
+def mma_AB(d, a, b, c=None, *, scale_a=None, scale_b=None):
+    """d <- a @ b + c (c defaults to d). With scale_a/scale_b (E8M0 per 32 K-elements, the
+    MX formats' block scales): d <- (a * 2^(sa-127)) @ (b * 2^(sb-127)) + c."""
+    return _mma("NN", d, a, b, c, scale_a, scale_b)
 
 
-def mma_ABt(d, a, b, c=None):
+def mma_ABt(d, a, b, c=None, *, scale_a=None, scale_b=None):
     """d <- a @ b.T + c: b is stored N x K (as in attention's Q @ K^T)."""
-    return _mma("NT", d, a, b, c)
+    return _mma("NT", d, a, b, c, scale_a, scale_b)
 
 
-def mma_AtB(d, a, b, c=None):
+def mma_AtB(d, a, b, c=None, *, scale_a=None, scale_b=None):
     """d <- a.T @ b + c: a is stored K x M."""
-    return _mma("TN", d, a, b, c)
+    return _mma("TN", d, a, b, c, scale_a, scale_b)
 
 
 # ---- control flow -------------------------------------------------------------------------

@@ -29,7 +29,11 @@ def family(t: RegTileType, target) -> int:
     instruction whose M divides the tile's M/N dims)."""
     if t.mma is not None:
         return t.mma
-    dims = t.shape if t.role == "acc" else ((t.shape[0],) if t.layout == "row" else (t.shape[1],))
+    if t.role in ("a_scale", "b_scale"):
+        dims = (t.shape[0],) if t.role == "a_scale" else (t.shape[1],)
+    else:
+        dims = t.shape if t.role == "acc" else \
+            ((t.shape[0],) if t.layout == "row" else (t.shape[1],))
     for m in sorted({ins.m for ins in target.mma}, reverse=True):
         if all(d % m == 0 for d in dims):
             return m
@@ -40,10 +44,18 @@ def mma_instr(t: RegTileType, target, ab_dtype=None):
     """The matrix instruction whose operand layouts a role tile follows."""
     d = ab_dtype or t.dtype
     m = family(t, target)
+    if t.role in ("a_scale", "b_scale"):
+        for ins in target.mma:
+            if ins.m == m and ins.scaled:
+                return ins
+        raise NotSupportedYet(f"{target.name} has no block-scaled matrix instruction "
+                              "(the MX formats' f8f6f4 MFMAs are CDNA4, gfx950)")
     for ins in target.mma:
-        if ins.m == m and not ins.scaled and (t.role == "acc" or ins.ab_dtype == d.name):
+        if ins.m == m and ins.scaled == t.scaled and \
+                (t.role == "acc" or ins.ab_dtype == d.name):
             return ins
-    raise NotSupportedYet(f"{target.name} has no matrix instruction with M={m} for {d} "
+    kind = "block-scaled " if t.scaled else ""
+    raise NotSupportedYet(f"{target.name} has no {kind}matrix instruction with M={m} for {d} "
                           "operands")
 
 
@@ -51,6 +63,10 @@ def role_base(t: RegTileType, target) -> LaneLayout:
     ins = mma_instr(t, target)
     if t.role == "acc":
         return ins.acc_layout
+    if t.role == "a_scale":
+        return ins.scale_a_layout
+    if t.role == "b_scale":
+        return ins.scale_b_layout
     base = ins.a_layout if t.role == "a" else ins.b_layout
     natural = "row" if t.role == "a" else "col"       # A is (M, K), B is (K, N)
     return base if t.layout == natural else transpose(base)

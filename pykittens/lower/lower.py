@@ -224,13 +224,14 @@ class _Lowering:
 
     def op_mma(self, op):
         """One matrix instruction per (i, j, k) triple of base tiles, k innermost."""
-        a_v, b_v, c_v = op.srcs
+        a_v, b_v, c_v = op.srcs[:3]
+        scales = op.srcs[3:]
         fams = {v: L.family(v.type, self.t) for v in (a_v, b_v, op.dst)}
         if len(set(fams.values())) > 1:
             raise self.err(f"mma: d, a and b resolve to different matrix-instruction sizes on "
                            f"{self.t.name} ({fams[op.dst]}, {fams[a_v]}, {fams[b_v]}); give "
                            "the tiles the same mma=")
-        for v in (a_v, b_v, c_v, op.dst):
+        for v in (a_v, b_v, c_v, op.dst, *scales):
             self.layout(v)
         try:
             ins = L.mma_instr(a_v.type, self.t)
@@ -246,15 +247,20 @@ class _Lowering:
         if c_v is not op.dst:
             self.emit("mov", d, (self.val(c_v),))
         a, b = self.val(a_v), self.val(b_v)
+        extra = tuple(self.val(s) for s in scales)
         for i in range(m // ins.m):
             for j in range(n // ins.n):
                 cs = self._base_slots(op.dst, i, j)
                 for kk in range(k // ins.k):
                     ai, aj = (i, kk) if trans[0] == "N" else (kk, i)
                     bi, bj = (kk, j) if trans[1] == "N" else (j, kk)
-                    self.emit("mma", d, (a, b, d), instr=ins,
+                    attrs = {}
+                    if scales:
+                        attrs = {"sa_slots": self._base_slots(scales[0], i, kk),
+                                 "sb_slots": self._base_slots(scales[1], kk, j)}
+                    self.emit("mma", d, (a, b, d) + extra, instr=ins,
                               a_slots=self._base_slots(a_v, ai, aj),
-                              b_slots=self._base_slots(b_v, bi, bj), c_slots=cs)
+                              b_slots=self._base_slots(b_v, bi, bj), c_slots=cs, **attrs)
 
     def _base_slots(self, v, i, j) -> tuple[int, ...]:
         """Slots of base tile (i, j) of a tiled role layout (see layouts.tiled)."""

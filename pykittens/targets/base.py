@@ -64,6 +64,9 @@ class MMAInstr:
     acc_layout: LaneLayout    # D tile (m x n)
     intrinsic: str = ""       # LLVM intrinsic name where one exists
     scaled: bool = False      # block-scaled (per-32-element E8M0 scales), CDNA4 f8f6f4
+    scale_a_layout: LaneLayout | None = None    # (m, k/32) E8M0 scales of A, scaled only
+    scale_b_layout: LaneLayout | None = None    # (k/32, n) E8M0 scales of B
+    scale_block: int = 32     # K elements sharing one scale
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,23 @@ def mfma_b(n: int, k: int):
     return _mfma_ab(n, k, 1)
 
 
+# cbsz / blgp operand-format codes of the scaled f8f6f4 MFMAs (CDNA4 ISA): 0 = FP8 E4M3,
+# 1 = BF8 E5M2 (2, 3, 4 are FP6/BF6/FP4, not used yet).
+F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1}
+
+
+def mfma_scales(mn: int, k: int, name_dim: int):
+    """E8M0 scales of a scaled f8f6f4 MFMA (CDNA4 ISA, V_MFMA_SCALE_F32_*_F8F6F4): one scale
+    per lane, for the lane's row (A) / column (B) and the 32-element K block its operand
+    registers hold, i.e. the A/B operand layout with K counted in blocks of 32."""
+    groups = WAVE // mn
+    other = 1 - name_dim
+    bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
+    bits += [(other, 1 << b) for b in range(groups.bit_length() - 1)]
+    shape = (mn, k // 32) if name_dim == 0 else (k // 32, mn)
+    return linear(shape, bits, [(0, 0)])
+
+
 def mfma_acc(m: int, n: int):
     """Accumulator: lane l holds column l % n; rows come in runs of 4 per lane group.
     32x32: row = 8*(s//4) + 4*(l//32) + s%4 (16 slots); 16x16: row = 4*(l//16) + s (4 slots)."""

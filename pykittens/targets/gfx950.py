@@ -10,8 +10,9 @@ from .base import MMAInstr, Target
 
 
 def _mfma(name, m, n, k, ab, intrinsic, scaled=False):
+    scales = (cdna.mfma_scales(m, k, 0), cdna.mfma_scales(n, k, 1)) if scaled else (None, None)
     return MMAInstr(name, m, n, k, ab, "f32", cdna.mfma_a(m, k), cdna.mfma_b(n, k),
-                    cdna.mfma_acc(m, n), intrinsic, scaled)
+                    cdna.mfma_acc(m, n), intrinsic, scaled, *scales)
 
 
 TARGET = Target(
@@ -23,7 +24,7 @@ TARGET = Target(
     lds_bytes_per_cu=160 << 10, lds_bytes_per_workgroup=160 << 10,
     num_xcds=8, cus_per_xcd=32, l2_bytes_per_xcd=cdna.L2_PER_XCD, llc_bytes=cdna.LLC,
     cache_line_bytes=cdna.CACHE_LINE, hbm_bytes_per_s=8.0e12,
-    dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "i8", "i32"}),
+    dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "i8", "i32"}),
     fp8_flavor="ocp",
     mma=(
         _mfma("v_mfma_f32_32x32x16_bf16", 32, 32, 16, "bf16", "llvm.amdgcn.mfma.f32.32x32x16.bf16"),
@@ -34,9 +35,9 @@ TARGET = Target(
         _mfma("v_mfma_f32_16x16x32_fp8_fp8", 16, 16, 32, "e4m3", "llvm.amdgcn.mfma.f32.16x16x32.fp8.fp8"),
         _mfma("v_mfma_f32_32x32x16_bf8_bf8", 32, 32, 16, "e5m2", "llvm.amdgcn.mfma.f32.32x32x16.bf8.bf8"),
         _mfma("v_mfma_f32_16x16x32_bf8_bf8", 16, 16, 32, "e5m2", "llvm.amdgcn.mfma.f32.16x16x32.bf8.bf8"),
-        _mfma("v_mfma_scale_f32_32x32x64_f8f6f4", 32, 32, 64, "e4m3",
-              "llvm.amdgcn.mfma.scale.f32.32x32x64.f8f6f4", scaled=True),
-        _mfma("v_mfma_scale_f32_16x16x128_f8f6f4", 16, 16, 128, "e4m3",
-              "llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4", scaled=True),
+        # Block-scaled MX formats: operands of 32 consecutive K per lane, E8M0 scales.
+        *(_mfma(f"v_mfma_scale_f32_{m}x{m}x{k}_f8f6f4", m, m, k, ab,
+                f"llvm.amdgcn.mfma.scale.f32.{m}x{m}x{k}.f8f6f4", scaled=True)
+          for m, k in ((32, 64), (16, 128)) for ab in ("e4m3", "e5m2")),
     ),
 )
