@@ -14,7 +14,7 @@ from pykittens.targets import get
 
 def test_dtypes():
     assert list(T.DTYPES) == ["f32", "bf16", "f16", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz",
-                              "i8", "i32"]
+                              "e8m0", "i8", "i32"]
     assert [(d.bits, d.bytes, d.is_float, d.is_fp8) for d in (T.f32, T.bf16, T.e4m3, T.i8)] == \
         [(32, 4, True, False), (16, 2, True, False), (8, 1, True, True), (8, 1, False, False)]
     assert pk.f32 is T.f32 and pk.e4m3fnuz is T.e4m3fnuz
