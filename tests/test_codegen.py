@@ -100,3 +100,41 @@ def test_fp8_rendering_says_not_supported_yet():
 
     with pytest.raises(pk.NotSupportedYet, match="fp8"):
         compiler.llvm_ir(to_fp8, "gfx950")
+
+
+@pk.kernel(num_waves=4)
+def _direct(x: pk.gl[pk.bf16, 2], out: pk.gl[pk.bf16, 2], SW: pk.const = 0):
+    s = pk.empty(pk.st((64, 64), pk.bf16, swizzle=SW))
+    pk.load(s, x, (pk.program_id(0) * 64, 0), direct=True)
+    pk.barrier()
+    t = pk.load(pk.rt((16, 64), pk.f32), s, (pk.wave_id() * 16, 0))
+    pk.store(out, t, (pk.program_id(0) * 64 + pk.wave_id() * 16, 0))
+
+
+@pytest.mark.parametrize("sw", [0, 8])
+def test_direct_global_to_lds(sw):
+    rng = np.random.default_rng(5)
+    for shape in ((128, 64), (100, 50)):            # 50 columns: the uniform fallback path
+        x = rng.standard_normal(shape).astype(pk.bf16.np)
+        for target in NAMES:
+            got = pk.emulate(_direct, x, np.zeros_like(x), grid=(-(-shape[0] // 64),),
+                             target=target, SW=sw)["out"]
+            assert np.array_equal(got, x)
+    for target, instr in (("gfx942", "buffer_load_dword"), ("gfx950", "buffer_load_dwordx4")):
+        ir = compiler.llvm_ir(_direct, target, SW=sw)
+        # 64x64 bf16 over 256 lanes: 16-byte chunks -> 2 DMAs per lane; 4-byte -> 8
+        dmas = ir.count("call void @llvm.amdgcn.raw.ptr.buffer.load.lds(")
+        assert dmas == (2 if target == "gfx950" else 8)
+        from pykittens.toolchain import amdgpu
+        asm = amdgpu.disassemble(compiler.code_object(_direct, target, SW=sw), target)
+        assert re.search(rf"{instr} v\d+, s\[\d+:\d+\], 0 offen lds", asm)
+
+
+def test_direct_load_errors():
+    @pk.kernel
+    def bad(x: pk.gl[pk.f32, 2]):
+        t = pk.empty(pk.rt((4, 64), pk.f32))
+        pk.load(t, x, direct=True)
+
+    with pytest.raises(pk.KernelError, match="direct=True applies to global -> shared loads"):
+        bad.specialize()

@@ -309,6 +309,90 @@ class AMDGPURenderer(Renderer):
         merge = ", ".join(f"i32 {c.n + pos[i]}" if i in pos else f"i32 {i}" for i in range(c.n))
         self.write(op.dst, self.op(f"shufflevector {c}, {dw}, <{c.n} x i32> <{merge}>", "float", c.n))
 
+    # -- memory -> LDS without registers (buffer_load ... lds) -----------------------------------
+    def r_gload_lds(self, op):
+        """One LDS DMA per chunk group: lane l of a wave writes `bytes` at LDS base + l *
+        bytes, the base being where the group's first lane's chunk sits. A swizzled tile gets
+        the swizzle by fetching, for each fixed LDS position, the element that belongs there.
+        Launches whose last dim or column origin are not chunk multiples take the ordinary
+        path (a uniform branch)."""
+        gl, region, lay, vec = op.srcs[0], op.attrs["region"], op.attrs["layout"], op.attrs["vec"]
+        t, rank = region.tile, op.srcs[0].type.rank
+        esz = t.dtype.bytes
+        size = vec * esz
+        origin = op.srcs[1 + rank - 2:]
+        lead = op.srcs[1:1 + rank - 2]
+        c0 = self.read(origin[1])
+        n_last = Value(f"%{gl.name}.size{rank - 1}", "i32", 0)
+        ok = self._and(self.op(f"icmp eq i32 {self.op(f'srem i32 {n_last.text}, {vec}', 'i32', 0).text}, 0", "i1", 0),
+                       self.op(f"icmp eq i32 {self.op(f'srem i32 {c0.text}, {vec}', 'i32', 0).text}, 0", "i1", 0))
+        dma_l, reg_l, join = self.label("lds_dma"), self.label("lds_copy"), self.label("lds_done")
+        self.ins(f"br i1 {ok.text}, label %{dma_l}, label %{reg_l}")
+        self.start_block(reg_l)
+        super().r_gload_lds(op)
+        self.ins(f"br label %{join}")
+        self.start_block(dma_l)
+        rsrc = self.resource(gl)
+        rows0 = self.op(f"add i32 {self.read(origin[0]).text}, {self.lane_base(lay, 0, 'workgroup').text}", "i32", 0)
+        lrow = self.lane_base(lay, 0, "workgroup")
+        lcol = self.lane_base(lay, 1, "workgroup")
+        wave_first = self.op(f"and i32 {self.tid.text}, {-self.p.wave_size}", "i32", 0)
+        frow = self.lane_base_at(lay, 0, wave_first)
+        fcol = self.lane_base_at(lay, 1, wave_first)
+        size_v = [Value(f"%{gl.name}.size{a}", "i32", 0) for a in range(rank)]
+        stride_v = [Value("1" if a == rank - 1 else f"%{gl.name}.stride{a}", "i32", 0)
+                    for a in range(rank)]
+        ok_lead, off_lead = Value("true", "i1", 0), Value("0", "i32", 0)
+        for a, r in enumerate(lead):
+            v = self.read(r)
+            ok_lead = self._and(ok_lead, self._in_range(v, size_v[a]))
+            off_lead = self.op(f"add i32 {off_lead.text}, {self.op(f'mul i32 {v.text}, {stride_v[a].text}', 'i32', 0).text}", "i32", 0)
+        del rows0
+        for first in range(0, lay.nslots, vec):
+            sr, sc = lay.slots[first]
+            prow = self.op(f"add i32 {lrow.text}, {sr}", "i32", 0)        # LDS position
+            pcol = self.op(f"add i32 {lcol.text}, {sc}", "i32", 0)
+            scol = pcol
+            if t.swizzle:                                                   # its element
+                b = self.op(f"mul i32 {pcol.text}, {esz}", "i32", 0)
+                ch = self.op(f"lshr i32 {b.text}, 4", "i32", 0)
+                rs = self.op(f"and i32 {prow.text}, {t.swizzle - 1}", "i32", 0)
+                ch = self.op(f"xor i32 {ch.text}, {rs.text}", "i32", 0)
+                b = self.op(f"or i32 {self.op(f'shl i32 {ch.text}, 4', 'i32', 0).text}, "
+                            f"{self.op(f'and i32 {b.text}, 15', 'i32', 0).text}", "i32", 0)
+                scol = self.op(f"udiv i32 {b.text}, {esz}", "i32", 0)
+            grow = self.op(f"add i32 {self.read(origin[0]).text}, {prow.text}", "i32", 0)
+            gcol = self.op(f"add i32 {c0.text}, {scol.text}", "i32", 0)
+            ok_e = self._and(ok_lead, self._and(self._in_range(grow, size_v[rank - 2]),
+                                                self._in_range(gcol, size_v[rank - 1])))
+            off = self.op(f"add i32 {off_lead.text}, {self.op(f'mul i32 {grow.text}, {stride_v[rank - 2].text}', 'i32', 0).text}", "i32", 0)
+            off = self.op(f"add i32 {off.text}, {gcol.text}", "i32", 0)
+            voff = self._boff(off, esz, ok_e)
+            # where lane 0 of this wave writes: the unswizzled position of its chunk
+            r_first = self.op(f"add i32 {frow.text}, {sr}", "i32", 0)
+            c_first = self.op(f"add i32 {fcol.text}, {sc}", "i32", 0)
+            pos = self.op(f"mul i32 {r_first.text}, {t.shape[1]}", "i32", 0)
+            pos = self.op(f"add i32 {pos.text}, {c_first.text}", "i32", 0)
+            base = self.op(f"mul i32 {pos.text}, {esz}", "i32", 0)
+            base = self.op(f"add i32 {base.text}, {region.base}", "i32", 0)
+            base = Value(self.call("i32", "llvm.amdgcn.readfirstlane.i32", [str(base)]), "i32", 0)
+            ptr = self.op(f"getelementptr i8, ptr addrspace(3) @lds, i32 {base.text}",
+                          "ptr addrspace(3)", 0)
+            self.call("void", "llvm.amdgcn.raw.ptr.buffer.load.lds",
+                      [f"ptr addrspace(8) {rsrc}", f"ptr addrspace(3) {ptr.text}",
+                       f"i32 {size}", str(voff), "i32 0", "i32 0", "i32 0"])
+        self.ins(f"br label %{join}")
+        self.start_block(join)
+
+    def lane_base_at(self, lay, dim, lane: Value) -> Value:
+        """lane_base for an explicit (uniform) flat lane index."""
+        saved = self.tid
+        self.tid = lane
+        try:
+            return self.lane_base(lay, dim, "workgroup")
+        finally:
+            self.tid = saved
+
     def r_barrier(self, op):
         self.ins('fence syncscope("workgroup") release')
         self.call("void", "llvm.amdgcn.s.barrier", [])

@@ -600,10 +600,13 @@ class Renderer:
         return out
 
     def r_gload(self, op):
+        self.write(op.dst, self._gload_value(op, op.attrs["fill"]))
+
+    def _gload_value(self, op, fill_value) -> Value:
         """Fast path (every run of the lane inside the tensor): one aligned vector load per
         run. Otherwise element by element, elements outside reading the fill value."""
         gl = op.srcs[0]
-        d, n = op.dst.type.dtype, self.shape_of(op.dst)
+        d, n = gl.type.dtype, op.attrs["layout"].nslots
         runs = self._tensor_window(op, 0)
         full = runs[0][4]
         for r in runs[1:]:
@@ -621,7 +624,7 @@ class Renderer:
         fast_end = self.block
         self.ins(f"br label %{join}")
         self.start_block(slow_l)
-        fill = Value(literal(op.attrs["fill"], d), llty(d), 0)
+        fill = Value(literal(fill_value, d), llty(d), 0)
         for first, k, off, ok, run_full, last, align in runs:
             # Each run again: a vector when it is inside, else element by element; so the
             # edge path holds no more registers than the fast one.
@@ -637,7 +640,7 @@ class Renderer:
             parts = []
             for i, (oi, vi) in enumerate(self._elements(off, ok, last, k)):
                 x = self.load_elem(gl, oi, vi, d)
-                if op.attrs["fill"] != 0.0:
+                if fill_value != 0.0:
                     x = self.op(f"select i1 {vi.text}, {x}, {fill}", x.ety, 0)
                 parts.append(x)
             if k > 1:
@@ -653,8 +656,8 @@ class Renderer:
         slow_end = self.block
         self.ins(f"br label %{join}")
         self.start_block(join)
-        self.write(op.dst, self.op(f"phi {fast.ty} [ {fast.text}, %{fast_end} ], "
-                                   f"[ {slow.text}, %{slow_end} ]", fast.ety, n))
+        return self.op(f"phi {fast.ty} [ {fast.text}, %{fast_end} ], "
+                       f"[ {slow.text}, %{slow_end} ]", fast.ety, n)
 
     def r_gstore(self, op):
         gl = op.srcs[0]
@@ -696,15 +699,18 @@ class Renderer:
         self.ins(f"br label %{join}")
         self.start_block(join)
 
-    def _lds_runs(self, op):
+    def _lds_runs(self, op, at_origin=False):
         """Per-run LDS byte address and whether the run is one aligned vector access. A run
-        stays contiguous through the swizzle when it fits in one 16-byte chunk."""
+        stays contiguous through the swizzle when it fits in one 16-byte chunk. at_origin:
+        the window starts at (0, 0) (whole-tile copies) instead of the op's first operands."""
         region, lay, scope = op.attrs["region"], op.attrs["layout"], op.attrs["scope"]
         t = region.tile
         esz = t.dtype.bytes
-        r0, c0 = op.srcs[0], op.srcs[1]
-        rb = self.op(f"add i32 {self.read(r0).text}, {self.lane_base(lay, 0, scope).text}", "i32", 0)
-        cb = self.op(f"add i32 {self.read(c0).text}, {self.lane_base(lay, 1, scope).text}", "i32", 0)
+        r0, c0 = (None, None) if at_origin else (op.srcs[0], op.srcs[1])
+        r0v = Value("0", "i32", 0) if at_origin else self.read(r0)
+        c0v = Value("0", "i32", 0) if at_origin else self.read(c0)
+        rb = self.op(f"add i32 {r0v.text}, {self.lane_base(lay, 0, scope).text}", "i32", 0)
+        cb = self.op(f"add i32 {c0v.text}, {self.lane_base(lay, 1, scope).text}", "i32", 0)
         out = []
         for first, k in self.window_runs(lay, 1, esz):
             g = self._provable(c0, lay, 1, lay.slots[first][1])
@@ -749,8 +755,14 @@ class Renderer:
 
     def r_lds_store(self, op):
         n = op.attrs["layout"].nslots
-        val = self._norm(op.srcs[-1], n)
-        for first, k, addr, align in self._lds_runs(op):
+        self._lds_write(op, self._norm(op.srcs[-1], n), at_origin=False)
+
+    def r_gload_lds(self, op):
+        """Memory -> LDS through registers (targets without an LDS DMA path)."""
+        self._lds_write(op, self._gload_value(op, 0.0), at_origin=True)
+
+    def _lds_write(self, op, val, at_origin):
+        for first, k, addr, align in self._lds_runs(op, at_origin):
             p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {addr}",
                         "ptr addrspace(3)", 0)
             idx = ", ".join(f"i32 {first + i}" for i in range(k))

@@ -300,11 +300,11 @@ class _Machine:
         buf.flat[off[mask]] = V.to_dtype(v[mask], T.dtype_of(buf.flat.dtype))
 
     # -- LDS ------------------------------------------------------------------------------
-    def _lds_bytes(self, w, op, nvals):
+    def _lds_bytes(self, w, op, origin=None):
         """Byte indices [W*nslots*esz] of an LDS window, after bounds checks."""
         region = op.attrs["region"]
         t = region.tile
-        r0, c0 = (int(self.get(w, s)) for s in op.srcs[:2])
+        r0, c0 = origin if origin is not None else (int(self.get(w, s)) for s in op.srcs[:2])
         rows, cols = self._lane_coords(w, op)
         rows, cols = rows + r0, cols + c0
         bad = (rows < 0) | (rows >= t.shape[0]) | (cols < 0) | (cols >= t.shape[1])
@@ -318,7 +318,7 @@ class _Machine:
 
     def x_lds_load(self, w, op):
         d = op.dst.type.dtype
-        idx = self._lds_bytes(w, op, 0)
+        idx = self._lds_bytes(w, op)
         wg = self.wg_of(w)
         if not np.all(wg.written[idx]):
             b = int(idx[~wg.written[idx]][0])
@@ -338,10 +338,20 @@ class _Machine:
         w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
 
     def x_lds_store(self, w, op):
-        val_v = op.srcs[-1]
+        self._lds_write(w, op, self.get(w, op.srcs[-1]), None)
+
+    def x_gload_lds(self, w, op):
+        """Memory -> LDS: the window's values (0 outside the tensor) land where an
+        lds_store of the same layout would put them."""
+        buf, off, mask = self._tensor_window(w, op, 0)
+        self._gcheck(w, op, buf, off, mask)
+        vals = np.where(mask, buf.flat[np.where(mask, off, 0)], np.zeros((), buf.flat.dtype))
+        self._lds_write(w, op, vals, (0, 0))
+
+    def _lds_write(self, w, op, value, origin):
         d = op.attrs["region"].tile.dtype
         n = op.attrs["layout"].nslots
-        idx = self._lds_bytes(w, op, 1)
+        idx = self._lds_bytes(w, op, origin)
         wg = self.wg_of(w)
         ep = wg.epoch
         waw = (wg.w_epoch[idx] == ep) & (wg.w_wave[idx] != w.wave)
@@ -350,8 +360,7 @@ class _Machine:
             kind = "wrote" if np.any(waw) else "read"
             raise self.fail(Race, w, op, f"race: writes shared memory that another wave {kind} "
                             "since the last barrier; add pk.barrier() between them")
-        vals = np.ascontiguousarray(V.to_dtype(np.broadcast_to(self.get(w, val_v),
-                                                               (self.W, n)), d))
+        vals = np.ascontiguousarray(V.to_dtype(np.broadcast_to(value, (self.W, n)), d))
         wg.lds[idx] = vals.view(np.uint8).reshape(-1)
         wg.written[idx] = True
         wg.w_epoch[idx] = ep

@@ -192,22 +192,34 @@ def _check_window(tile_t, mem_t, what):
                     f"got rank {mem_t.rank}")
 
 
-def load(dst, src, coord=(0, 0), fill: float = 0.0) -> Tile:
+def load(dst, src, coord=(0, 0), fill: float = 0.0, direct: bool = False) -> Tile:
     """Load into `dst` (a tile, or a tile type to allocate) from `src` at element `coord`.
 
     global -> register/shared: `coord` has one entry per tensor dim and the tile covers the
     last one (vectors) or two (tiles) dims; elements outside the tensor read as `fill`.
     shared -> register: `coord` is the (row, col) of the sub-tile inside the shared tile.
     Element types convert on the way (e.g. bf16 in memory, f32 in registers).
+
+    direct=True (global -> shared): on CDNA the data goes from memory straight into LDS
+    (buffer_load ... lds: 4 bytes per lane on gfx942, 16 on gfx950) without passing through
+    registers; when a launch's shapes do not allow it (last dim or column origin not a
+    multiple of the per-lane chunk) the ordinary path runs instead. Other targets always
+    take the ordinary path. Elements outside the tensor read as 0.
     """
     dst = _dst_of(dst)
     tr = current()
+    if direct and not (isinstance(src, GL) and isinstance(dst, ST)):
+        raise error("direct=True applies to global -> shared loads")
+    if direct and fill != 0.0:
+        raise error("direct loads fill elements outside the tensor with 0; drop fill= or "
+                    "use the ordinary load")
     if isinstance(src, GL):
         _check_window(dst.type, src.type, "load")
         if isinstance(dst, ST) and isinstance(dst.type, T.SharedTileType) and src.dtype != dst.dtype:
             raise error(f"global->shared load copies bytes and cannot convert "
                         f"{src.dtype} to {dst.dtype}; make the shared tile {src.dtype}")
-        tr.emit("load", dst.v, (src.v,) + _coords(coord, src.rank, "load"), fill=float(fill))
+        tr.emit("load", dst.v, (src.v,) + _coords(coord, src.rank, "load"), fill=float(fill),
+                direct=bool(direct))
     elif isinstance(src, ST):
         if not isinstance(dst, RT) or isinstance(dst, RV):
             raise error("shared tiles load into register tiles (pk.rt)")

@@ -18,6 +18,9 @@ Op kinds (attrs in brackets):
   gstore(gl, *lead, *origin, val)[layout, dims, scope]  likewise; outside is not written
   lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
                                      shared tile (region.byte_offset gives the swizzle)
+  gload_lds(gl, *lead, *origin)[region, layout, dims, scope, vec]   a workgroup's copy of a
+                                     tensor window into a whole shared tile, memory -> LDS
+                                     (as gload then lds_store; CDNA renders one DMA per chunk)
   scope 'wave': lane = lane id; 'workgroup': lane = wave id * wave size + lane id
   mma(a, b, c)[instr, a_slots, b_slots, c_slots]    one matrix instruction (CDNA MFMA,
                                      Hopper mma.sync): the listed slots of a, b and c are its

@@ -1,6 +1,8 @@
 """Lowering of each tile-IR op into lane-IR ops."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import types as T
 from ..ir.errors import KernelError, NotSupportedYet
 from ..ir.nodes import Block, KernelIR
@@ -317,8 +319,10 @@ class _Lowering:
             gl = self.val(src_v)
             if isinstance(dst_v.type, T.SharedTileType):      # global -> shared, cooperative
                 region = self.env[dst_v]
-                lay = self._wg_layout(region.tile)
                 c = [self.val(x) for x in coords_v]
+                if op.attrs.get("direct") and self.t.lds_dma_bytes:
+                    return self._direct_to_lds(gl, region, c)
+                lay = self._wg_layout(region.tile)
                 raw = self.gload(gl, lay, (0, 1), c[:-2], c[-2:], "workgroup", fill)
                 zero = self.const(0)
                 self.lds_store(region, lay, (zero, zero), "workgroup", raw)
@@ -329,6 +333,32 @@ class _Lowering:
         region = self.env[src_v]                              # shared -> register
         origin = [self.val(x) for x in coords_v]
         self._into(dst_v, self.lds_load(region, self.layout(dst_v), origin, "wave"))
+
+    def _direct_to_lds(self, gl, region, c):
+        """One lane op for a memory -> LDS copy in per-lane chunks of the target's DMA size;
+        its workgroup layout puts lane L of a chunk group at flat element L * vec, which is
+        where the hardware writes (LDS base + lane * bytes)."""
+        st = region.tile
+        vec = max(1, self.t.lds_dma_bytes // st.dtype.bytes)
+        lanes = self.t.wave_size * self.k.num_waves
+        try:
+            lay = L.row_major_lane_layout(st.shape, lanes, vec)
+        except ValueError:
+            raise self.err(f"shared tile {st} is too small for a direct load by "
+                           f"{lanes} lanes") from None
+        # The hardware writes lane L's chunk at (group base + L * bytes): check that the layout
+        # puts chunk groups exactly there (row-major flat positions, contiguous in lane order).
+        rows, cols = lay.coords()
+        flat = rows * st.shape[1] + cols
+        lanes_idx = np.arange(lanes)
+        if lay.nslots % vec or any(
+                not np.array_equal(flat[:, g], flat[0, g] + lanes_idx * vec) or
+                not np.array_equal(flat[:, g:g + vec] - flat[:, g:g + 1], np.tile(np.arange(vec), (lanes, 1)))
+                for g in range(0, lay.nslots, vec)):
+            raise self.err(f"shared tile {st} cannot be copied in {self.t.lds_dma_bytes}-byte "
+                           "chunks per lane; use the ordinary load")
+        self.emit("gload_lds", None, (gl, *c[:-2], *c[-2:]), region=region, layout=lay,
+                  dims=(0, 1), scope="workgroup", vec=vec)
 
     def op_store(self, op):
         dst_v, src_v, coords_v = op.dst, op.srcs[0], op.srcs[1:]

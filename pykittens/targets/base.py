@@ -97,6 +97,8 @@ class Target:
     triple: str = ""
     # How the hardware dispatcher hands consecutive workgroups to chiplets: round robin.
     dispatch_round_robin: bool = True
+    # Bytes per lane of a direct global -> LDS load (CDNA buffer_load ... lds); 0 = none.
+    lds_dma_bytes: int = 0
 
     @property
     def num_cus(self) -> int:

@@ -24,6 +24,7 @@ TARGET = Target(
     num_xcds=8, cus_per_xcd=38, l2_bytes_per_xcd=cdna.L2_PER_XCD, llc_bytes=cdna.LLC,
     cache_line_bytes=cdna.CACHE_LINE, hbm_bytes_per_s=5.3e12,
     dtypes=frozenset({"f32", "bf16", "f16", "e4m3fnuz", "e5m2fnuz", "i8", "i32"}),
+    lds_dma_bytes=4,                 # CDNA3 ISA, MUBUF with LDS=1: dword per lane
     fp8_flavor="fnuz",
     mma=(
         _mfma("v_mfma_f32_32x32x8_bf16", 32, 32, 8, "bf16", "llvm.amdgcn.mfma.f32.32x32x8bf16.1k"),
