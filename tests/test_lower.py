@@ -17,7 +17,7 @@ HERE = __file__
 # the emulator implement exactly these.
 LANE_KINDS = {"const", "special", "dim", "stride", "coord", "mov", "bin", "un", "cmp",
               "select", "cvt", "slots", "slot_reduce", "bfly", "gload", "gstore", "lds_load",
-              "lds_store", "for", "if", "barrier", "setprio", "arg", "mma", "sched_barrier",
+              "lds_store", "lds_load_tr", "gload_lds", "for", "if", "barrier", "setprio", "arg", "mma", "sched_barrier",
               "sched_group", "waitcnt"}
 
 

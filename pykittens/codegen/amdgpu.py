@@ -309,6 +309,26 @@ class AMDGPURenderer(Renderer):
         merge = ", ".join(f"i32 {c.n + pos[i]}" if i in pos else f"i32 {i}" for i in range(c.n))
         self.write(op.dst, self.op(f"shufflevector {c}, {dw}, <{c.n} x i32> <{merge}>", "float", c.n))
 
+    def r_lds_load_tr(self, op):
+        """ds_read_b64_tr_b16 per group of 4 slots, each lane addressing its source chunk."""
+        region, src = op.attrs["region"], op.attrs["source"]
+        d = region.tile.dtype
+        r0, c0 = op.srcs[0], op.srcs[1]
+        g = self._provable(c0, src, 1, 0)
+        if g and (g & -g) % 4:                  # chunks would not be 8-byte aligned
+            return super().r_lds_load(op)
+        rb = self.op(f"add i32 {self.read(r0).text}, {self.lane_base(src, 0, 'wave').text}", "i32", 0)
+        cb = self.op(f"add i32 {self.read(c0).text}, {self.lane_base(src, 1, 'wave').text}", "i32", 0)
+        elems = []
+        for first in range(0, src.nslots, 4):
+            addr = self._lds_addr(region, rb, cb, src.slots[first])
+            p = self.op(f"getelementptr i8, ptr addrspace(3) @lds, {addr}", "ptr addrspace(3)", 0)
+            v = Value(self.call("<4 x i16>", "llvm.amdgcn.ds.read.tr16.b64.v4i16",
+                                [f"ptr addrspace(3) {p.text}"]), "i16", 4)
+            v = self.op(f"bitcast {v} to <4 x {llty(d)}>", llty(d), 4)
+            elems += [self.extract(v, i) for i in range(4)]
+        self.write(op.dst, self.build(elems))
+
     # -- memory -> LDS without registers (buffer_load ... lds) -----------------------------------
     def r_gload_lds(self, op):
         """One LDS DMA per chunk group: lane l of a wave writes `bytes` at LDS base + l *

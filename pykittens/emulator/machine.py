@@ -337,6 +337,21 @@ class _Machine:
         raw = wg.lds[idx].reshape(self.W, -1, d.bytes).copy()
         w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
 
+    def x_lds_load_tr(self, w, op):
+        """The hardware's two steps: per-lane 8-byte reads of the source chunks, then the
+        in-group exchange; the result must be the target layout's elements."""
+        from ..targets.cdna import ds_read_tr16_b64_source
+        src_op = _Shadow(op, op.attrs["source"])
+        self.x_lds_load(w, src_op)
+        chunks = w.regs.pop(src_op.dst)                  # [W, nslots] in source order
+        out = np.empty_like(chunks)
+        lanes = np.arange(self.W)
+        for s in range(chunks.shape[1]):
+            g, e = divmod(s, 4)
+            sl, se = ds_read_tr16_b64_source(lanes & 15, e)
+            out[:, s] = chunks[(lanes & ~15) + sl, 4 * g + se]
+        w.regs[op.dst] = out
+
     def x_lds_store(self, w, op):
         self._lds_write(w, op, self.get(w, op.srcs[-1]), None)
 
@@ -394,6 +409,20 @@ class _Machine:
                 for w in at_barrier:
                     w.barriers += 1
             live = at_barrier
+
+
+class _Shadow:
+    """An op seen through another layout (same operands, result and location)."""
+
+    def __init__(self, op, layout):
+        self.kind, self.srcs, self.loc = op.kind, op.srcs, op.loc
+        self.dst = _ShadowValue(op.dst)
+        self.attrs = {**op.attrs, "layout": layout}
+
+
+class _ShadowValue:
+    def __init__(self, v):
+        self.type, self.name = v.type, v.name
 
 
 class _Unset(Exception):

@@ -18,6 +18,9 @@ Op kinds (attrs in brackets):
   gstore(gl, *lead, *origin, val)[layout, dims, scope]  likewise; outside is not written
   lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
                                      shared tile (region.byte_offset gives the swizzle)
+  lds_load_tr(r0, c0)[region, layout, source, scope]   gfx950 transpose read: each lane
+                                     reads the 4-element row chunks of `source`, then 16-lane
+                                     groups exchange them (targets.cdna.ds_read_tr16_b64_source)
   gload_lds(gl, *lead, *origin)[region, layout, dims, scope, vec]   a workgroup's copy of a
                                      tensor window into a whole shared tile, memory -> LDS
                                      (as gload then lds_store; CDNA renders one DMA per chunk)

@@ -115,3 +115,33 @@ def workgroup_layout(t: SharedTileType, target, num_waves: int) -> LaneLayout:
     supplies the lane bits above the wave's own."""
     vec = max(1, VEC_BYTES // t.dtype.bytes)
     return row_major_lane_layout(t.shape, target.wave_size * num_waves, vec)
+
+
+def tr16_source(lay: LaneLayout):
+    """For a 16-bit register layout whose 16-lane groups sweep 16 consecutive columns and
+    whose slots come in runs of 4 consecutive rows, the layout of the 8-byte row chunks that
+    gfx950's ds_read_b64_tr_b16 must read so that its in-group transpose delivers exactly
+    `lay` (checked element by element); None when the pattern does not apply."""
+    from ..targets.cdna import ds_read_tr16_b64_source
+    if lay.lanes != 64 or lay.lane_bits[:4] != ((1, 1), (1, 2), (1, 4), (1, 8)) or \
+            lay.nslots % 4:
+        return None
+    for g in range(0, lay.nslots, 4):
+        r, c = lay.slots[g]
+        if any(lay.slots[g + e] != (r + e, c) for e in range(4)):
+            return None
+    # lane i of a group reads row (group row + i // 4), columns 4 * (i % 4) .. + 3
+    bits = ((1, 4), (1, 8), (0, 1), (0, 2)) + lay.lane_bits[4:]
+    slots = tuple((lay.slots[g][0], lay.slots[g][1] + e)
+                  for g in range(0, lay.nslots, 4) for e in range(4))
+    src = LaneLayout(lay.shape, bits, slots)
+    sr, sc = src.coords()
+    tr, tc = lay.coords()
+    for lane in range(64):
+        base = lane & ~15
+        for s_ in range(lay.nslots):
+            g, e = divmod(s_, 4)
+            sl, se = ds_read_tr16_b64_source(lane & 15, e)
+            if (sr[base + sl, 4 * g + se], sc[base + sl, 4 * g + se]) != (tr[lane, s_], tc[lane, s_]):
+                return None
+    return src

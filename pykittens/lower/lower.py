@@ -332,7 +332,16 @@ class _Lowering:
             return
         region = self.env[src_v]                              # shared -> register
         origin = [self.val(x) for x in coords_v]
-        self._into(dst_v, self.lds_load(region, self.layout(dst_v), origin, "wave"))
+        lay = self.layout(dst_v)
+        src = L.tr16_source(lay) if self.t.lds_read_tr16 and region.tile.dtype.bits == 16 \
+            else None
+        if src is not None:                                   # column runs: transpose reads
+            raw = self.b.reg(region.tile.dtype, lay.nslots)
+            self.emit("lds_load_tr", raw, tuple(origin), region=region, layout=lay,
+                      source=src, scope="wave")
+            self._into(dst_v, raw)
+            return
+        self._into(dst_v, self.lds_load(region, lay, origin, "wave"))
 
     def _direct_to_lds(self, gl, region, c):
         """One lane op for a memory -> LDS copy in per-lane chunks of the target's DMA size;

@@ -99,6 +99,8 @@ class Target:
     dispatch_round_robin: bool = True
     # Bytes per lane of a direct global -> LDS load (CDNA buffer_load ... lds); 0 = none.
     lds_dma_bytes: int = 0
+    # LDS transpose reads of 16-bit data (gfx950 ds_read_b64_tr_b16)
+    lds_read_tr16: bool = False
 
     @property
     def num_cus(self) -> int:

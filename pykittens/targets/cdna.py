@@ -67,6 +67,15 @@ def mfma_b(n: int, k: int):
     return _mfma_ab(n, k, 1)
 
 
+def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:
+    """gfx950 ds_read_b64_tr_b16: each lane of a 16-lane group reads 8 bytes (4 x 16-bit)
+    and the group exchanges them as a 16 x 4 -> 4 x 16 transpose, so that, when lane i
+    reads row i // 4, columns 4 * (i % 4) .. + 3 of a 4 x 16 block, lane j receives that
+    block's column j (CDNA4 ISA, "LDS transpose loads"). Returns the (source lane in the
+    group, source element) that lane `lane`'s element `element` comes from."""
+    return 4 * element + lane // 4, lane % 4
+
+
 # cbsz / blgp operand-format codes of the scaled f8f6f4 MFMAs (CDNA4 ISA): 0 = FP8 E4M3,
 # 1 = BF8 E5M2 (2, 3, 4 are FP6/BF6/FP4, not used yet).
 F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1}

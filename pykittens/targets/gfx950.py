@@ -25,7 +25,8 @@ TARGET = Target(
     num_xcds=8, cus_per_xcd=32, l2_bytes_per_xcd=cdna.L2_PER_XCD, llc_bytes=cdna.LLC,
     cache_line_bytes=cdna.CACHE_LINE, hbm_bytes_per_s=8.0e12,
     dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "i8", "i32"}),
-    lds_dma_bytes=16,                 # CDNA4 ISA: buffer_load_dwordx4 ... lds (12 or 16 bytes per lane)
+    lds_dma_bytes=16,                  # CDNA4 ISA: buffer_load_dwordx4 ... lds (12 or 16 B/lane)
+    lds_read_tr16=True,                # CDNA4 ISA: ds_read_b64_tr_b16
     fp8_flavor="ocp",
     mma=(
         _mfma("v_mfma_f32_32x32x16_bf16", 32, 32, 16, "bf16", "llvm.amdgcn.mfma.f32.32x32x16.bf16"),
