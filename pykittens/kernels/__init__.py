@@ -118,7 +118,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"}),
     KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _ln_launch, ("out",),
                shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
-               compile_consts={"DT": "bf16", "RESIDENT": 1}),
+               compile_consts={"DT": "bf16", "ROWS": 1, "COLS": 1024}),
     KernelSpec("gemm", gemm, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
                shapes=((64, 64, 64), (100, 70, 96), (128, 64, 160)),
                gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16"),
