@@ -8,8 +8,10 @@ import sys
 from ..ir.errors import KernelError
 from ..ir.nodes import Block, Loc, Op, Value
 
+# Frames in these packages are pykittens' own machinery (the language, and library helpers
+# such as grid mappings that kernels call): errors point past them at the user's line.
 _PKG_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(__file__)), d) + os.sep
-                  for d in ("lang", "ir"))
+                  for d in ("lang", "ir", "chiplet"))
 _CONTEXTLIB = contextlib.__file__     # `with pk.if_(...)` enters through contextlib's frames
 
 

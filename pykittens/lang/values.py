@@ -101,6 +101,8 @@ class Scalar:
 def where(cond, a, b):
     """Select for scalars; works on traced scalars and on numpy arrays alike, so one
     function can describe e.g. a grid mapping both in a kernel and in a simulator."""
+    if isinstance(cond, (bool, np.bool_)):          # decided at trace time
+        return a if cond else b
     if any(isinstance(x, Scalar) for x in (cond, a, b)):
         c = as_scalar(cond) if not isinstance(cond, Scalar) else cond
         d = T.f32 if any(isinstance(x, Scalar) and x.dtype.is_float or isinstance(x, float)
