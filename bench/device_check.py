@@ -15,131 +15,11 @@ import numpy as np
 import torch
 
 import pykittens as pk
+from pykittens.bench import gpu
+from pykittens.bench.gpu import copy_ceiling, graph_time
 from pykittens.kernels import KERNELS
-from pykittens.kernels.spec import rel_err
 
 DEV = "cuda"
-TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def torch_reference(name, t):
-    """float64 reference computed on the GPU."""
-    if name == "gemm":
-        return t["a"].double() @ t["b"].double()
-    x = t["x"].double()
-    if name == "scaled_add":
-        return t["alpha"] * x + t["y"].double()
-    if name == "softmax":
-        return torch.softmax(x, dim=1)
-    if name == "layernorm":
-        mu = x.mean(1, keepdim=True)
-        var = ((x - mu) ** 2).mean(1, keepdim=True)
-        return (x - mu) / torch.sqrt(var + t["eps"]) * t["w"].double() + t["b"].double()
-    raise KeyError(name)
-
-
-def to_torch(inputs):
-    """numpy inputs -> CUDA tensors of the same element types."""
-    out = {}
-    for k, v in inputs.items():
-        if isinstance(v, np.ndarray):
-            out[k] = torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[v.dtype.name])
-        else:
-            out[k] = v
-    return out
-
-
-def run_gpu(spec, t, grid, consts):
-    out = t[spec.outputs[0]]
-    out.fill_(float("nan"))                            # poison: unwritten elements show
-    pk.launch(spec.kernel, grid=grid, **t, **consts)
-    torch.cuda.synchronize()
-    return out
-
-
-def correctness(rows, details):
-    rng = np.random.default_rng(0)
-    for spec in KERNELS.values():
-        for dt in spec.dtypes:
-            for shape in spec.gpu_shapes:
-                inputs = spec.make_inputs(shape, pk.ir.types.dtype_of(dt), rng)
-                grid, consts = spec.launch(inputs, "sm_90a")
-                t = to_torch(inputs)
-                got = run_gpu(spec, t, grid, consts)
-                ref = torch_reference(spec.name, t)
-                err = float((got.double() - ref).norm() / ref.norm())
-                if not torch.isfinite(got).all():
-                    err = float("inf")
-                ok = err <= spec.tolerance(dt)
-                rows.append(["gpu-vs-f64", spec.name, dt, "x".join(map(str, shape)),
-                             f"{err:.2e}", "ok" if ok else "FAIL"])
-                details.append({"check": "gpu_vs_float64", "kernel": spec.name, "dtype": dt,
-                                "shape": shape, "rel_err": err, "ok": ok})
-
-
-def emulator_agreement(rows, details):
-    rng = np.random.default_rng(1)
-    for spec in KERNELS.values():
-        for dt in spec.dtypes:
-            for shape in spec.shapes:
-                inputs = spec.make_inputs(shape, pk.ir.types.dtype_of(dt), rng)
-                grid, consts = spec.launch(inputs, "sm_90a")
-                emu = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs,
-                                 **consts)[spec.outputs[0]].astype(np.float64)
-                t = to_torch(inputs)
-                hw = run_gpu(spec, t, grid, consts).double().cpu().numpy()
-                diff = float(np.max(np.abs(hw - emu)))
-                rel = rel_err(hw, emu)
-                exact = int(np.sum(hw == emu))
-                ok = rel <= spec.tolerance(dt) and np.all(np.isfinite(hw))
-                rows.append(["gpu-vs-emulator", spec.name, dt, "x".join(map(str, shape)),
-                             f"{rel:.2e}", "ok" if ok else "FAIL"])
-                details.append({"check": "gpu_vs_emulator", "kernel": spec.name, "dtype": dt,
-                                "shape": shape, "rel_diff": rel, "max_abs_diff": diff,
-                                "bitwise_equal_fraction": exact / hw.size, "ok": bool(ok)})
-
-
-def graph_time(fn, reps=20):
-    """Median time of one call, replaying a CUDA graph of `reps` calls (no launch gaps)."""
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / reps * 1e-3)
-    return float(np.median(times))
-
-
-def copy_ceiling(big, dst):
-    """Device-to-device copy bandwidth (bytes read + written per second): the best of the
-    driver's memcpy (timed with events) and an SM copy kernel replayed in a CUDA graph."""
-    nbytes = 2 * big.numel() * big.element_size()
-    dst.copy_(big)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(big)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    memcpy = nbytes / float(np.median(times))
-    kernel = nbytes / graph_time(lambda: torch.mul(big, 1, out=dst))
-    return max(memcpy, kernel), {"memcpy_bytes_per_s": memcpy, "sm_copy_bytes_per_s": kernel}
 
 
 LN_VARIANTS = {                     # schedule constants of the library LayerNorm to compare
@@ -156,10 +36,7 @@ def performance(rows, details):
     w = torch.randn(n, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(x)
-    big = torch.randn(4 * m, n, device=DEV, dtype=torch.bfloat16)     # 1 GiB: beats L2
-    dst = torch.empty_like(big)
-    copy_bw, copy_detail = copy_ceiling(big, dst)
-    del big, dst
+    copy_bw, copy_detail = copy_ceiling(1 << 30)                    # 1 GiB: beats L2
     spec = KERNELS["layernorm"]
     default_grid, default_consts = spec.launch({"x": np.empty((m, n), np.float16)}, "sm_90a")
     results = {"copy_bytes_per_s": copy_bw, **copy_detail, "default": default_consts}
@@ -190,7 +67,7 @@ def performance(rows, details):
         rows.append(["perf", f"layernorm ({name})", "bf16", f"{m}x{n}",
                      f"{bw / 1e12:.2f} TB/s", f"{100 * bw / copy_bw:.0f}% of copy"
                      + (f", err {err:.1e}" if err else "")])
-    rows.append(["perf", "device copy (read+write)", "bf16", f"{4 * m}x{n}",
+    rows.append(["perf", "device copy (read+write)", "bf16", "1 GiB",
                  f"{copy_bw / 1e12:.2f} TB/s", "ceiling"])
     details.append({"check": "layernorm_bandwidth", **results})
 
@@ -225,7 +102,13 @@ def main() -> int:
     except ImportError:
         pass
     rows, details = [], []
-    for step in (correctness, emulator_agreement, performance, gemm_performance):
+
+    def correctness(rows, details):
+        res = gpu.check_library("gpu") + gpu.emulator_agreement()
+        details.extend(res)
+        rows.extend(gpu.summary_rows(res))
+
+    for step in (correctness, performance, gemm_performance):
         try:
             step(rows, details)
         except Exception as e:  # noqa: BLE001 - report and continue with the next step

@@ -79,17 +79,15 @@ def gpu_section() -> str | None:
         return None
     if not torch.cuda.is_available():
         return None
-    from .runtime.gpu_check import run_library_on_gpu
-    return run_library_on_gpu(quick=True)
+    from .bench import gpu
+    results = gpu.check_library("small") + gpu.emulator_agreement()
+    head = [["check", "kernel", "dtype", "shape", "rel err", "result"]]
+    return gpu.table(head + gpu.summary_rows(results))
 
 
 def run_demo(quick: bool = False) -> int:
     t0 = time.time()
-    gpu = None
-    try:
-        gpu = gpu_section()
-    except ImportError:
-        gpu = None
+    gpu = gpu_section()
     where = "a CUDA GPU is present: kernels also run on it" if gpu else \
         "no GPU here: kernels run in the lane-exact emulator"
     print(f"pykittens demo — {where}\n")

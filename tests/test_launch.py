@@ -25,3 +25,25 @@ def test_hip_path_says_where_it_runs():
     from pykittens.runtime import hip
     with pytest.raises(hip.HipError, match="no HIP runtime"):
         hip.hip_runtime()
+
+
+def test_emulate_accepts_torch_cpu_tensors():
+    torch = pytest.importorskip("torch", reason="torch is optional (tensor interop)")
+    x = torch.randn(37, 100)
+    out = pk.emulate(pk.kernels.softmax, x, torch.zeros(37, 100), grid=(3,),
+                     target="gfx950")["out"]
+    np.testing.assert_allclose(out, torch.softmax(x, 1).numpy(), atol=1e-6)
+    with pytest.raises(pk.KernelError, match="element type bf16 but the kernel expects f32"):
+        pk.emulate(scaled_add, x, x.bfloat16(), x, 1.0, grid=1, DT="f32")
+
+
+def test_torch_references_match_numpy(rng):
+    torch = pytest.importorskip("torch", reason="torch is optional (tensor interop)")
+    from pykittens.kernels import KERNELS
+    shapes = {"gemm": (32, 24, 40)}
+    for spec in KERNELS.values():
+        inputs = spec.make_inputs(shapes.get(spec.name, (5, 300)), pk.f32, rng)
+        t = {k: torch.from_numpy(v).double() if isinstance(v, np.ndarray) else v
+             for k, v in inputs.items()}
+        got = spec.torch_reference(t)[spec.outputs[0]].numpy()
+        np.testing.assert_allclose(got, spec.reference(inputs)[spec.outputs[0]], atol=1e-12)

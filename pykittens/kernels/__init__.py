@@ -39,6 +39,10 @@ def _sa_ref(i):
     return {"out": i["alpha"] * _f64(i["x"]) + _f64(i["y"])}
 
 
+def _sa_torch(t):
+    return {"out": t["alpha"] * t["x"] + t["y"]}
+
+
 def _sa_launch(i, target):
     m, n = i["x"].shape
     return (_rows_grid(m), -(-n // 64)), {}
@@ -54,6 +58,11 @@ def _sm_ref(i):
     x = _f64(i["x"])
     e = np.exp(x - x.max(axis=1, keepdims=True))
     return {"out": e / e.sum(axis=1, keepdims=True)}
+
+
+def _sm_torch(t):
+    import torch
+    return {"out": torch.softmax(t["x"], dim=1)}
 
 
 def _rows_launch(i, target):
@@ -108,22 +117,37 @@ def _gemm_launch(i, target):
     return (max(1, -(-m // 64)), max(1, -(-n // 64))), {}
 
 
+def _ln_torch(t):
+    x = t["x"]
+    mu = x.mean(1, keepdim=True)
+    var = ((x - mu) ** 2).mean(1, keepdim=True)
+    return {"out": (x - mu) / (var + t["eps"]).sqrt() * t["w"] + t["b"]}
+
+
+def _gemm_torch(t):
+    return {"c": t["a"] @ t["b"]}
+
+
 _SMALL = ((16, 64), (37, 100), (5, 300), (64, 256))
 _LN_SMALL = _SMALL + ((9, 2000),)            # rows past one resident chunk
 
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("scaled_add", scaled_add, _sa_inputs, _sa_ref, _sa_launch, ("out",),
-               shapes=_SMALL, gpu_shapes=((8192, 8192),), compile_consts={"DT": "bf16"}),
+               shapes=_SMALL, gpu_shapes=((8192, 8192),), compile_consts={"DT": "bf16"},
+               torch_reference=_sa_torch),
     KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, _rows_launch, ("out",),
-               shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"}),
+               shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"},
+               torch_reference=_sm_torch),
     KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _ln_launch, ("out",),
                shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
-               compile_consts={"DT": "bf16", "ROWS": 1, "COLS": 1024}),
+               compile_consts={"DT": "bf16", "ROWS": 1, "COLS": 1024},
+               torch_reference=_ln_torch),
     KernelSpec("gemm", gemm, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
                shapes=((64, 64, 64), (100, 70, 96), (128, 64, 160)),
                gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16"),
                compile_consts={"DT": "bf16", "OUT": "f32"},
-               tol={"bf16": 1e-5, "f16": 1e-5}),    # exact products, f32 sums
+               tol={"bf16": 1e-5, "f16": 1e-5},     # exact products, f32 sums
+               torch_reference=_gemm_torch),
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "rel_err", "gemm", "layernorm", "scaled_add",

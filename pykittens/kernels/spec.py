@@ -23,6 +23,7 @@ class KernelSpec:
     dtypes: tuple[str, ...] = ("f32", "bf16")
     compile_consts: dict = field(default_factory=dict)   # consts for `pykittens compile`
     tol: dict = field(default_factory=dict)   # per-dtype overrides of the default tolerance
+    torch_reference: Callable | None = None   # the reference on float64 torch tensors (GPU)
 
     def tolerance(self, dtype) -> float:
         """Relative Frobenius error allowed for results computed from `dtype` inputs

@@ -1,0 +1,143 @@
+"""Library kernels on a CUDA GPU: correctness against float64 torch, agreement with the
+emulator, and timing helpers. Imports torch; call only where a GPU exists."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..emulator.launch import emulate
+from ..ir.types import dtype_of
+from ..kernels import KERNELS
+from ..kernels.spec import rel_err
+from ..runtime.launch import launch
+
+DEV = "cuda"
+TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def to_torch(inputs: dict) -> dict:
+    """numpy inputs -> CUDA tensors of the same element types (scalars pass through)."""
+    return {k: torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[v.dtype.name])
+            if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+
+
+def run_gpu(spec, t: dict, grid, consts):
+    out = t[spec.outputs[0]]
+    out.fill_(float("nan"))                            # poison: unwritten elements show
+    launch(spec.kernel, grid=grid, **t, **consts)
+    torch.cuda.synchronize()
+    return out
+
+
+def float64_reference(spec, t: dict):
+    """The kernel's reference on float64 copies of its inputs, on the GPU."""
+    ref = spec.torch_reference({k: (v.double() if torch.is_tensor(v) else v)
+                                for k, v in t.items()})
+    return ref[spec.outputs[0]]
+
+
+def check_library(shapes: str = "gpu", target: str = "sm_90a", rng=None,
+                  names=None) -> list[dict]:
+    """Every library kernel (or `names`) at its GPU shapes ('gpu') or its small emulator
+    shapes ('small') against float64."""
+    rng = rng or np.random.default_rng(0)
+    out = []
+    for spec in KERNELS.values():
+        if names and spec.name not in names:
+            continue
+        for dt in spec.dtypes:
+            for shape in (spec.gpu_shapes if shapes == "gpu" else spec.shapes):
+                inputs = spec.make_inputs(shape, dtype_of(dt), rng)
+                grid, consts = spec.launch(inputs, target)
+                t = to_torch(inputs)
+                got = run_gpu(spec, t, grid, consts)
+                ref = float64_reference(spec, t)
+                err = float((got.double() - ref).norm() / ref.norm())
+                if not torch.isfinite(got).all():
+                    err = float("inf")
+                out.append({"check": "gpu_vs_float64", "kernel": spec.name, "dtype": dt,
+                            "shape": shape, "rel_err": err,
+                            "ok": err <= spec.tolerance(dt)})
+    return out
+
+
+def emulator_agreement(target: str = "sm_90a", rng=None, names=None) -> list[dict]:
+    """The same inputs through the GPU and the emulator, at the small (ragged) shapes."""
+    rng = rng or np.random.default_rng(1)
+    out = []
+    for spec in KERNELS.values():
+        if names and spec.name not in names:
+            continue
+        for dt in spec.dtypes:
+            for shape in spec.shapes:
+                inputs = spec.make_inputs(shape, dtype_of(dt), rng)
+                grid, consts = spec.launch(inputs, target)
+                emu = emulate(spec.kernel, grid=grid, target=target, **inputs,
+                              **consts)[spec.outputs[0]].astype(np.float64)
+                hw = run_gpu(spec, to_torch(inputs), grid, consts).double().cpu().numpy()
+                rel = rel_err(hw, emu)
+                out.append({"check": "gpu_vs_emulator", "kernel": spec.name, "dtype": dt,
+                            "shape": shape, "rel_diff": rel,
+                            "max_abs_diff": float(np.max(np.abs(hw - emu))),
+                            "bitwise_equal_fraction": float(np.mean(hw == emu)),
+                            "ok": bool(rel <= spec.tolerance(dt) and np.all(np.isfinite(hw)))})
+    return out
+
+
+def graph_time(fn, reps: int = 20) -> float:
+    """Median seconds of one call, replaying a CUDA graph of `reps` calls (no launch gaps)."""
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / reps * 1e-3)
+    return float(np.median(times))
+
+
+def copy_ceiling(nbytes: int = 1 << 30) -> tuple[float, dict]:
+    """Device-to-device copy bandwidth (bytes read + written per second): the best of the
+    driver's memcpy (timed with events) and an SM copy kernel replayed in a CUDA graph."""
+    big = torch.randn(nbytes // 2, device=DEV, dtype=torch.bfloat16)
+    dst = torch.empty_like(big)
+    moved = 2 * big.numel() * big.element_size()
+    dst.copy_(big)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(big)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    memcpy = moved / float(np.median(times))
+    kernel = moved / graph_time(lambda: torch.mul(big, 1, out=dst))
+    return max(memcpy, kernel), {"memcpy_bytes_per_s": memcpy, "sm_copy_bytes_per_s": kernel}
+
+
+def table(rows: list[list]) -> str:
+    w = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(x).ljust(w[i]) for i, x in enumerate(r)) for r in rows)
+
+
+def summary_rows(results: list[dict]) -> list[list]:
+    rows = []
+    for r in results:
+        val = r.get("rel_err", r.get("rel_diff"))
+        rows.append([r["check"], r["kernel"], r["dtype"], "x".join(map(str, r["shape"])),
+                     f"{val:.2e}", "ok" if r["ok"] else "FAIL"])
+    return rows
