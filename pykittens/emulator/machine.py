@@ -45,17 +45,40 @@ class _GlobalBuf:
 
 
 class _Workgroup:
-    """LDS and its tracking for one workgroup."""
+    """LDS and its tracking for one workgroup.
 
-    def __init__(self, nbytes):
+    Ordering between waves is tracked with vector clocks: every LDS access gets a time; a
+    wave has seen another wave's accesses up to vc[wave][other]. A workgroup barrier makes
+    everything before it visible to everyone; an mbarrier phase makes the arriving waves'
+    past visible to the waves that wait on it. An access by one wave to bytes another wave
+    touched at a time the first has not seen is a race."""
+
+    def __init__(self, nbytes, num_waves):
         n = max(nbytes, 1)
         self.lds = np.zeros(n, np.uint8)
         self.written = np.zeros(n, bool)
-        self.w_epoch = np.full(n, -1, np.int64)
+        self.w_time = np.full(n, -1, np.int64)
         self.w_wave = np.full(n, -1, np.int64)
-        self.r_epoch = np.full(n, -1, np.int64)
-        self.r_mask = np.zeros(n, np.int64)
-        self.epoch = 0
+        self.r_time = np.full((n, num_waves), -1, np.int64)
+        self.vc = np.full((num_waves, num_waves), -1, np.int64)
+        self.time = 0
+        self.mbarriers: dict = {}
+
+    def tick(self) -> int:
+        self.time += 1
+        return self.time
+
+    def sync_all(self):
+        self.vc[:, :] = self.time
+
+
+class _MBarrier:
+    """Arrival count, current phase, and what each completed phase made visible."""
+
+    def __init__(self, count, num_waves):
+        self.count, self.pending, self.phase = count, count, 0
+        self.acc = np.full(num_waves, -1, np.int64)
+        self.completed: dict = {}            # parity -> vector clock of its last completion
 
 
 class _Wave:
@@ -131,7 +154,9 @@ class _Machine:
                     yield from self.run_block(w, op.regions[0])
                 elif len(op.regions) > 1:
                     yield from self.run_block(w, op.regions[1])
-            elif k == "barrier":
+            elif k in ("barrier", "mbar_wait"):
+                if k == "mbar_wait":
+                    self._mbar(w, op)
                 w.waiting_op = op
                 yield op
                 w.waiting_op = None
@@ -325,15 +350,14 @@ class _Machine:
             raise self.fail(UnwrittenRead, w, op, f"read of shared memory that was never "
                             f"written (byte {b} of {op.attrs['region'].name}); store or load "
                             "the shared tile before reading it")
-        racy = (wg.w_epoch[idx] == wg.epoch) & (wg.w_wave[idx] != w.wave)
+        writer = wg.w_wave[idx]
+        seen = wg.vc[w.wave][np.maximum(writer, 0)]
+        racy = (writer >= 0) & (writer != w.wave) & (wg.w_time[idx] > seen)
         if np.any(racy):
-            other = int(wg.w_wave[idx][racy][0])
+            other = int(writer[racy][0])
             raise self.fail(Race, w, op, f"race: reads shared memory that wave {other} wrote "
-                            "since the last barrier; add pk.barrier() between them")
-        fresh = wg.r_epoch[idx] != wg.epoch
-        wg.r_mask[idx[fresh]] = 0
-        wg.r_epoch[idx] = wg.epoch
-        wg.r_mask[idx] |= 1 << w.wave
+                            "since the last barrier (or mbarrier wait); add pk.barrier() between them")
+        wg.r_time[idx, w.wave] = wg.tick()
         raw = wg.lds[idx].reshape(self.W, -1, d.bytes).copy()
         w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
 
@@ -368,9 +392,11 @@ class _Machine:
         n = op.attrs["layout"].nslots
         idx = self._lds_bytes(w, op, origin)
         wg = self.wg_of(w)
-        ep = wg.epoch
-        waw = (wg.w_epoch[idx] == ep) & (wg.w_wave[idx] != w.wave)
-        war = (wg.r_epoch[idx] == ep) & ((wg.r_mask[idx] & ~(1 << w.wave)) != 0)
+        writer = wg.w_wave[idx]
+        seen = wg.vc[w.wave]
+        waw = (writer >= 0) & (writer != w.wave) & (wg.w_time[idx] > seen[np.maximum(writer, 0)])
+        others = np.arange(len(seen)) != w.wave
+        war = np.any((wg.r_time[idx][:, others] > seen[others]), axis=1)
         if np.any(waw | war):
             kind = "wrote" if np.any(waw) else "read"
             raise self.fail(Race, w, op, f"race: writes shared memory that another wave {kind} "
@@ -378,7 +404,7 @@ class _Machine:
         vals = np.ascontiguousarray(V.to_dtype(np.broadcast_to(value, (self.W, n)), d))
         wg.lds[idx] = vals.view(np.uint8).reshape(-1)
         wg.written[idx] = True
-        wg.w_epoch[idx] = ep
+        wg.w_time[idx] = wg.tick()
         wg.w_wave[idx] = w.wave
 
     def wg_of(self, w):
@@ -386,29 +412,104 @@ class _Machine:
 
     # -- grid ---------------------------------------------------------------------------
     def run_workgroup(self, pid):
-        wg = _Workgroup(self.p.lds_bytes)
+        """Waves run one at a time until they block (at a barrier or an mbarrier wait);
+        a workgroup barrier opens when every live wave stands at one; no runnable wave and
+        no barrier to open is a deadlock, reported with what each wave waits for."""
+        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves)
         waves = [_Wave(self, wg, pid, i) for i in range(self.p.num_waves)]
         gens = {w: self.run_block(w, self.p.body) for w in waves}
-        live = list(waves)
-        while live:
-            at_barrier, done = [], []
-            for w in live:
+        state = {w: None for w in waves}        # None: runnable; op: blocked; "done"
+        while True:
+            progressed = False
+            for w in waves:
+                st = state[w]
+                if st == "done" or (st is not None and st.kind == "barrier"):
+                    continue
+                if st is not None and not self._wait_done(w, st):
+                    continue
+                if st is not None:
+                    self._finish_wait(w, st)
                 try:
-                    next(gens[w])
-                    at_barrier.append(w)
+                    state[w] = next(gens[w])
                 except StopIteration:
-                    done.append(w)
-            if at_barrier and done:
-                a = at_barrier[0]
-                raise self.fail(BarrierMismatch, a, a.waiting_op,
-                                f"barrier mismatch (deadlock): waves "
-                                f"{[x.wave for x in at_barrier]} wait at a barrier that waves "
-                                f"{[x.wave for x in done]} never reach (they finished)")
-            if at_barrier:
-                wg.epoch += 1
-                for w in at_barrier:
+                    state[w] = "done"
+                progressed = True
+            live = [w for w in waves if state[w] != "done"]
+            if not live:
+                return
+            at_bar = [w for w in live if state[w].kind == "barrier"]
+            if at_bar and len(at_bar) == len(live):
+                if len(live) < len(waves):            # a finished wave never arrives
+                    self._deadlock(waves, state)
+                wg.sync_all()
+                for w in at_bar:
                     w.barriers += 1
-            live = at_barrier
+                    state[w] = None
+                continue
+            if not progressed:
+                self._deadlock(waves, state)
+
+    def _wait_done(self, w, op) -> bool:
+        # PTX try_wait.parity(P): true once the barrier's current phase has parity != P,
+        # i.e. the phase with parity P completed.
+        bar = w.wg.mbarriers[op.attrs["region"].name]
+        return bar.phase % 2 != int(self.get(w, op.srcs[0])) % 2
+
+    def _finish_wait(self, w, op):
+        bar = w.wg.mbarriers[op.attrs["region"].name]
+        done = bar.completed.get(int(self.get(w, op.srcs[0])) % 2)
+        if done is not None:
+            np.maximum(w.wg.vc[w.wave], done, out=w.wg.vc[w.wave])
+
+    def _deadlock(self, waves, state):
+        done = [w.wave for w in waves if state[w] == "done"]
+        at_bar = [w for w in waves if state[w] not in ("done", None) and
+                  state[w].kind == "barrier"]
+        waiting = [w for w in waves if state[w] not in ("done", None) and
+                   state[w].kind == "mbar_wait"]
+        if waiting:
+            w = waiting[0]
+            op = state[w]
+            parity = int(self.get(w, op.srcs[0])) % 2
+            raise self.fail(BarrierMismatch, w, op,
+                            f"deadlock: waves {[x.wave for x in waiting]} wait on mbarrier "
+                            f"{op.attrs['region'].name} (phase parity {parity}) that no wave "
+                            f"will complete; waves {[x.wave for x in at_bar]} are at a "
+                            f"barrier, waves {done} finished")
+        a = at_bar[0]
+        raise self.fail(BarrierMismatch, a, state[a],
+                        f"barrier mismatch (deadlock): waves {[x.wave for x in at_bar]} wait "
+                        f"at a barrier that waves {done} never reach (they finished)")
+
+    # -- mbarriers ---------------------------------------------------------------------------
+    def x_mbar_init(self, w, op):
+        r = op.attrs["region"]
+        w.wg.mbarriers[r.name] = _MBarrier(op.attrs["count"], self.p.num_waves)
+
+    def _mbar(self, w, op):
+        r = op.attrs["region"]
+        if r.name not in w.wg.mbarriers:
+            raise self.fail(EmulatorError, w, op, f"mbarrier {r.name} used before its "
+                            "initialisation")
+        return w.wg.mbarriers[r.name]
+
+    def x_mbar_arrive(self, w, op):
+        bar, wg = self._mbar(w, op), w.wg
+        mine = wg.vc[w.wave].copy()
+        mine[w.wave] = wg.tick()
+        np.maximum(bar.acc, mine, out=bar.acc)
+        bar.pending -= 1
+        if bar.pending < 0:
+            raise self.fail(EmulatorError, w, op, f"more arrivals on mbarrier {op.attrs['region'].name} "
+                            f"than its count of {bar.count}")
+        if bar.pending == 0:                     # phase complete: publish, next phase
+            bar.completed[bar.phase % 2] = bar.acc.copy()
+            bar.acc[:] = -1
+            bar.phase += 1
+            bar.pending = bar.count
+
+    def x_setmaxnreg(self, w, op):
+        """Register budgets change occupancy, not results."""
 
 
 class _Shadow:
