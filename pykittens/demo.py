@@ -27,7 +27,7 @@ def emulator_section(quick: bool) -> tuple[str, bool]:
     rng = np.random.default_rng(0)
     for spec in KERNELS.values():
         shapes = spec.shapes[1:2] if quick else spec.shapes[1:3]
-        for target in NAMES:
+        for target in spec.targets:
             for dt in spec.dtypes:
                 for shape in shapes:
                     t0 = time.time()
@@ -45,7 +45,7 @@ def compile_section() -> str:
     from . import compiler
     rows, notes = [], []
     for spec in KERNELS.values():
-        for target in NAMES:
+        for target in spec.targets:
             try:
                 rep = compiler.report(spec.kernel, target, **spec.compile_consts)
             except Exception as e:  # noqa: BLE001 - shown to the user, demo goes on

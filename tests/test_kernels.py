@@ -8,7 +8,7 @@ from pykittens.kernels import KERNELS, check
 from pykittens.kernels.spec import rel_err
 from pykittens.targets import NAMES
 
-CASES = [(name, target, dt, shape) for name, spec in KERNELS.items() for target in NAMES
+CASES = [(name, target, dt, shape) for name, spec in KERNELS.items() for target in spec.targets
          for dt in spec.dtypes for shape in spec.shapes]
 
 

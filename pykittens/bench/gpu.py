@@ -43,7 +43,7 @@ def check_library(shapes: str = "gpu", target: str = "sm_90a", rng=None,
     rng = rng or np.random.default_rng(0)
     out = []
     for spec in KERNELS.values():
-        if names and spec.name not in names:
+        if (names and spec.name not in names) or target not in spec.targets:
             continue
         for dt in spec.dtypes:
             for shape in (spec.gpu_shapes if shapes == "gpu" else spec.shapes):
@@ -66,7 +66,7 @@ def emulator_agreement(target: str = "sm_90a", rng=None, names=None) -> list[dic
     rng = rng or np.random.default_rng(1)
     out = []
     for spec in KERNELS.values():
-        if names and spec.name not in names:
+        if (names and spec.name not in names) or target not in spec.targets:
             continue
         for dt in spec.dtypes:
             for shape in spec.shapes:

@@ -15,7 +15,11 @@ class NVPTXRenderer(Renderer):
 
     def module_footer(self):
         threads = self.p.num_waves * self.p.wave_size
-        return f'attributes #0 = {{ "nvvm.maxntid"="{threads},1,1" }}'
+        extra = ""
+        if self._uses("setmaxnreg"):
+            # setmaxnreg needs a register cap at entry: what fits the whole block on one SM
+            extra = f' "nvvm.maxnreg"="{self.register_cap()}" "nvvm.minctasm"="1"'
+        return f'attributes #0 = {{ "nvvm.maxntid"="{threads},1,1"{extra} }}'
 
     def function_header(self, args):
         return f"define ptx_kernel void @{self.p.name}({args}) #0"
@@ -133,6 +137,59 @@ class NVPTXRenderer(Renderer):
             e = self.op(f"extractvalue {rty} {res}, {i}", "float", 0)
             out = self.op(f"insertelement {out}, {e}, i64 {slot}", "float", c.n)
         self.write(op.dst, out)
+
+    def _uses(self, kind) -> bool:
+        from ..ir.nodes import walk
+        return any(op.kind == kind for op in walk(self.p.body))
+
+    def register_cap(self) -> int:
+        from ..targets.sm90a import REGISTERS_PER_SM
+        threads = self.p.num_waves * self.p.wave_size
+        return min(self.p.target.vgprs // 8 * 8, REGISTERS_PER_SM // threads // 8 * 8)
+
+    # -- mbarriers and register budgets -------------------------------------------------------
+    def _mbar_addr(self, region) -> Value:
+        p = self.op(f"getelementptr i8, ptr addrspace(3) @smem, i32 {region.base}",
+                    "ptr addrspace(3)", 0)
+        return self.op(f"ptrtoint ptr addrspace(3) {p.text} to i32", "i32", 0)
+
+    def _lane0(self, body):
+        """Run `body()` on lane 0 of the wave only."""
+        first = self.op(f"icmp eq i32 {self.lane.text}, 0", "i1", 0)
+        do, done = self.label("lane0"), self.label("lane0_done")
+        self.ins(f"br i1 {first.text}, label %{do}, label %{done}")
+        self.start_block(do)
+        body()
+        self.ins(f"br label %{done}")
+        self.start_block(done)
+
+    def r_mbar_init(self, op):
+        a = self._mbar_addr(op.attrs["region"])
+        count = op.attrs["count"]
+        self._lane0(lambda: self.ins(
+            f'call void asm sideeffect "mbarrier.init.shared::cta.b64 [$0], $1;", '
+            f'"r,r"(i32 {a.text}, i32 {count})'))
+
+    def r_mbar_arrive(self, op):
+        # the wave's lanes' earlier writes are ordered before lane 0's release-arrive
+        self.ins('call void asm sideeffect "bar.warp.sync -1;", "~{memory}"()')
+        a = self._mbar_addr(op.attrs["region"])
+        self._lane0(lambda: self.ins(
+            f'call void asm sideeffect "mbarrier.arrive.shared::cta.b64 _, [$0];", '
+            f'"r,~{{memory}}"(i32 {a.text})'))
+
+    def r_mbar_wait(self, op):
+        a = self._mbar_addr(op.attrs["region"])
+        parity = self.read(op.srcs[0])
+        p = self.op(f"and i32 {parity.text}, 1", "i32", 0)
+        asm = ("{ .reg .pred P1; WAIT: mbarrier.try_wait.parity.shared::cta.b64 P1, [$0], $1; "
+               "@!P1 bra WAIT; }")
+        self.ins(f'call void asm sideeffect "{asm}", "r,r,~{{memory}}"(i32 {a.text}, i32 {p.text})')
+
+    def r_setmaxnreg(self, op):
+        regs = op.attrs["regs"]
+        kind = "inc" if regs > self.register_cap() else "dec"
+        self.ins(f'call void asm sideeffect "setmaxnreg.{kind}.sync.aligned.u32 {regs};", ""()')
 
     def r_barrier(self, op):
         # barrier.sync (not .aligned): waves may reach it from different code points, as the

@@ -152,5 +152,19 @@ class SharedTileType:
         return f"st<{self.dtype}>[{self.shape[0]}x{self.shape[1]}{sw}]"
 
 
+@dataclass(frozen=True)
+class MBarrierType:
+    """A memory barrier in shared memory that completes a phase after `arrivals` waves
+    arrived (Hopper mbarrier): point-to-point producer/consumer synchronisation."""
+    arrivals: int
+
+    @property
+    def nbytes(self) -> int:
+        return 8
+
+    def __str__(self) -> str:
+        return f"mbarrier[{self.arrivals}]"
+
+
 def is_tile(t) -> bool:
     return isinstance(t, (RegTileType, RegVecType, SharedTileType))

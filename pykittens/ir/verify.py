@@ -5,7 +5,8 @@ from __future__ import annotations
 from .errors import KernelError
 from .nodes import Block, KernelIR, walk
 from ..targets.cdna import MIN_FREE_VGPRS
-from .types import GlobalType, RegTileType, RegVecType, ScalarType, SharedTileType
+from .types import (GlobalType, MBarrierType, RegTileType, RegVecType, ScalarType,
+                    SharedTileType)
 
 
 def _regs_per_lane(t, wave: int) -> int:
@@ -42,7 +43,7 @@ def verify(k: KernelIR, target) -> dict:
     lds = 0
     pins: list[tuple] = []
     for op in walk(k.body):
-        if op.kind != "alloc":
+        if op.kind != "alloc" or isinstance(op.dst.type, MBarrierType):
             continue
         t = op.dst.type
         _dtype_ok(target, t.dtype, op.loc, kn, "tile")

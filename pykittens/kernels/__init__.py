@@ -6,6 +6,7 @@ import numpy as np
 
 from .gemm import gemm
 from .layernorm import layernorm
+from .pipeline import ws_scale
 from .scaled_add import scaled_add
 from .softmax import softmax
 from .spec import KernelSpec, check, rel_err
@@ -128,6 +129,22 @@ def _gemm_torch(t):
     return {"c": t["a"] @ t["b"]}
 
 
+def _ws_inputs(shape, dtype, rng):
+    return {"x": _rand(shape, dtype, rng), "out": np.zeros(shape, dtype.np)}
+
+
+def _ws_ref(i):
+    return {"out": 2.0 * _f64(i["x"])}
+
+
+def _ws_torch(t):
+    return {"out": 2.0 * t["x"]}
+
+
+def _ws_launch(i, target):
+    return (max(1, -(-i["x"].shape[1] // 64)),), {}
+
+
 _SMALL = ((16, 64), (37, 100), (5, 300), (64, 256))
 _LN_SMALL = _SMALL + ((9, 2000),)            # rows past one resident chunk
 
@@ -148,7 +165,11 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                compile_consts={"DT": "bf16", "OUT": "f32"},
                tol={"bf16": 1e-5, "f16": 1e-5},     # exact products, f32 sums
                torch_reference=_gemm_torch),
+    KernelSpec("ws_scale", ws_scale, _ws_inputs, _ws_ref, _ws_launch, ("out",),
+               shapes=((150, 64), (37, 100), (256, 128)), gpu_shapes=((8192, 4096),),
+               compile_consts={"DT": "bf16"}, torch_reference=_ws_torch,
+               targets=("sm_90a",)),          # mbarriers and warp roles: Hopper
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "rel_err", "gemm", "layernorm", "scaled_add",
-           "softmax"]
+           "softmax", "ws_scale"]

@@ -24,6 +24,7 @@ class KernelSpec:
     compile_consts: dict = field(default_factory=dict)   # consts for `pykittens compile`
     tol: dict = field(default_factory=dict)   # per-dtype overrides of the default tolerance
     torch_reference: Callable | None = None   # the reference on float64 torch tensors (GPU)
+    targets: tuple = ("gfx942", "gfx950", "sm_90a")   # where the kernel is meant to run
 
     def tolerance(self, dtype) -> float:
         """Relative Frobenius error allowed for results computed from `dtype` inputs

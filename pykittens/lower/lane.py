@@ -30,6 +30,9 @@ Op kinds (attrs in brackets):
                                      operand registers
   for(start, stop)[step]{body}  if(c){then}{else}  barrier  setprio[level]
   sched_barrier[mask]  sched_group[mask, size, sync_id]  waitcnt[vmcnt, lgkmcnt]
+  mbar_init[region, count]  mbar_arrive[region]  mbar_wait(parity)[region]   Hopper
+                                     mbarriers (one arrival per wave)
+  setmaxnreg[regs]                   the warpgroup's register budget (Hopper)
 """
 from __future__ import annotations
 

@@ -137,6 +137,24 @@ class _Lowering:
     # -- tiles --------------------------------------------------------------------------
     def op_alloc(self, op):
         t = op.dst.type
+        if isinstance(t, T.MBarrierType):
+            if self.t.family != "hopper":
+                raise self.err(f"mbarriers are a Hopper feature; on {self.t.name} synchronise "
+                               "waves with pk.barrier()", NotSupportedYet)
+            base = -(-self.lds // 8) * 8
+            reg = LDSRegion(f"mbar{len(self.regions)}", base, 8, t)
+            self.regions.append(reg)
+            self.lds = base + 8
+            self.env[op.dst] = reg
+            # wave 0 initialises it; the barrier makes the initialised state visible to all
+            w = self.b.reg(T.i32, uniform=True)
+            self.emit("special", w, name="wave_id", axis=0)
+            first = self.bin("eq", w, self.const(0))
+            init = Block()
+            init.ops.append(self._op("mbar_init", region=reg, count=t.arrivals))
+            self.emit("if", None, (first,), regions=[init])
+            self.emit("barrier")
+            return
         if isinstance(t, T.SharedTileType):
             base = -(-self.lds // LDS_ALIGN) * LDS_ALIGN
             if t.swizzle and t.shape[1] * t.dtype.bytes < 16 * t.swizzle:
@@ -405,6 +423,33 @@ class _Lowering:
 
     def op_barrier(self, op):
         self.emit("barrier")
+
+    def _op(self, kind, dst=None, srcs=(), **attrs):
+        from ..ir.nodes import Op
+        return Op(kind, dst, tuple(srcs), attrs, [], self.loc)
+
+    def op_arrive(self, op):
+        self.emit("mbar_arrive", None, (), region=self.env[op.srcs[0]])
+
+    def op_wait(self, op):
+        self.emit("mbar_wait", None, (self.val(op.srcs[1]),), region=self.env[op.srcs[0]])
+
+    def op_setmaxnreg(self, op):
+        if self.t.family != "hopper":
+            return                          # register budgets are a Hopper notion
+        if op.attrs["first_wave"] % 4 or op.attrs["num_waves"] % 4:
+            raise self.err("on Hopper a role with regs= must cover whole warpgroups: "
+                           "first_wave and num_waves multiples of 4 (setmaxnreg is "
+                           "warpgroup-wide)")
+        budget = getattr(self, "_reg_budget", {})
+        budget[op.attrs["first_wave"]] = op.attrs["regs"] * op.attrs["num_waves"] * \
+            self.t.wave_size
+        self._reg_budget = budget
+        from ..targets.sm90a import REGISTERS_PER_SM
+        if sum(budget.values()) > REGISTERS_PER_SM:
+            raise self.err(f"warp roles ask for {sum(budget.values())} registers in total; an "
+                           f"SM has {REGISTERS_PER_SM}: lower some role's regs=")
+        self.emit("setmaxnreg", regs=op.attrs["regs"])
 
     def op_setprio(self, op):
         self.emit("setprio", level=op.attrs["level"])

@@ -13,6 +13,8 @@ warpgroup-wide wgmma.mma_async shapes (m64nNk16) are not in this table yet.
 """
 from .base import MMAInstr, Target, linear
 
+REGISTERS_PER_SM = 65536          # 32-bit registers per SM (H100 white paper)
+
 # Lane bits 0-1 are threadID_in_group, bits 2-4 groupID (rows of A and C, columns of B).
 _TG = lambda stride: [(1, stride), (1, 2 * stride)]            # noqa: E731  (cols)
 _GROUP_ROWS = [(0, 1), (0, 2), (0, 4)]

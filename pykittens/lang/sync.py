@@ -1,0 +1,82 @@
+"""Point-to-point synchronisation and warp roles (Hopper's building blocks for
+warp-specialised, producer/consumer kernels).
+
+    full = pk.mbarrier(arrivals=4)          # completes a phase when 4 waves arrived
+    with pk.role(first_wave=0, num_waves=4, regs=40):     # producers: fewer registers
+        ...write a shared tile...; pk.arrive(full)
+    with pk.role(first_wave=4, num_waves=4, regs=232):    # consumers: more registers
+        pk.wait(full, phase); ...read it...
+
+A wave's arrive publishes its earlier shared-memory writes to the waves that then wait on
+that phase; the emulator checks this ordering (a read without it is a race) and reports a
+wait that can never complete as a deadlock.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from ..ir import types as T
+from . import ops
+from .trace import current, error, new_value
+from .values import Scalar, Tile, as_scalar
+
+
+class MBarrier(Tile):
+    """An mbarrier in shared memory."""
+
+
+def mbarrier(arrivals: int) -> MBarrier:
+    """A barrier whose phase completes when `arrivals` waves have called pk.arrive on it.
+    Allocate at the top of the kernel (like shared tiles); it starts in phase 0."""
+    if not isinstance(arrivals, int) or arrivals < 1:
+        raise error("mbarrier arrivals must be a positive int (a number of waves)")
+    if arrivals > current().num_waves:
+        raise error(f"mbarrier expects {arrivals} arrivals but the workgroup has only "
+                    f"{current().num_waves} waves")
+    if len(current().blocks) > 1:
+        raise error("mbarriers must be allocated at the top of the kernel, outside loops "
+                    "and branches")
+    v = new_value(T.MBarrierType(arrivals))
+    current().emit("alloc", v)
+    return MBarrier(v)
+
+
+def _need_bar(bar, what):
+    if not isinstance(bar, MBarrier):
+        raise error(f"{what} takes a pk.mbarrier, got {type(bar).__name__}")
+
+
+def arrive(bar: MBarrier) -> None:
+    """This wave arrives on `bar` (once per call), releasing its earlier writes."""
+    _need_bar(bar, "pk.arrive")
+    current().emit("arrive", None, (bar.v,))
+
+
+def wait(bar: MBarrier, parity) -> None:
+    """Block until the phase of `bar` with parity `parity` (0 or 1; e.g. k % 2 in a loop)
+    has completed; the writes its arrivals released are then visible."""
+    _need_bar(bar, "pk.wait")
+    if isinstance(parity, int) and parity not in (0, 1):
+        raise error("wait parity is 0 or 1 (the phase number modulo 2)")
+    current().emit("wait", None, (bar.v, as_scalar(parity, T.i32).v))
+
+
+@contextlib.contextmanager
+def role(first_wave: int, num_waves: int, regs: int | None = None):
+    """`with pk.role(first_wave, num_waves, regs=None):` — a body only waves
+    [first_wave, first_wave + num_waves) run. On Hopper whole warpgroups (4 waves) take a
+    role and `regs` sets their register budget (setmaxnreg: producers give registers to
+    consumers); elsewhere `regs` is ignored."""
+    tr = current()
+    if not (isinstance(first_wave, int) and isinstance(num_waves, int) and num_waves >= 1
+            and 0 <= first_wave and first_wave + num_waves <= tr.num_waves):
+        raise error(f"role waves [{first_wave}, {first_wave}+{num_waves}) must lie in the "
+                    f"workgroup's {tr.num_waves} waves")
+    if regs is not None and (not isinstance(regs, int) or regs % 8 or not 24 <= regs <= 256):
+        raise error("role regs must be a multiple of 8 in 24..256 (setmaxnreg)")
+    w = ops.wave_id()
+    inside = (w >= first_wave) & (w < first_wave + num_waves)
+    with ops.if_(inside):
+        if regs is not None:
+            tr.emit("setmaxnreg", regs=regs, first_wave=first_wave, num_waves=num_waves)
+        yield

@@ -1,0 +1,87 @@
+"""mbarriers and warp roles: a warp-specialised producer/consumer kernel, its ordering
+(races), its deadlocks, and what it compiles to on Hopper."""
+import numpy as np
+import pytest
+
+import pykittens as pk
+from pykittens import compiler
+from pykittens.emulator import BarrierMismatch, Race
+from pykittens.kernels import ws_scale
+
+
+@pytest.mark.parametrize("shape", [(150, 64), (37, 100), (256, 128)])
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_pipeline_is_correct(shape, stages, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = pk.emulate(ws_scale, x, np.full_like(x, np.nan), grid=(-(-shape[1] // 64),),
+                     target="sm_90a", STAGES=stages)["out"]
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+@pk.kernel(num_waves=8)
+def handoff(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], WAIT: pk.const = True,
+            PARITY: pk.const = 0):
+    s = pk.empty(pk.st((32, 64), pk.f32))
+    full = pk.mbarrier(4)
+    w = pk.wave_id() % 4
+    with pk.role(0, 4):
+        pk.store(s, pk.load(pk.rt((8, 64), pk.f32), x, (w * 8, 0)), (w * 8, 0))
+        pk.arrive(full)
+    with pk.role(4, 4):
+        if WAIT:
+            pk.wait(full, PARITY)  # MARK-wait
+        pk.store(out, pk.load(pk.rt((8, 64), pk.f32), s, (w * 8, 0)), (w * 8, 0))  # MARK-read
+
+
+def test_a_wait_orders_the_handoff(rng):
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    out = pk.emulate(handoff, x, np.zeros_like(x), grid=1, target="sm_90a")["out"]
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(Race, match="race: reads shared memory that wave 0 wrote") as e:
+        pk.emulate(handoff, x, np.zeros_like(x), grid=1, target="sm_90a", WAIT=False)
+    assert "test_hopper_sync.py" in str(e.value)
+
+
+def test_a_wait_that_never_completes_is_a_deadlock(rng):
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    with pytest.raises(BarrierMismatch, match=r"deadlock: waves \[4, 5, 6, 7\] wait on mbarrier "
+                                              r"\w+ \(phase parity 1\)") as e:
+        pk.emulate(handoff, x, np.zeros_like(x), grid=1, target="sm_90a", PARITY=1)
+    assert "test_hopper_sync.py" in str(e.value)
+
+
+def test_hopper_ptx_and_cubin():
+    res = compiler.code_object(ws_scale, "sm_90a", DT="bf16")
+    ptx = res["ptx"]
+    for needle in ("mbarrier.init.shared::cta.b64", "mbarrier.arrive.shared::cta.b64",
+                   "mbarrier.try_wait.parity.shared::cta.b64", "setmaxnreg.dec.sync.aligned.u32 40",
+                   # 256 threads start capped at 248 registers, so 232 is a decrease too
+                   "setmaxnreg.dec.sync.aligned.u32 232", ".maxnreg 248"):
+        assert needle in ptx, needle
+    assert res["cubin"] is not None and "0 bytes spill stores" in res["ptxas_log"]
+
+
+def test_sync_errors():
+    with pytest.raises(pk.NotSupportedYet, match="mbarriers are a Hopper feature"):
+        compiler.lane_ir(handoff, "gfx942")
+
+    @pk.kernel(num_waves=8)
+    def half(x: pk.gl[pk.f32, 2]):
+        with pk.role(0, 2, regs=40):
+            pass
+
+    with pytest.raises(pk.KernelError, match="whole warpgroups"):
+        compiler.lane_ir(half, "sm_90a")
+    compiler.lane_ir(half, "gfx950")                   # budgets are a Hopper notion
+
+    @pk.kernel(num_waves=4)
+    def too_many(x: pk.gl[pk.f32, 2]):
+        pk.mbarrier(8)
+
+    with pytest.raises(pk.KernelError, match="expects 8 arrivals but the workgroup has only 4"):
+        too_many.specialize()
+    with pytest.raises(pk.KernelError, match="takes a pk.mbarrier"):
+        @pk.kernel
+        def bad(x: pk.gl[pk.f32, 2]):
+            pk.arrive(x)
+        bad.specialize()
