@@ -82,8 +82,11 @@ def gemm_performance(rows, details):
     grid, consts = spec.launch({"a": np.empty((n, n)), "b": np.empty((n, n))}, "sm_90a")
     flops = 2 * n ** 3
     res = {}
-    for name, fn in {"pykittens gemm": lambda: pk.launch(spec.kernel, a, b, c, grid=grid,
-                                                         **consts),
+    wg = KERNELS["gemm_wgmma"]
+    for name, fn in {"pykittens gemm (mma.sync)": lambda: pk.launch(spec.kernel, a, b, c,
+                                                                    grid=grid, **consts),
+                     "pykittens gemm_wgmma": lambda: pk.launch(wg.kernel, a, b, c, grid=grid,
+                                                               **consts),
                      "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b)}.items():
         s = graph_time(fn, reps=5)
         res[name] = {"seconds": s, "tflops": flops / s / 1e12}

@@ -40,6 +40,8 @@ def test_library_kernel_compiles(name, target):
             assert "mbarrier.try_wait.parity" in asm and "setmaxnreg.dec" in asm
         if name == "gemm":
             assert "mma.sync.aligned.m16n8k16" in asm
+        if name == "gemm_wgmma":
+            assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in asm
     else:
         assert f".amdgcn_target \"amdgcn-amd-amdhsa--{target}\"" in asm
         assert re.search(r"\.private_segment_fixed_size:\s+0", asm)     # no scratch / spills

@@ -33,7 +33,8 @@ class NVPTXRenderer(Renderer):
         self.lane = self.op(f"and i32 {tid}, {self.p.wave_size - 1}", "i32", 0)
         if self.p.lds_bytes:
             # Dynamic shared memory: the launcher passes lds_bytes (and raises the 48 KiB cap).
-            self.globals.append("@smem = external addrspace(3) global [0 x i8], align 16")
+            # 1024-aligned: 128B-swizzled tiles are placed on 1024-byte boundaries
+            self.globals.append("@smem = external addrspace(3) global [0 x i8], align 1024")
 
     def special(self, name, axis):
         xyz = "xyz"[axis]
@@ -191,7 +192,57 @@ class NVPTXRenderer(Renderer):
         kind = "inc" if regs > self.register_cap() else "dec"
         self.ins(f'call void asm sideeffect "setmaxnreg.{kind}.sync.aligned.u32 {regs};", ""()')
 
+    # -- warpgroup MMA -----------------------------------------------------------------------
+    def _wgmma_desc(self, region, k_row: int) -> Value:
+        """Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format") of rows
+        k_row.. of a K x N tile with 128-byte rows in the 128B swizzle: start address >> 4,
+        leading/stride byte offsets >> 4 (1024 B = one 8-row swizzle atom; with one atom
+        along N both offsets are that K step), layout type 1 = 128B swizzle."""
+        from ..targets.sm90a import WGMMA_SWIZZLE_128B
+        addr = self.op(f"add i32 {self._smem_base().text}, {region.base + k_row * 128}", "i32", 0)
+        lo = self.op(f"lshr i32 {addr.text}, 4", "i32", 0)
+        lo = self.op(f"and i32 {lo.text}, 16383", "i32", 0)
+        lo64 = self.op(f"zext i32 {lo.text} to i64", "i64", 0)
+        const = (1024 >> 4) << 16 | (1024 >> 4) << 32 | WGMMA_SWIZZLE_128B << 62
+        return self.op(f"or i64 {lo64.text}, {const}", "i64", 0)
+
+    def _smem_base(self) -> Value:
+        p = self.op("getelementptr i8, ptr addrspace(3) @smem, i32 0", "ptr addrspace(3)", 0)
+        return self.op(f"ptrtoint ptr addrspace(3) {p.text} to i32", "i32", 0)
+
+    def r_wgmma(self, op):
+        """wgmma.fence; one m64nNk16 per 16 rows of K (A from this wave's registers, B by
+        descriptor, accumulating in place); commit; wait for the group."""
+        region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
+        ety = {"bf16": "bf16", "f16": "f16"}[region.tile.dtype.name]
+        a, acc = self.read(op.srcs[0]), self.read(op.srcs[1])
+        nd = acc.n
+        accs = [self.extract(acc, i) for i in range(nd)]
+        self.ins('call void asm sideeffect "wgmma.fence.sync.aligned;", "~{memory}"()')
+        for kk in range(k // 16):
+            idx = ", ".join(f"i32 {kk * 8 + i}" for i in range(8))
+            sub = self.op(f"shufflevector {a}, {a.ty} poison, <8 x i32> <{idx}>", a.ety, 8)
+            words = self.op(f"bitcast {sub} to <4 x i32>", "i32", 4)
+            aw = [self.extract(words, i) for i in range(4)]
+            desc = self._wgmma_desc(region, kk * 16)
+            regs = lambda lo, cnt: "{" + ", ".join(f"${i}" for i in range(lo, lo + cnt)) + "}"  # noqa: E731
+            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nd + 5}, 0; "
+                    f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ety}.{ety} "
+                    f"{regs(0, nd)}, {regs(nd, 4)}, ${nd + 4}, p, 1, 1, 1; }}")
+            cons = ",".join(["=f"] * nd + ["r"] * 4 + ["l", "n"] + [str(i) for i in range(nd)])
+            rty = "{" + ", ".join(["float"] * nd) + "}"
+            args = ", ".join([str(x) for x in aw] + [str(desc), "i32 1"] + [str(x) for x in accs])
+            res = self.fresh()
+            self.ins(f'{res} = call {rty} asm sideeffect "{text}", "{cons}"({args})')
+            accs = [self.op(f"extractvalue {rty} {res}, {i}", "float", 0) for i in range(nd)]
+        self.ins('call void asm sideeffect "wgmma.commit_group.sync.aligned;", "~{memory}"()')
+        self.ins('call void asm sideeffect "wgmma.wait_group.sync.aligned 0;", "~{memory}"()')
+        self.write(op.dst, self.build(accs))
+
     def r_barrier(self, op):
+        if self._uses("wgmma"):
+            # shared memory written by ordinary stores is read next by the async proxy
+            self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
         # barrier.sync (not .aligned): waves may reach it from different code points, as the
         # ping-pong schedules do.
         self.call("void", "llvm.nvvm.barrier.cta.sync.all", ["i32 0"])

@@ -262,6 +262,27 @@ class _Machine:
         out[:, list(op.attrs["c_slots"])] = D[r, col]
         w.regs[op.dst] = out
 
+    def x_wgmma(self, w, op):
+        """acc += A @ B: A and acc from this wave's registers (their layouts), B read from
+        the shared tile (with its swizzle, ordering and initialisation checks)."""
+        region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
+        a, c = self.get(w, op.srcs[0]), self.get(w, op.srcs[1])
+        rows = np.arange(k)[:, None].repeat(n, 1)
+        cols = np.arange(n)[None, :].repeat(k, 0)
+        esz = region.tile.dtype.bytes
+        idx = (region.byte_offset(rows, cols)[..., None] + np.arange(esz)).reshape(-1)
+        self._check_lds_read(w, op, idx)
+        B = w.wg.lds[idx].reshape(k, n, esz).copy().view(np.dtype(region.tile.dtype.np))
+        B = B.reshape(k, n).astype(np.float64)
+        A = np.zeros((16, k))
+        r, cc = op.attrs["a_layout"].coords()
+        A[r, cc] = a.astype(np.float64)
+        C = np.zeros((16, n), np.float32)
+        r2, c2 = op.attrs["acc_layout"].coords()
+        C[r2, c2] = c.astype(np.float32)
+        D = (A @ B).astype(np.float32) + C
+        w.regs[op.dst] = D[r2, c2]
+
     def x_setprio(self, w, op):
         w.prio = op.attrs["level"]
 
@@ -344,6 +365,13 @@ class _Machine:
     def x_lds_load(self, w, op):
         d = op.dst.type.dtype
         idx = self._lds_bytes(w, op)
+        self._check_lds_read(w, op, idx)
+        wg = self.wg_of(w)
+        raw = wg.lds[idx].reshape(self.W, -1, d.bytes).copy()
+        w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
+
+    def _check_lds_read(self, w, op, idx):
+        """A read of LDS bytes `idx`: written before, and ordered after their writers."""
         wg = self.wg_of(w)
         if not np.all(wg.written[idx]):
             b = int(idx[~wg.written[idx]][0])
@@ -358,8 +386,6 @@ class _Machine:
             raise self.fail(Race, w, op, f"race: reads shared memory that wave {other} wrote "
                             "since the last barrier (or mbarrier wait); add pk.barrier() between them")
         wg.r_time[idx, w.wave] = wg.tick()
-        raw = wg.lds[idx].reshape(self.W, -1, d.bytes).copy()
-        w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
 
     def x_lds_load_tr(self, w, op):
         """The hardware's two steps: per-lane 8-byte reads of the source chunks, then the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gemm import gemm
+from .gemm import gemm, gemm_wgmma
 from .layernorm import layernorm
 from .pipeline import ws_scale
 from .scaled_add import scaled_add
@@ -165,6 +165,12 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                compile_consts={"DT": "bf16", "OUT": "f32"},
                tol={"bf16": 1e-5, "f16": 1e-5},     # exact products, f32 sums
                torch_reference=_gemm_torch),
+    KernelSpec("gemm_wgmma", gemm_wgmma, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
+               shapes=((64, 64, 64), (100, 70, 96), (128, 64, 160)),
+               gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16"),
+               compile_consts={"DT": "bf16", "OUT": "f32"},
+               tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_torch,
+               targets=("sm_90a",)),          # warpgroup MMA: Hopper
     KernelSpec("ws_scale", ws_scale, _ws_inputs, _ws_ref, _ws_launch, ("out",),
                shapes=((150, 64), (37, 100), (256, 128)), gpu_shapes=((8192, 4096),),
                compile_consts={"DT": "bf16"}, torch_reference=_ws_torch,
@@ -172,4 +178,4 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "rel_err", "gemm", "layernorm", "scaled_add",
-           "softmax", "ws_scale"]
+           "softmax", "ws_scale", "gemm_wgmma"]

@@ -437,6 +437,8 @@ def col_sum(t, into=None):
 # ---- matrix multiply ----------------------------------------------------------------------
 
 def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None):
+    if isinstance(b, ST):
+        return _mma_shared_b(trans, d, a, b, c)
     for x, nm in ((d, "d"), (a, "a"), (b, "b")):
         if not isinstance(x, RT) or isinstance(x, RV):
             raise error(f"mma operand {nm} must be a register tile")
@@ -467,6 +469,27 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None):
     return d
 
 
+def _mma_shared_b(trans, d: RT, a: RT, b: ST, c):
+    """d <- a @ b + c with b read straight from shared memory (Hopper's warpgroup wgmma):
+    each wave supplies its own rows of a and gets its rows of d; b is shared."""
+    if trans != "NN":
+        raise error("mma with b in shared memory is mma_AB (b stored K x N)")
+    if not isinstance(d, RT) or d.type.role != "acc" or d.dtype != T.f32:
+        raise error("mma_AB: d must be an f32 accumulator tile: pk.rt(..., pk.f32, role='acc')")
+    if not isinstance(a, RT) or a.type.role != "a" or a.type.layout != "row":
+        raise error("mma_AB with shared b: a must be pk.rt((M, K), dtype, role='a')")
+    (m, k), (bk, n) = a.shape, b.shape
+    if bk != k or d.shape != (m, n):
+        raise error(f"mma_AB: shapes d{d.shape} a{a.shape} b{b.shape} do not form "
+                    "(M x K) @ (K x N) -> (M x N)")
+    if a.dtype != b.dtype:
+        raise error(f"mma: a is {a.dtype} but b is {b.dtype}")
+    c = d if c is None else c
+    _same_shape(d, c, "mma accumulator")
+    current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans)
+    return d
+
+
 def _check_scales(name, a, b, scale_a, scale_b, m, k, n):
     """Block-scaled mma: both operands scaled=True and E8M0 scale tiles of the right shape."""
     if scale_a is None and scale_b is None:
@@ -489,7 +512,9 @@ _TNAME = {"NN": "AB", "NT": "ABt", "TN": "AtB"}
 
 def mma_AB(d, a, b, c=None, *, scale_a=None, scale_b=None):
     """d <- a @ b + c (c defaults to d). With scale_a/scale_b (E8M0 per 32 K-elements, the
-    MX formats' block scales): d <- (a * 2^(sa-127)) @ (b * 2^(sb-127)) + c."""
+    MX formats' block scales): d <- (a * 2^(sa-127)) @ (b * 2^(sb-127)) + c.
+    `b` may be a shared tile (K x N, 128-byte rows, swizzle=8) on Hopper: warpgroup wgmma
+    with a from registers, each wave contributing its own 16 rows."""
     return _mma("NN", d, a, b, c, scale_a, scale_b)
 
 

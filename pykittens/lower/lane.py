@@ -33,6 +33,8 @@ Op kinds (attrs in brackets):
   mbar_init[region, count]  mbar_arrive[region]  mbar_wait(parity)[region]   Hopper
                                      mbarriers (one arrival per wave)
   setmaxnreg[regs]                   the warpgroup's register budget (Hopper)
+  wgmma(a, acc)[region, a_layout, acc_layout, n, k]   Hopper warpgroup MMA: acc += a @ b,
+                                     b the K x N shared tile in `region` (each wave: 16 rows)
 """
 from __future__ import annotations
 

@@ -156,7 +156,10 @@ class _Lowering:
             self.emit("barrier")
             return
         if isinstance(t, T.SharedTileType):
-            base = -(-self.lds // LDS_ALIGN) * LDS_ALIGN
+            # a 128-byte-swizzled tile starts on a 1024-byte boundary: the hardware's swizzle
+            # (wgmma, TMA) is defined on absolute shared addresses
+            align = 1024 if t.swizzle == 8 and t.shape[1] * t.dtype.bytes == 128 else LDS_ALIGN
+            base = -(-self.lds // align) * align
             if t.swizzle and t.shape[1] * t.dtype.bytes < 16 * t.swizzle:
                 raise self.err(f"swizzle={t.swizzle} needs rows of at least "
                                f"{16 * t.swizzle} bytes; this tile's rows are "
@@ -244,6 +247,8 @@ class _Lowering:
 
     def op_mma(self, op):
         """One matrix instruction per (i, j, k) triple of base tiles, k innermost."""
+        if isinstance(op.srcs[1].type, T.SharedTileType):
+            return self._mma_shared_b(op)
         a_v, b_v, c_v = op.srcs[:3]
         scales = op.srcs[3:]
         fams = {v: L.family(v.type, self.t) for v in (a_v, b_v, op.dst)}
@@ -281,6 +286,33 @@ class _Lowering:
                     self.emit("mma", d, (a, b, d) + extra, instr=ins,
                               a_slots=self._base_slots(a_v, ai, aj),
                               b_slots=self._base_slots(b_v, bi, bj), c_slots=cs, **attrs)
+
+    def _mma_shared_b(self, op):
+        """Hopper warpgroup MMA (wgmma) with a from registers and b from shared memory: each
+        wave owns 16 rows of a and d; b (K x N) is one 128-byte-swizzled shared tile."""
+        a_v, b_v, c_v = op.srcs
+        st = b_v.type
+        if self.t.family != "hopper":
+            raise self.err(f"mma with b in shared memory is Hopper's wgmma form; on "
+                           f"{self.t.name} load b into a register tile (role='b')",
+                           NotSupportedYet)
+        k, n = st.shape
+        if a_v.type.shape[0] != 16 or op.dst.type.shape != (16, n):
+            raise self.err("wgmma gives each wave 16 rows: make a (16, K) and d (16, N)")
+        if st.dtype.name not in ("bf16", "f16") or n * st.dtype.bytes != 128 or \
+                st.swizzle != 8 or k % 16:
+            raise self.err(f"wgmma reads b as a K x N {st.dtype} tile with 128-byte rows "
+                           f"(N = {128 // st.dtype.bytes}), swizzle=8 (the 128B pattern) and K a "
+                           f"multiple of 16; got {st}")
+        if self.k.num_waves % 4:
+            raise self.err("wgmma is warpgroup-wide: num_waves must be a multiple of 4")
+        for v in (a_v, c_v, op.dst):
+            self.layout(v)
+        d = self.env[op.dst]
+        if c_v is not op.dst:
+            self.emit("mov", d, (self.val(c_v),))
+        self.emit("wgmma", d, (self.val(a_v), d), region=self.env[b_v],
+                  a_layout=self.layouts[a_v], acc_layout=self.layouts[op.dst], n=n, k=k)
 
     def _base_slots(self, v, i, j) -> tuple[int, ...]:
         """Slots of base tile (i, j) of a tiled role layout (see layouts.tiled)."""

@@ -14,6 +14,7 @@ warpgroup-wide wgmma.mma_async shapes (m64nNk16) are not in this table yet.
 from .base import MMAInstr, Target, linear
 
 REGISTERS_PER_SM = 65536          # 32-bit registers per SM (H100 white paper)
+WGMMA_SWIZZLE_128B = 1            # matrix-descriptor layout type (PTX ISA 8.x, bits 62-63)
 
 # Lane bits 0-1 are threadID_in_group, bits 2-4 groupID (rows of A and C, columns of B).
 _TG = lambda stride: [(1, stride), (1, 2 * stride)]            # noqa: E731  (cols)
