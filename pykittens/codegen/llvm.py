@@ -292,7 +292,7 @@ class Renderer:
         self.emit_block(self.p.body)
         self.ins("ret void")
         args = []
-        for a in kernel_args(self.p.params):
+        for a in kernel_args(self.p.params, getattr(self.p, "tmaps", ())):
             ty = self.arg_type(a)
             args.append(f"{ty} %{a.name}")
         head = self.function_header(", ".join(args))

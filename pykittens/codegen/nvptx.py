@@ -25,6 +25,8 @@ class NVPTXRenderer(Renderer):
         return f"define ptx_kernel void @{self.p.name}({args}) #0"
 
     def arg_type(self, a):
+        if a.dtype == "tmap":       # CUtensorMap by value; its address feeds the TMA unit
+            return 'ptr byval([128 x i8]) align 64 "nvvm.grid_constant"'
         return {"ptr": "ptr addrspace(1)", "i32": "i32", "f32": "float"}[a.dtype]
 
     def prologue(self):
@@ -186,6 +188,25 @@ class NVPTXRenderer(Renderer):
         asm = ("{ .reg .pred P1; WAIT: mbarrier.try_wait.parity.shared::cta.b64 P1, [$0], $1; "
                "@!P1 bra WAIT; }")
         self.ins(f'call void asm sideeffect "{asm}", "r,r,~{{memory}}"(i32 {a.text}, i32 {p.text})')
+
+    def r_tma_load(self, op):
+        """Lane 0: arrive on the barrier expecting the tile's bytes, then start the bulk
+        tensor copy that completes them (coordinates innermost first)."""
+        region, bar, desc = op.attrs["region"], op.attrs["bar"], op.attrs["tmap"]
+        nbytes = region.tile.nbytes
+        r0, c0 = (self.read(x) for x in op.srcs)
+        dst = self.op(f"add i32 {self._smem_base().text}, {region.base}", "i32", 0)
+        b = self._mbar_addr(bar)
+        tmap = self.op(f"ptrtoint ptr %{desc.name} to i64", "i64", 0)
+
+        def issue():
+            self.ins(f'call void asm sideeffect "mbarrier.arrive.expect_tx.shared::cta.b64 _, '
+                     f'[$0], $1;", "r,r,~{{memory}}"(i32 {b.text}, i32 {nbytes})')
+            self.ins('call void asm sideeffect "cp.async.bulk.tensor.2d.shared::cluster.global.'
+                     'mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];", '
+                     f'"r,l,r,r,r,~{{memory}}"(i32 {dst.text}, i64 {tmap.text}, '
+                     f'i32 {c0.text}, i32 {r0.text}, i32 {b.text})')
+        self._lane0(issue)
 
     def r_setmaxnreg(self, op):
         regs = op.attrs["regs"]

@@ -413,10 +413,30 @@ class _Machine:
         vals = np.where(mask, buf.flat[np.where(mask, off, 0)], np.zeros((), buf.flat.dtype))
         self._lds_write(w, op, vals, (0, 0))
 
+    def x_tma_load(self, w, op):
+        """The whole box lands at once (0 outside the tensor), written by this wave; then the
+        wave's arrival with the bytes completes its part of the barrier's phase."""
+        buf, region = self.bufs[op.attrs["gl"].name], op.attrs["region"]
+        t = region.tile
+        r0, c0 = (int(self.get(w, s)) for s in op.srcs)
+        rows = np.arange(t.shape[0])[:, None]
+        cols = np.arange(t.shape[1])[None, :]
+        gr, gc = rows + r0, cols + c0
+        mask = (gr >= 0) & (gr < buf.shape[0]) & (gc >= 0) & (gc < buf.shape[1])
+        off = gr * buf.strides[0] + gc * buf.strides[1]
+        vals = np.where(mask, buf.flat[np.where(mask, off, 0)], np.zeros((), buf.flat.dtype))
+        idx = (region.byte_offset(rows, cols)[..., None] + np.arange(t.dtype.bytes)).reshape(-1)
+        self._store_bytes(w, op, idx, np.ascontiguousarray(vals).view(np.uint8).reshape(-1))
+        self.x_mbar_arrive(w, _BarOp(op))
+
     def _lds_write(self, w, op, value, origin):
         d = op.attrs["region"].tile.dtype
         n = op.attrs["layout"].nslots
         idx = self._lds_bytes(w, op, origin)
+        vals = np.ascontiguousarray(V.to_dtype(np.broadcast_to(value, (self.W, n)), d))
+        self._store_bytes(w, op, idx, vals.view(np.uint8).reshape(-1))
+
+    def _store_bytes(self, w, op, idx, raw):
         wg = self.wg_of(w)
         writer = wg.w_wave[idx]
         seen = wg.vc[w.wave]
@@ -427,8 +447,7 @@ class _Machine:
             kind = "wrote" if np.any(waw) else "read"
             raise self.fail(Race, w, op, f"race: writes shared memory that another wave {kind} "
                             "since the last barrier; add pk.barrier() between them")
-        vals = np.ascontiguousarray(V.to_dtype(np.broadcast_to(value, (self.W, n)), d))
-        wg.lds[idx] = vals.view(np.uint8).reshape(-1)
+        wg.lds[idx] = raw
         wg.written[idx] = True
         wg.w_time[idx] = wg.tick()
         wg.w_wave[idx] = w.wave
@@ -550,6 +569,14 @@ class _Shadow:
 class _ShadowValue:
     def __init__(self, v):
         self.type, self.name = v.type, v.name
+
+
+class _BarOp:
+    """A TMA load seen as the arrival it makes on its barrier."""
+
+    def __init__(self, op):
+        self.kind, self.loc, self.srcs = "tma_load", op.loc, ()
+        self.attrs = {"region": op.attrs["bar"]}
 
 
 class _Unset(Exception):

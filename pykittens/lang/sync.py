@@ -61,6 +61,32 @@ def wait(bar: MBarrier, parity) -> None:
     current().emit("wait", None, (bar.v, as_scalar(parity, T.i32).v))
 
 
+def tma_load(dst, src, coord, bar: MBarrier) -> None:
+    """Hopper bulk tensor copy (TMA): the whole shared tile `dst` <- the box of tensor `src`
+    at element `coord`, asynchronously; elements outside the tensor read as 0. The calling
+    wave issues it and arrives on `bar` expecting its bytes: the phase completes once the
+    data has landed (and the barrier's other arrivals came), so consumers pk.wait(bar, ...)
+    before reading `dst`."""
+    from .values import GL, ST
+    _need_bar(bar, "pk.tma_load")
+    if not isinstance(dst, ST) or not isinstance(src, GL):
+        raise error("pk.tma_load copies a global tensor (a kernel parameter) into a shared "
+                    "tile (pk.st)")
+    if src.rank != 2:
+        raise error("pk.tma_load takes a 2-D tensor for now")
+    if src.dtype != dst.dtype:
+        raise error(f"TMA copies bytes: the shared tile must be {src.dtype}, not {dst.dtype}")
+    t = dst.type
+    if t.swizzle not in (0, 8) or (t.swizzle == 8 and t.shape[1] * t.dtype.bytes != 128):
+        raise error("a TMA destination is unswizzled, or swizzle=8 with 128-byte rows (the "
+                    "hardware's 128B pattern)")
+    if t.shape[1] * t.dtype.bytes % 16 or max(t.shape) > 256:
+        raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements "
+                    "per dim")
+    c = ops._coords(coord, 2, "tma_load")
+    current().emit("tma_load", dst.v, (src.v,) + c + (bar.v,))
+
+
 @contextlib.contextmanager
 def role(first_wave: int, num_waves: int, regs: int | None = None):
     """`with pk.role(first_wave, num_waves, regs=None):` — a body only waves

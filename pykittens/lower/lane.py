@@ -33,6 +33,8 @@ Op kinds (attrs in brackets):
   mbar_init[region, count]  mbar_arrive[region]  mbar_wait(parity)[region]   Hopper
                                      mbarriers (one arrival per wave)
   setmaxnreg[regs]                   the warpgroup's register budget (Hopper)
+  tma_load(r0, c0)[gl, tmap, region, bar]   Hopper bulk tensor copy of the shared tile's
+                                     box at (r0, c0) of `gl`, completing on mbarrier `bar`
   wgmma(a, acc)[region, a_layout, acc_layout, n, k]   Hopper warpgroup MMA: acc += a @ b,
                                      b the K x N shared tile in `region` (each wave: 16 rows)
 """
@@ -96,6 +98,7 @@ class LaneProgram:
     regions: list[LDSRegion]
     body: Block
     consts: dict
+    tmaps: tuple = ()          # runtime.abi.TMADesc of each tensor map the kernel reads
 
     @property
     def wave_size(self) -> int:

@@ -21,6 +21,7 @@ class _Lowering:
         self.env: dict = {}            # tile-IR Value -> lane register (or LDSRegion)
         self.layouts: dict = {}        # tile-IR Value -> LaneLayout
         self.regions: list[LDSRegion] = []
+        self.tmaps: list = []
         self.lds = 0
         self.loc = None
 
@@ -77,7 +78,7 @@ class _Lowering:
         self.block(self.k.body)
         return LaneProgram(self.k.name, self.t, self.k.params, self.k.param_values,
                            self.k.num_waves, self.lds, self.regions, self.b.blocks[0],
-                           self.k.consts)
+                           self.k.consts, tuple(self.tmaps))
 
     def block(self, blk: Block):
         for op in blk.ops:
@@ -465,6 +466,23 @@ class _Lowering:
 
     def op_wait(self, op):
         self.emit("mbar_wait", None, (self.val(op.srcs[1]),), region=self.env[op.srcs[0]])
+
+    def op_tma_load(self, op):
+        from ..runtime.abi import TMADesc
+        if self.t.family != "hopper":
+            raise self.err(f"TMA is a Hopper feature; on {self.t.name} use pk.load (direct=True "
+                           "copies memory straight into LDS on CDNA)", NotSupportedYet)
+        gl_v, r0, c0, bar_v = op.srcs
+        st = op.dst.type
+        desc = TMADesc(f"{gl_v.name}.tmap{len(self.tmaps)}", gl_v.name, st.shape,
+                       st.swizzle == 8)
+        same = [t for t in self.tmaps if (t.param, t.box, t.swizzle128) ==
+                (desc.param, desc.box, desc.swizzle128)]
+        desc = same[0] if same else desc
+        if not same:
+            self.tmaps.append(desc)
+        self.emit("tma_load", None, (self.val(r0), self.val(c0)), gl=gl_v, tmap=desc,
+                  region=self.env[op.dst], bar=self.env[bar_v])
 
     def op_setmaxnreg(self, op):
         if self.t.family != "hopper":

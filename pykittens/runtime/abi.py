@@ -5,6 +5,8 @@ Each kernel parameter becomes, in order:
   gl tensor of rank r -> a global pointer (8 bytes), then r i32 sizes, then r i32 strides
                          (in elements)
   scalar              -> its own type (i32 or f32, 4 bytes)
+  TMA descriptor (Hopper) -> a 128-byte CUtensorMap by value, 64-byte aligned, after all
+                         parameters (one per tensor / box / swizzle a kernel's TMA loads use)
 Arguments are packed at their natural alignment, as the AMDGPU and NVPTX calling
 conventions for kernel arguments do.
 """
@@ -19,13 +21,26 @@ from ..ir import types as T
 class KernArg:
     name: str           # e.g. "x", "x.size0", "x.stride1", "alpha"
     param: str          # the kernel parameter it belongs to
-    kind: str           # 'ptr', 'size', 'stride', 'scalar'
-    dtype: str          # 'ptr', 'i32', 'f32'
+    kind: str           # 'ptr', 'size', 'stride', 'scalar', 'tmap'
+    dtype: str          # 'ptr', 'i32', 'f32', 'tmap'
     size: int
     axis: int = -1
+    align: int = 0      # 0: the size (natural alignment)
+    tma: object = None  # the TMADesc of a 'tmap' argument
 
 
-def kernel_args(params) -> list[KernArg]:
+@dataclass(frozen=True)
+class TMADesc:
+    """A tensor map the launcher encodes: which tensor, the shared-tile box it copies, and
+    whether the box lands 128B-swizzled (the pattern of pk.st(..., swizzle=8) with 128-byte
+    rows)."""
+    name: str
+    param: str
+    box: tuple[int, int]          # (rows, cols) of the shared tile
+    swizzle128: bool
+
+
+def kernel_args(params, tmaps=()) -> list[KernArg]:
     out: list[KernArg] = []
     for p in params:
         if p.kind == "gl":
@@ -40,6 +55,8 @@ def kernel_args(params) -> list[KernArg]:
                 raise TypeError(f"scalar parameter {p.name!r} of type {d} is not supported; "
                                 "use pk.i32 or pk.f32")
             out.append(KernArg(p.name, p.name, "scalar", d.name, 4))
+    for t in tmaps:
+        out.append(KernArg(t.name, t.param, "tmap", "tmap", 128, align=64, tma=t))
     return out
 
 
@@ -47,7 +64,8 @@ def offsets(args: list[KernArg]) -> list[int]:
     """Byte offset of each argument in the packed buffer (natural alignment)."""
     offs, pos = [], 0
     for a in args:
-        pos = -(-pos // a.size) * a.size
+        al = a.align or a.size
+        pos = -(-pos // al) * al
         offs.append(pos)
         pos += a.size
     return offs

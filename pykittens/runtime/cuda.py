@@ -352,6 +352,11 @@ def pack(kargs: list[KernArg], values: list) -> bytes:
     offs = offsets(kargs)
     buf = bytearray(offs[-1] + kargs[-1].size if kargs else 0)
     for a, off, v in zip(kargs, offs, values):
+        if a.dtype == "tmap":
+            if not isinstance(v, (bytes, bytearray)) or len(v) != 128:
+                raise TypeError(f"kernel argument {a.name!r} must be a 128-byte tensor map")
+            buf[off:off + 128] = v
+            continue
         if a.dtype not in _FMT:
             raise TypeError(f"kernel argument {a.name!r} has unsupported type {a.dtype!r}; "
                             f"the ABI has {', '.join(_FMT)}")
@@ -464,10 +469,11 @@ def check_tensor(t, *, name: str = "tensor", dtype=None, rank: int | None = None
 
 
 def kernel_arg_values(params, bound: dict, *, device: int | None = None,
-                      align: int | None = 16) -> tuple[list[KernArg], list]:
+                      align: int | None = 16, tmaps=()) -> tuple[list[KernArg], list]:
     """Check each tensor and scalar of `bound` against the kernel's `params` and return the
-    ABI argument list with its values (pointer, sizes, strides in elements, scalars)."""
-    kargs = kernel_args(params)
+    ABI argument list with its values (pointer, sizes, strides in elements, scalars, and
+    the encoded tensor maps of `tmaps`)."""
+    kargs = kernel_args(params, tmaps)
     by_name = {p.name: p for p in params}
     for p in params:
         if p.name not in bound:
@@ -484,6 +490,8 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
             values.append(int(v.shape[a.axis]))
         elif a.kind == "stride":
             values.append(int(v.stride(a.axis)))
+        elif a.kind == "tmap":
+            values.append(encode_tensor_map(v, a.tma, by_name[a.param].type.dtype))
         else:
             want = by_name[a.param].type.dtype
             if not T.dtype_of(want).is_float and float(v) != int(v):
@@ -492,11 +500,38 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
     return kargs, values
 
 
+def encode_tensor_map(t, desc, dtype) -> bytes:
+    """The 128-byte CUtensorMap (cuTensorMapEncodeTiled) for TMA copies of `desc.box` tiles
+    of the 2-D tensor `t`: elements outside it read as zero; 128B swizzle when the shared
+    tile is swizzled."""
+    import ctypes
+    d = driver()
+    kinds = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+             "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "i32": "CU_TENSOR_MAP_DATA_TYPE_INT32"}
+    name = T.dtype_of(dtype).name
+    dt = getattr(d.CUtensorMapDataType, kinds.get(name, "CU_TENSOR_MAP_DATA_TYPE_UINT8"))
+    esz = T.dtype_of(dtype).bytes
+    rows, cols = int(t.shape[0]), int(t.shape[1])
+    row_bytes = int(t.stride(0)) * esz
+    if row_bytes % 16 or t.data_ptr() % 16:
+        raise ValueError(f"TMA needs a 16-byte aligned tensor with a row stride that is a "
+                         f"multiple of 16 bytes; this one has {row_bytes} bytes per row")
+    swz = d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if desc.swizzle128 else \
+        d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
+    err, tmap = d.cuTensorMapEncodeTiled(
+        dt, 2, t.data_ptr(), [cols, rows], [row_bytes], [desc.box[1], desc.box[0]], [1, 1],
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    check((err,), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(int(tmap.getPtr()), 128)
+
+
 def launch(function: Function, params, bound: dict, grid, block, *, shared_bytes: int = 0,
-           stream=None, align: int | None = 16) -> None:
+           stream=None, align: int | None = 16, tmaps=()) -> None:
     """Check `bound` (name -> tensor/scalar) against `params`, pack per runtime.abi, launch."""
     kargs, values = kernel_arg_values(params, bound, device=function.module.device,
-                                      align=align)
+                                      align=align, tmaps=tmaps)
     if function.kargs is None:
         function.kargs = kargs
     function.launch(grid, block, pack(kargs, values), shared_bytes=shared_bytes, stream=stream)

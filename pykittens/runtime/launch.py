@@ -78,5 +78,6 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
                    stream=stream)
         return None
     cuda.launch(code, prog.params, bound, grid, (prog.num_waves * prog.wave_size, 1, 1),
-                shared_bytes=prog.lds_bytes, stream=stream, align=16 if aligned else None)
+                shared_bytes=prog.lds_bytes, stream=stream, align=16 if aligned else None,
+                tmaps=prog.tmaps)
     return None
