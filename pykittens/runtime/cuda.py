@@ -518,8 +518,10 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
                          f"multiple of 16 bytes; this one has {row_bytes} bytes per row")
     swz = d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if desc.swizzle128 else \
         d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
+    u32, u64 = d.cuuint32_t, d.cuuint64_t      # the bindings want the typed integers
     err, tmap = d.cuTensorMapEncodeTiled(
-        dt, 2, t.data_ptr(), [cols, rows], [row_bytes], [desc.box[1], desc.box[0]], [1, 1],
+        dt, u32(2), t.data_ptr(), [u64(cols), u64(rows)], [u64(row_bytes)],
+        [u32(desc.box[1]), u32(desc.box[0])], [u32(1), u32(1)],
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
