@@ -5,8 +5,10 @@ Each kernel parameter becomes, in order:
   gl tensor of rank r -> a global pointer (8 bytes), then r i32 sizes, then r i32 strides
                          (in elements)
   scalar              -> its own type (i32 or f32, 4 bytes)
-  TMA descriptor (Hopper) -> a 128-byte CUtensorMap by value, 64-byte aligned, after all
-                         parameters (one per tensor / box / swizzle a kernel's TMA loads use)
+  TMA descriptor (Hopper) -> a 128-byte CUtensorMap by value, *before* all parameters (one
+                         per tensor / box / swizzle a kernel's TMA loads use): at offsets
+                         0, 128, ... they are 64-byte aligned however the driver lays out
+                         over-aligned parameters
 Arguments are packed at their natural alignment, as the AMDGPU and NVPTX calling
 conventions for kernel arguments do.
 """
@@ -41,7 +43,8 @@ class TMADesc:
 
 
 def kernel_args(params, tmaps=()) -> list[KernArg]:
-    out: list[KernArg] = []
+    out: list[KernArg] = [KernArg(t.name, t.param, "tmap", "tmap", 128, align=64, tma=t)
+                          for t in tmaps]
     for p in params:
         if p.kind == "gl":
             out.append(KernArg(p.name, p.name, "ptr", "ptr", 8))
@@ -55,8 +58,6 @@ def kernel_args(params, tmaps=()) -> list[KernArg]:
                 raise TypeError(f"scalar parameter {p.name!r} of type {d} is not supported; "
                                 "use pk.i32 or pk.f32")
             out.append(KernArg(p.name, p.name, "scalar", d.name, 4))
-    for t in tmaps:
-        out.append(KernArg(t.name, t.param, "tmap", "tmap", 128, align=64, tma=t))
     return out
 
 
