@@ -5,10 +5,9 @@ Each kernel parameter becomes, in order:
   gl tensor of rank r -> a global pointer (8 bytes), then r i32 sizes, then r i32 strides
                          (in elements)
   scalar              -> its own type (i32 or f32, 4 bytes)
-  TMA descriptor (Hopper) -> a 128-byte CUtensorMap by value, *before* all parameters (one
-                         per tensor / box / swizzle a kernel's TMA loads use): at offsets
-                         0, 128, ... they are 64-byte aligned however the driver lays out
-                         over-aligned parameters
+  TMA descriptor (Hopper) -> a 128-byte CUtensorMap by value, before all parameters (one
+                         per tensor / box / swizzle a kernel's TMA loads use), 64-byte
+                         aligned in the constant bank (the first at parameter offset 48)
 Arguments are packed at their natural alignment, as the AMDGPU and NVPTX calling
 conventions for kernel arguments do.
 """
@@ -62,11 +61,14 @@ def kernel_args(params, tmaps=()) -> list[KernArg]:
 
 
 def offsets(args: list[KernArg]) -> list[int]:
-    """Byte offset of each argument in the packed buffer (natural alignment)."""
+    """Byte offset of each argument in the packed buffer (natural alignment; tensor maps
+    aligned in the Hopper constant bank, where parameters start at PARAM_BANK_BASE)."""
+    from ..targets.sm90a import PARAM_BANK_BASE
     offs, pos = [], 0
     for a in args:
         al = a.align or a.size
-        pos = -(-pos // al) * al
+        base = PARAM_BANK_BASE if a.kind == "tmap" else 0
+        pos = -(-(base + pos) // al) * al - base
         offs.append(pos)
         pos += a.size
     return offs

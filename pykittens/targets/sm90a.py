@@ -14,6 +14,10 @@ warpgroup-wide wgmma.mma_async shapes (m64nNk16) are not in this table yet.
 from .base import MMAInstr, Target, linear
 
 REGISTERS_PER_SM = 65536          # 32-bit registers per SM (H100 white paper)
+# Kernel parameters start at this byte of constant bank 0, and over-aligned parameters
+# (64-byte CUtensorMaps) are aligned in absolute bank offsets: the first one after 0 bytes
+# of parameters sits at parameter offset 48 (read back with cuFuncGetParamInfo on an H200).
+PARAM_BANK_BASE = 0x210
 WGMMA_SWIZZLE_128B = 1            # matrix-descriptor layout type (PTX ISA 8.x, bits 62-63)
 
 # Lane bits 0-1 are threadID_in_group, bits 2-4 groupID (rows of A and C, columns of B).
