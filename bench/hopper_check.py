@@ -1,5 +1,6 @@
-"""Focused H200 check of the Hopper building blocks (TMA + mbarrier + wgmma) on one GEMM:
-float64 reference, emulator agreement at ragged shapes, and throughput against cuBLAS.
+"""Focused H200 check of the Hopper building blocks (TMA + mbarrier + wgmma) on the library's
+gemm_wgmma: float64 reference, emulator agreement at ragged shapes, and throughput against
+cuBLAS (the full sweep is bench/device_check.py).
 
     PYTHONPATH=. python3 bench/hopper_check.py
 """
@@ -10,25 +11,8 @@ import torch
 
 import pykittens as pk
 from pykittens.bench.gpu import graph_time
+from pykittens.kernels import gemm_wgmma as gemm_tma
 from pykittens.kernels.spec import rel_err
-
-
-@pk.kernel(num_waves=4)
-def gemm_tma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
-             DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 64):
-    sb = pk.empty(pk.st((BK, 64), DT, swizzle=8))
-    full = pk.mbarrier(1)
-    m0 = pk.program_id(0) * 64 + pk.wave_id() * 16
-    n0 = pk.program_id(1) * 64
-    acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
-    for k in pk.range((a.shape[1] + BK - 1) // BK):
-        with pk.if_(pk.wave_id() == 0):
-            pk.tma_load(sb, b, (k * BK, n0), full)
-        pk.wait(full, k % 2)
-        ta = pk.load(pk.rt((16, BK), DT, role="a"), a, (m0, k * BK))
-        pk.mma_AB(acc, ta, sb)
-        pk.barrier()
-    pk.store(c, acc, (m0, n0))
 
 
 def main():

@@ -76,6 +76,10 @@ def _check_pins(pins, target, kn):
     files = {"v": target.vgprs, "a": target.agprs}
     taken: list[tuple] = []
     for t, loc in pins:
+        if target.family != "cdna":
+            raise KernelError(f"register pinning is a CDNA feature; on {target.name} budget "
+                              "registers per warpgroup with pk.role(..., regs=N) (setmaxnreg)",
+                              loc, kn)
         f, first = t.pin
         n = _regs_per_lane(t, target.wave_size)
         if files.get(f, 0) == 0:

@@ -1,6 +1,8 @@
 """out = 2 * x through a warp-specialised pipeline (Hopper): warpgroup 0 produces 32 x C
 blocks into a ring of shared tiles, warpgroup 1 consumes them; `full` / `empty` mbarriers
-hand each slot over, and the producers give registers to the consumers (setmaxnreg).
+hand each slot over, and each role sets its register budget (setmaxnreg: producers shrink
+to 40; with two warpgroups the entry cap is already 248, so consumers stay at 232 — with a
+third warpgroup the cap drops and the producers' registers let consumers grow).
 A small, checkable example of the producer/consumer structure that larger Hopper kernels
 (TMA-fed GEMM and attention) are built on."""
 import pykittens as pk

@@ -178,6 +178,8 @@ def num_waves() -> int:
 # ---- memory -------------------------------------------------------------------------------
 
 def _coords(coord, n, what):
+    if coord is None:                      # the origin, in as many dims as the tensor has
+        coord = (0,) * n
     if not isinstance(coord, (tuple, list)):
         coord = (coord,)
     if len(coord) != n:
@@ -192,7 +194,7 @@ def _check_window(tile_t, mem_t, what):
                     f"got rank {mem_t.rank}")
 
 
-def load(dst, src, coord=(0, 0), fill: float = 0.0, direct: bool = False) -> Tile:
+def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False) -> Tile:
     """Load into `dst` (a tile, or a tile type to allocate) from `src` at element `coord`.
 
     global -> register/shared: `coord` has one entry per tensor dim and the tile covers the
@@ -231,7 +233,7 @@ def load(dst, src, coord=(0, 0), fill: float = 0.0, direct: bool = False) -> Til
     return dst
 
 
-def store(dst, src: Tile, coord=(0, 0)) -> None:
+def store(dst, src: Tile, coord=None) -> None:
     """Store tile `src` into `dst` (global tensor or shared tile) at element `coord`;
     elements outside a global tensor are not written."""
     if not isinstance(src, Tile):

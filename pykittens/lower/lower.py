@@ -172,9 +172,6 @@ class _Lowering:
             return
         lay = self.layout(op.dst)
         pin = getattr(t, "pin", None)
-        if pin is not None and self.t.family != "cdna":
-            raise self.err(f"register pinning is a CDNA feature; on {self.t.name} budget "
-                           "registers per warpgroup (setmaxnreg) instead of pinning tiles")
         self.env[op.dst] = self.b.reg(t.dtype, lay.nslots, name=f"t{op.dst.id}", pin=pin)
 
     def op_fill(self, op):
