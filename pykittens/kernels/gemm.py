@@ -26,19 +26,25 @@ def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
 @pk.kernel(num_waves=4)
 def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
-               DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 64):
+               DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 64,
+               TMA: pk.const = 1):
     """Hopper: a 64 x 64 block per warpgroup. Each K step, wave 0 has the TMA unit copy the
     BK x 64 block of B into a 128B-swizzled shared tile (completing on `full`); every wave
-    multiplies its 16 rows of A (from registers) by it with wgmma."""
+    multiplies its 16 rows of A (from registers) by it with wgmma. TMA=0 stages B with
+    ordinary loads instead (B rows that are not a multiple of 16 bytes)."""
     sb = pk.empty(pk.st((BK, 64), DT, swizzle=8))
     full = pk.mbarrier(1)
     m0 = pk.program_id(0) * 64 + pk.wave_id() * 16
     n0 = pk.program_id(1) * 64
     acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
     for k in pk.range((a.shape[1] + BK - 1) // BK):
-        with pk.if_(pk.wave_id() == 0):
-            pk.tma_load(sb, b, (k * BK, n0), full)
-        pk.wait(full, k % 2)
+        if TMA:
+            with pk.if_(pk.wave_id() == 0):
+                pk.tma_load(sb, b, (k * BK, n0), full)
+            pk.wait(full, k % 2)
+        else:
+            pk.load(sb, b, (k * BK, n0))
+            pk.barrier()
         ta = pk.load(pk.rt((16, BK), DT, role="a"), a, (m0, k * BK))
         pk.mma_AB(acc, ta, sb)
         pk.barrier()                                     # the next copy may overwrite
