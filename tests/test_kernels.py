@@ -22,11 +22,12 @@ def test_library_kernel_matches_reference(name, target, dt, shape):
 
 
 @pytest.mark.parametrize("consts", [{"ROWS": 4, "COLS": 128}, {"ROWS": 1, "COLS": 1024},
-                                    {"RESIDENT": 1, "N_MAX": 2048, "CHUNK": 512}])
+                                    {"RESIDENT": 1, "N_MAX": 2048, "CHUNK": 512},
+                                    {"TMA": 1, "N_MAX": 2048, "CHUNK": 256}])
 def test_layernorm_schedules_agree(consts, rng):
     """The library picks one LayerNorm schedule per shape; all of them must be right."""
     spec = KERNELS["layernorm"]
-    for target in NAMES:
+    for target in (("sm_90a",) if "TMA" in consts else NAMES):
         inputs = spec.make_inputs((9, 1500), pk.bf16, rng)
         rows = 4 * consts.get("ROWS", 1)
         out = pk.emulate(spec.kernel, grid=(-(-9 // rows),), target=target,
@@ -37,9 +38,13 @@ def test_layernorm_schedules_agree(consts, rng):
 def test_layernorm_launch_choice():
     spec = KERNELS["layernorm"]
     small = {"x": np.zeros((8, 2000), np.float16)}
+    odd = {"x": np.zeros((8, 2001), np.float16)}            # rows not a multiple of 16 B
     wide = {"x": np.zeros((8, 12288), np.float16)}
-    assert spec.launch(small, "sm_90a")[1]["RESIDENT"] == 1
+    assert spec.launch(small, "sm_90a")[1] == {"TMA": 1, "N_MAX": 2048, "CHUNK": 256}
+    assert spec.launch(small, "gfx950")[1]["RESIDENT"] == 1
+    assert spec.launch(odd, "sm_90a")[1]["RESIDENT"] == 1
     assert "RESIDENT" not in spec.launch(wide, "sm_90a")[1]
+    assert "TMA" not in spec.launch(wide, "sm_90a")[1]
 
 
 def test_gemm_on_gfx950_reads_b_with_lds_transposes():

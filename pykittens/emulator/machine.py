@@ -544,9 +544,6 @@ class _Machine:
         mine[w.wave] = wg.tick()
         np.maximum(bar.acc, mine, out=bar.acc)
         bar.pending -= 1
-        if bar.pending < 0:
-            raise self.fail(EmulatorError, w, op, f"more arrivals on mbarrier {op.attrs['region'].name} "
-                            f"than its count of {bar.count}")
         if bar.pending == 0:                     # phase complete: publish, next phase
             bar.completed[bar.phase % 2] = bar.acc.copy()
             bar.acc[:] = -1

@@ -74,11 +74,21 @@ RESIDENT_CHUNK = 512             # a multiple of every target's wave sweep (64 l
 RESIDENT_MAX_REGS = 64           # 32-bit registers per lane a resident row may take
 
 
+TMA_CHUNK = 256                  # columns per TMA box (a box dim is at most 256 elements)
+TMA_MAX_COLS = 8192              # rows staged whole in shared memory: 4 waves x 16 KiB (bf16)
+
+
 def _ln_launch(i, target):
-    """Rows that fit in a wave's registers are read once (RESIDENT); longer rows loop."""
+    """Hopper with TMA-able rows (<= 8192 columns, rows a multiple of 16 bytes): rows staged
+    in shared memory by TMA (read once). Elsewhere, rows that fit in a wave's registers are
+    read once (RESIDENT); longer rows loop over column blocks."""
     from ..targets import get
     m, n = i["x"].shape
     esz = np.dtype(i["x"].dtype).itemsize
+    if get(target).family == "hopper" and n <= TMA_MAX_COLS and (n * esz) % 16 == 0 and \
+            n * esz * WAVES <= 64 << 10:
+        n_max = max(TMA_CHUNK, 1 << (max(n, 1) - 1).bit_length())
+        return (max(1, -(-m // WAVES)),), {"TMA": 1, "N_MAX": n_max, "CHUNK": TMA_CHUNK}
     n_max = max(RESIDENT_CHUNK, 1 << (max(n, 1) - 1).bit_length())
     if n_max * esz // 4 // get(target).wave_size <= RESIDENT_MAX_REGS:
         return (max(1, -(-m // WAVES)),), {"RESIDENT": 1, "N_MAX": n_max,

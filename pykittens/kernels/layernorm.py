@@ -1,7 +1,9 @@
 """LayerNorm forward with weight and bias; statistics in f32 (mean, then the centred sum of
 squares, so large means do not cancel).
 
-Two schedules, chosen by a compile-time constant:
+Three schedules, chosen by compile-time constants:
+- TMA=1 (Hopper): the TMA unit copies each workgroup's rows (one per wave, up to N_MAX
+  columns) into shared memory in CHUNK-wide boxes on one mbarrier; x is read once.
 - RESIDENT=1: each wave keeps one whole row in registers in its storage type (up to N_MAX
   elements), so x is read from memory exactly once; the statistics and the output are
   computed block by block from the registers (pk.subtile), converting to f32 on the fly.
@@ -14,8 +16,41 @@ import pykittens as pk
 @pk.kernel(num_waves=4)
 def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.gl["DT", 2],
               eps: pk.f32, DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
-              RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512):
+              RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
+              TMA: pk.const = 0):
     m_rows, n = x.shape
+    if TMA:
+        # Hopper: the TMA unit brings the workgroup's rows (one per wave) into shared memory
+        # in boxes of CHUNK columns, all completing one mbarrier; x is read from memory once
+        # and the three passes run from shared memory.
+        r_first = pk.program_id(0) * pk.num_waves()
+        boxes = [pk.empty(pk.st((pk.num_waves(), CHUNK), DT))
+                 for _ in pk.static_range(N_MAX // CHUNK)]
+        landed = pk.mbarrier(N_MAX // CHUNK)
+        with pk.if_(pk.wave_id() == 0):
+            for j, box in enumerate(boxes):
+                pk.tma_load(box, x, (r_first, j * CHUNK), landed)
+        pk.wait(landed, 0)
+        wave = pk.wave_id()
+        r0 = r_first + wave
+        tile = pk.rt((1, CHUNK), pk.f32)
+        row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
+        total = pk.zeros(row)
+        for box in boxes:
+            pk.row_sum(pk.load(tile, box, (wave, 0)), into=total)
+        mean = total / n
+        sq = pk.zeros(row)
+        for j, box in enumerate(boxes):
+            d = pk.mask_outside(pk.load(tile, box, (wave, 0)) - mean, (r0, j * CHUNK),
+                                (m_rows, n))
+            pk.row_sum(d * d, into=sq)
+        rstd = pk.rsqrt(sq / n + eps)
+        for j, box in enumerate(boxes):
+            gamma = pk.load(col, w, (j * CHUNK,))
+            beta = pk.load(col, b, (j * CHUNK,))
+            y = (pk.load(tile, box, (wave, 0)) - mean) * rstd * gamma + beta
+            pk.store(out, y, (r0, j * CHUNK))
+        return
     if RESIDENT:
         r0 = pk.program_id(0) * pk.num_waves() + pk.wave_id()
         xr = pk.load(pk.rt((1, N_MAX), DT), x, (r0, 0))       # the row, read once

@@ -26,13 +26,11 @@ class MBarrier(Tile):
 
 
 def mbarrier(arrivals: int) -> MBarrier:
-    """A barrier whose phase completes when `arrivals` waves have called pk.arrive on it.
-    Allocate at the top of the kernel (like shared tiles); it starts in phase 0."""
+    """A barrier whose phase completes after `arrivals` arrivals (pk.arrive calls and
+    pk.tma_load issues, one each; a wave may arrive several times). Allocate at the top of
+    the kernel (like shared tiles); it starts in phase 0."""
     if not isinstance(arrivals, int) or arrivals < 1:
         raise error("mbarrier arrivals must be a positive int (a number of waves)")
-    if arrivals > current().num_waves:
-        raise error(f"mbarrier expects {arrivals} arrivals but the workgroup has only "
-                    f"{current().num_waves} waves")
     if len(current().blocks) > 1:
         raise error("mbarriers must be allocated at the top of the kernel, outside loops "
                     "and branches")
