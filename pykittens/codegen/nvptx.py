@@ -193,9 +193,12 @@ class NVPTXRenderer(Renderer):
         """Lane 0: arrive on the barrier expecting the tile's bytes, then start the bulk
         tensor copy that completes them (coordinates innermost first)."""
         region, bar, desc = op.attrs["region"], op.attrs["bar"], op.attrs["tmap"]
-        nbytes = region.tile.nbytes
-        r0, c0 = (self.read(x) for x in op.srcs)
+        row_bytes = region.tile.shape[1] * region.tile.dtype.bytes
+        nbytes = desc.box[0] * row_bytes
+        r0, c0, at = (self.read(x) for x in op.srcs)
         dst = self.op(f"add i32 {self._smem_base().text}, {region.base}", "i32", 0)
+        skip = self.op(f"mul i32 {at.text}, {row_bytes}", "i32", 0)
+        dst = self.op(f"add i32 {dst.text}, {skip.text}", "i32", 0)
         b = self._mbar_addr(bar)
         tmap = self.op(f"ptrtoint ptr %{desc.name} to i64", "i64", 0)
 

@@ -418,14 +418,19 @@ class _Machine:
         wave's arrival with the bytes completes its part of the barrier's phase."""
         buf, region = self.bufs[op.attrs["gl"].name], op.attrs["region"]
         t = region.tile
-        r0, c0 = (int(self.get(w, s)) for s in op.srcs)
-        rows = np.arange(t.shape[0])[:, None]
+        r0, c0, at = (int(self.get(w, s)) for s in op.srcs)
+        box_rows = op.attrs["tmap"].box[0]
+        if at < 0 or at + box_rows > t.shape[0]:
+            raise self.fail(OutOfBounds, w, op, f"TMA box of {box_rows} rows at row {at} falls "
+                            f"outside shared tile {region.name} of shape {t.shape}")
+        rows = np.arange(box_rows)[:, None]
         cols = np.arange(t.shape[1])[None, :]
         gr, gc = rows + r0, cols + c0
         mask = (gr >= 0) & (gr < buf.shape[0]) & (gc >= 0) & (gc < buf.shape[1])
         off = gr * buf.strides[0] + gc * buf.strides[1]
         vals = np.where(mask, buf.flat[np.where(mask, off, 0)], np.zeros((), buf.flat.dtype))
-        idx = (region.byte_offset(rows, cols)[..., None] + np.arange(t.dtype.bytes)).reshape(-1)
+        idx = (region.byte_offset(rows + at, cols)[..., None] +
+               np.arange(t.dtype.bytes)).reshape(-1)
         self._store_bytes(w, op, idx, np.ascontiguousarray(vals).view(np.uint8).reshape(-1))
         self.x_mbar_arrive(w, _BarOp(op))
 

@@ -20,35 +20,36 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
               TMA: pk.const = 0):
     m_rows, n = x.shape
     if TMA:
-        # Hopper: the TMA unit brings the workgroup's rows (one per wave) into shared memory
-        # in boxes of CHUNK columns, all completing one mbarrier; x is read from memory once
-        # and the three passes run from shared memory.
-        r_first = pk.program_id(0) * pk.num_waves()
-        boxes = [pk.empty(pk.st((pk.num_waves(), CHUNK), DT))
-                 for _ in pk.static_range(N_MAX // CHUNK)]
-        landed = pk.mbarrier(N_MAX // CHUNK)
+        # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
+        # tile, box by box (CHUNK columns x one row per wave), all completing one mbarrier;
+        # x is read from memory once and the three passes run from shared memory.
+        nw = pk.num_waves()
+        boxes = N_MAX // CHUNK
+        r_first = pk.program_id(0) * nw
+        rows = pk.empty(pk.st((boxes * nw, CHUNK), DT))      # box j: rows j*nw .. +nw
+        landed = pk.mbarrier(boxes)
         with pk.if_(pk.wave_id() == 0):
-            for j, box in enumerate(boxes):
-                pk.tma_load(box, x, (r_first, j * CHUNK), landed)
+            for j in pk.range(boxes):
+                pk.tma_load(rows, x, (r_first, j * CHUNK), landed, rows=nw, at=j * nw)
         pk.wait(landed, 0)
         wave = pk.wave_id()
         r0 = r_first + wave
         tile = pk.rt((1, CHUNK), pk.f32)
         row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
         total = pk.zeros(row)
-        for box in boxes:
-            pk.row_sum(pk.load(tile, box, (wave, 0)), into=total)
+        for j in pk.range(boxes):
+            pk.row_sum(pk.load(tile, rows, (j * nw + wave, 0)), into=total)
         mean = total / n
         sq = pk.zeros(row)
-        for j, box in enumerate(boxes):
-            d = pk.mask_outside(pk.load(tile, box, (wave, 0)) - mean, (r0, j * CHUNK),
-                                (m_rows, n))
+        for j in pk.range(boxes):
+            d = pk.mask_outside(pk.load(tile, rows, (j * nw + wave, 0)) - mean,
+                                (r0, j * CHUNK), (m_rows, n))
             pk.row_sum(d * d, into=sq)
         rstd = pk.rsqrt(sq / n + eps)
-        for j, box in enumerate(boxes):
+        for j in pk.range(boxes):
             gamma = pk.load(col, w, (j * CHUNK,))
             beta = pk.load(col, b, (j * CHUNK,))
-            y = (pk.load(tile, box, (wave, 0)) - mean) * rstd * gamma + beta
+            y = (pk.load(tile, rows, (j * nw + wave, 0)) - mean) * rstd * gamma + beta
             pk.store(out, y, (r0, j * CHUNK))
         return
     if RESIDENT:

@@ -59,12 +59,13 @@ def wait(bar: MBarrier, parity) -> None:
     current().emit("wait", None, (bar.v, as_scalar(parity, T.i32).v))
 
 
-def tma_load(dst, src, coord, bar: MBarrier) -> None:
-    """Hopper bulk tensor copy (TMA): the whole shared tile `dst` <- the box of tensor `src`
-    at element `coord`, asynchronously; elements outside the tensor read as 0. The calling
-    wave issues it and arrives on `bar` expecting its bytes: the phase completes once the
-    data has landed (and the barrier's other arrivals came), so consumers pk.wait(bar, ...)
-    before reading `dst`."""
+def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> None:
+    """Hopper bulk tensor copy (TMA): the shared tile `dst` <- the box of tensor `src` at
+    element `coord`, asynchronously; elements outside the tensor read as 0. The box is the
+    whole tile, or `rows` full-width rows landing at row `at` of it (a runtime value is
+    fine), so one tile can collect many boxes. The calling wave issues it and arrives on
+    `bar` expecting its bytes: the phase completes once the data has landed (and the
+    barrier's other arrivals came), so consumers pk.wait(bar, ...) before reading `dst`."""
     from .values import GL, ST
     _need_bar(bar, "pk.tma_load")
     if not isinstance(dst, ST) or not isinstance(src, GL):
@@ -78,11 +79,16 @@ def tma_load(dst, src, coord, bar: MBarrier) -> None:
     if t.swizzle not in (0, 8) or (t.swizzle == 8 and t.shape[1] * t.dtype.bytes != 128):
         raise error("a TMA destination is unswizzled, or swizzle=8 with 128-byte rows (the "
                     "hardware's 128B pattern)")
-    if t.shape[1] * t.dtype.bytes % 16 or max(t.shape) > 256:
-        raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements "
-                    "per dim")
+    if t.shape[1] * t.dtype.bytes % 16 or t.shape[1] > 256:
+        raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements")
+    box_rows = t.shape[0] if rows is None else rows
+    if not isinstance(box_rows, int) or not 1 <= box_rows <= min(t.shape[0], 256):
+        raise error(f"tma_load rows= must be an int in 1..{min(t.shape[0], 256)}")
+    if t.swizzle and box_rows % 8:
+        raise error("a 128B-swizzled TMA box covers whole 8-row swizzle atoms: rows % 8 == 0")
     c = ops._coords(coord, 2, "tma_load")
-    current().emit("tma_load", dst.v, (src.v,) + c + (bar.v,))
+    current().emit("tma_load", dst.v, (src.v,) + c + (bar.v, as_scalar(at, T.i32).v),
+                   rows=box_rows)
 
 
 @contextlib.contextmanager

@@ -33,8 +33,9 @@ Op kinds (attrs in brackets):
   mbar_init[region, count]  mbar_arrive[region]  mbar_wait(parity)[region]   Hopper
                                      mbarriers (one arrival per wave)
   setmaxnreg[regs]                   the warpgroup's register budget (Hopper)
-  tma_load(r0, c0)[gl, tmap, region, bar]   Hopper bulk tensor copy of the shared tile's
-                                     box at (r0, c0) of `gl`, completing on mbarrier `bar`
+  tma_load(r0, c0, at)[gl, tmap, region, bar]   Hopper bulk tensor copy of tmap's box at
+                                     (r0, c0) of `gl` into rows at.. of the shared tile,
+                                     completing on mbarrier `bar`
   wgmma(a, acc)[region, a_layout, acc_layout, n, k]   Hopper warpgroup MMA: acc += a @ b,
                                      b the K x N shared tile in `region` (each wave: 16 rows)
 """

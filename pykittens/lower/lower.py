@@ -469,17 +469,17 @@ class _Lowering:
         if self.t.family != "hopper":
             raise self.err(f"TMA is a Hopper feature; on {self.t.name} use pk.load (direct=True "
                            "copies memory straight into LDS on CDNA)", NotSupportedYet)
-        gl_v, r0, c0, bar_v = op.srcs
+        gl_v, r0, c0, bar_v, at = op.srcs
         st = op.dst.type
-        desc = TMADesc(f"{gl_v.name}.tmap{len(self.tmaps)}", gl_v.name, st.shape,
-                       st.swizzle == 8)
+        desc = TMADesc(f"{gl_v.name}.tmap{len(self.tmaps)}", gl_v.name,
+                       (op.attrs["rows"], st.shape[1]), st.swizzle == 8)
         same = [t for t in self.tmaps if (t.param, t.box, t.swizzle128) ==
                 (desc.param, desc.box, desc.swizzle128)]
         desc = same[0] if same else desc
         if not same:
             self.tmaps.append(desc)
-        self.emit("tma_load", None, (self.val(r0), self.val(c0)), gl=gl_v, tmap=desc,
-                  region=self.env[op.dst], bar=self.env[bar_v])
+        self.emit("tma_load", None, (self.val(r0), self.val(c0), self.val(at)), gl=gl_v,
+                  tmap=desc, region=self.env[op.dst], bar=self.env[bar_v])
 
     def op_setmaxnreg(self, op):
         if self.t.family != "hopper":
