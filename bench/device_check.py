@@ -25,6 +25,9 @@ DEV = "cuda"
 LN_VARIANTS = {                     # schedule constants of the library LayerNorm to compare
     "tma-rows-in-smem": {"TMA": 1, "N_MAX": 8192, "CHUNK": 256},
     "rows1-cols1024": {"ROWS": 1, "COLS": 1024},
+    "rows1-cols1024-prefetch": {"ROWS": 1, "COLS": 1024, "PREFETCH": 1},
+    "rows1-cols512-prefetch": {"ROWS": 1, "COLS": 512, "PREFETCH": 1},
+    "rows2-cols512-prefetch": {"ROWS": 2, "COLS": 512, "PREFETCH": 1},
     "rows1-cols512": {"ROWS": 1, "COLS": 512},
     "rows4-cols256": {"ROWS": 4, "COLS": 256},
     "resident-8192": {"RESIDENT": 1, "N_MAX": 8192, "CHUNK": 512},

@@ -22,6 +22,7 @@ def test_library_kernel_matches_reference(name, target, dt, shape):
 
 
 @pytest.mark.parametrize("consts", [{"ROWS": 4, "COLS": 128}, {"ROWS": 1, "COLS": 1024},
+                                    {"ROWS": 2, "COLS": 512, "PREFETCH": 1},
                                     {"RESIDENT": 1, "N_MAX": 2048, "CHUNK": 512},
                                     {"TMA": 1, "N_MAX": 2048, "CHUNK": 256}])
 def test_layernorm_schedules_agree(consts, rng):

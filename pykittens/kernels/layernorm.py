@@ -17,7 +17,7 @@ import pykittens as pk
 def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.gl["DT", 2],
               eps: pk.f32, DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
               RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
-              TMA: pk.const = 0):
+              TMA: pk.const = 0, PREFETCH: pk.const = 0):
     m_rows, n = x.shape
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
@@ -85,9 +85,16 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
     blocks = (n + COLS - 1) // COLS
     mean = pk.zeros(row)
     m2 = pk.zeros(row)
+    if PREFETCH:                      # the next block's loads are in flight during the math
+        nxt = pk.load(tile, x, (r0, 0))
     for j in pk.range(blocks):
         c0 = j * COLS
-        t = pk.load(tile, x, (r0, c0))
+        if PREFETCH:
+            t = pk.empty(tile)
+            t.set(nxt)
+            pk.load(nxt, x, (r0, c0 + COLS))
+        else:
+            t = pk.load(tile, x, (r0, c0))
         n_blk = pk.minimum(n - c0, COLS)
         mean_blk = pk.row_sum(t) / n_blk
         d = pk.mask_outside(t - mean_blk, (r0, c0), (m_rows, n))
@@ -97,8 +104,15 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
         m2 += pk.row_sum(d * d) + delta * delta * (c0 * share)
     rstd = pk.rsqrt(m2 / n + eps)
 
+    if PREFETCH:
+        nxt = pk.load(tile, x, (r0, 0))
     for j in pk.range(blocks):
-        t = pk.load(tile, x, (r0, j * COLS))
+        if PREFETCH:
+            t = pk.empty(tile)
+            t.set(nxt)
+            pk.load(nxt, x, (r0, j * COLS + COLS))
+        else:
+            t = pk.load(tile, x, (r0, j * COLS))
         gamma = pk.load(col, w, (j * COLS,))
         beta = pk.load(col, b, (j * COLS,))
         pk.store(out, (t - mean) * rstd * gamma + beta, (r0, j * COLS))
