@@ -99,7 +99,7 @@ def _ln_launch(i, target):
     if n_max * esz // 4 // get(target).wave_size <= RESIDENT_MAX_REGS:
         return (max(1, -(-m // WAVES)),), {"RESIDENT": 1, "N_MAX": n_max,
                                           "CHUNK": RESIDENT_CHUNK}
-    return (max(1, -(-m // WAVES)),), {"ROWS": 1, "COLS": 1024}
+    return (max(1, -(-m // WAVES)),), {"ROWS": 1, "COLS": 1024, "PREFETCH": 1}
 
 
 # ---- layernorm --------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                torch_reference=_sm_torch),
     KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _ln_launch, ("out",),
                shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
-               compile_consts={"DT": "bf16", "ROWS": 1, "COLS": 1024},
+               compile_consts={"DT": "bf16", "ROWS": 1, "COLS": 1024, "PREFETCH": 1},
                torch_reference=_ln_torch),
     KernelSpec("gemm", gemm, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
                shapes=((64, 64, 64), (100, 70, 96), (128, 64, 160)),
