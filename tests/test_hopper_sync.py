@@ -85,3 +85,29 @@ def test_sync_errors():
         def bad(x: pk.gl[pk.f32, 2]):
             pk.arrive(x)
         bad.specialize()
+
+
+@pk.kernel(num_waves=4)
+def _partial_wgmma(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+                   ONLY: pk.const = 4):
+    sb = pk.empty(pk.st((16, 64), pk.bf16, swizzle=8))
+    pk.load(sb, b)
+    pk.barrier()
+    acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
+    with pk.if_(pk.wave_id() < ONLY):
+        pk.mma_AB(acc, pk.load(pk.rt((16, 16), pk.bf16, role="a"), a, (pk.wave_id() * 16, 0)),
+                  sb)  # MARK-wg
+    pk.store(c, acc, (pk.wave_id() * 16, 0))
+
+
+def test_wgmma_needs_the_whole_warpgroup(rng):
+    a = rng.standard_normal((64, 16)).astype(pk.bf16.np)
+    b = rng.standard_normal((16, 64)).astype(pk.bf16.np)
+    out = pk.emulate(_partial_wgmma, a, b, np.zeros((64, 64), np.float32), grid=1,
+                     target="sm_90a")["c"]
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(BarrierMismatch, match=r"wgmma is warpgroup-wide, but of warpgroup "
+                                              r"waves \[0, 1, 2, 3\] only \[0, 1\] reached"):
+        pk.emulate(_partial_wgmma, a, b, np.zeros((64, 64), np.float32), grid=1,
+                   target="sm_90a", ONLY=2)

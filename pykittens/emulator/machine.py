@@ -154,12 +154,14 @@ class _Machine:
                     yield from self.run_block(w, op.regions[0])
                 elif len(op.regions) > 1:
                     yield from self.run_block(w, op.regions[1])
-            elif k in ("barrier", "mbar_wait"):
+            elif k in ("barrier", "mbar_wait", "wgmma"):
                 if k == "mbar_wait":
                     self._mbar(w, op)
                 w.waiting_op = op
-                yield op
+                yield op                         # wgmma: the warpgroup meets here
                 w.waiting_op = None
+                if k == "wgmma":
+                    self.x_wgmma(w, op)
             else:
                 try:
                     getattr(self, "x_" + k)(w, op)
@@ -462,9 +464,10 @@ class _Machine:
 
     # -- grid ---------------------------------------------------------------------------
     def run_workgroup(self, pid):
-        """Waves run one at a time until they block (at a barrier or an mbarrier wait);
-        a workgroup barrier opens when every live wave stands at one; no runnable wave and
-        no barrier to open is a deadlock, reported with what each wave waits for."""
+        """Waves run one at a time until they block (at a barrier, an mbarrier wait, or a
+        warpgroup-wide wgmma); a workgroup barrier opens when every live wave stands at one,
+        a wgmma when all four waves of its warpgroup stand at the same one; no runnable wave
+        and nothing to open is a deadlock, reported with what each wave waits for."""
         wg = _Workgroup(self.p.lds_bytes, self.p.num_waves)
         waves = [_Wave(self, wg, pid, i) for i in range(self.p.num_waves)]
         gens = {w: self.run_block(w, self.p.body) for w in waves}
@@ -473,7 +476,7 @@ class _Machine:
             progressed = False
             for w in waves:
                 st = state[w]
-                if st == "done" or (st is not None and st.kind == "barrier"):
+                if st == "done" or (st is not None and st.kind in ("barrier", "wgmma")):
                     continue
                 if st is not None and not self._wait_done(w, st):
                     continue
@@ -487,6 +490,15 @@ class _Machine:
             live = [w for w in waves if state[w] != "done"]
             if not live:
                 return
+            for g in range(0, len(waves), 4):        # warpgroups that all reached a wgmma
+                group = waves[g:g + 4]
+                if all(state[w] not in (None, "done") and state[w].kind == "wgmma"
+                       for w in group) and len({id(state[w]) for w in group}) == 1:
+                    for w in group:
+                        state[w] = None
+                    progressed = True
+            if progressed:
+                continue
             at_bar = [w for w in live if state[w].kind == "barrier"]
             if at_bar and len(at_bar) == len(live):
                 if len(live) < len(waves):            # a finished wave never arrives
@@ -517,6 +529,15 @@ class _Machine:
                   state[w].kind == "barrier"]
         waiting = [w for w in waves if state[w] not in ("done", None) and
                    state[w].kind == "mbar_wait"]
+        at_mma = [w for w in waves if state[w] not in ("done", None) and
+                  state[w].kind == "wgmma"]
+        if at_mma:
+            w = at_mma[0]
+            group = list(range(w.wave // 4 * 4, w.wave // 4 * 4 + 4))
+            raise self.fail(BarrierMismatch, w, state[w],
+                            f"deadlock: wgmma is warpgroup-wide, but of warpgroup waves "
+                            f"{group} only {[x.wave for x in at_mma if x.wave in group]} "
+                            "reached this one")
         if waiting:
             w = waiting[0]
             op = state[w]
