@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..toolchain.nvptx import find_cuda_tool, install_hint
+from .cfg import natural_loops
 
 # Warpgroup MMA mnemonics in Hopper SASS: HGMMA (f16/bf16/tf32), QGMMA (fp8), IGMMA (int8),
 # BGMMA (binary) — what ptxas makes of PTX `wgmma.mma_async`.
@@ -158,43 +159,11 @@ def cfg(instrs: list[Instr], labels: dict[str, int]):
     return blocks, succs
 
 
-def natural_loops(blocks, succs) -> dict[int, set[int]]:
-    """{header block: set of blocks in its loop} over the blocks reachable from the entry."""
-    n = len(blocks)
-    reach, stack = set(), [0] if n else []
-    while stack:
-        b = stack.pop()
-        if b not in reach:
-            reach.add(b)
-            stack.extend(succs[b])
-    preds = {b: [p for p in reach if b in succs[p]] for b in reach}
-    dom = {b: set(reach) for b in reach}
-    dom[0] = {0}
-    changed = True
-    while changed:
-        changed = False
-        for b in sorted(reach - {0}):
-            new = {b} | set.intersection(*(dom[p] for p in preds[b])) if preds[b] else {b}
-            if new != dom[b]:
-                dom[b], changed = new, True
-    loops: dict[int, set[int]] = {}
-    for u in reach:
-        for h in succs[u]:
-            if h in dom[u]:                      # back edge u -> h
-                body, work = loops.setdefault(h, {h}), [u]
-                while work:
-                    x = work.pop()
-                    if x not in body:
-                        body.add(x)
-                        work.extend(preds[x])
-    return loops
-
-
 def analyze_sass(instrs: list[Instr], labels: dict[str, int]) -> dict:
     """Instruction mix of the reachable code and the wgmma count of the innermost loop that
     issues wgmmas (spin-wait loops inside it, which issue none, do not hide it)."""
     blocks, succs = cfg(instrs, labels)
-    loops = natural_loops(blocks, succs)
+    loops = natural_loops(succs)
     reach = set()
     stack = [0] if blocks else []
     while stack:

@@ -16,6 +16,7 @@ import msgpack
 
 from .. import targets
 from ..toolchain import amdgpu
+from .cfg import natural_loops
 from .occupancy import waves_per_simd
 
 NT_AMDGPU_METADATA = 32
@@ -162,34 +163,6 @@ def basic_blocks(insts: list[tuple[str, str]], labels: dict[str, int]
     return blocks, succs
 
 
-def dominators(succs: list[list[int]]) -> dict[int, set[int]]:
-    """{block: the blocks that dominate it} for every block reachable from block 0."""
-    order, seen = [], {0}
-    stack = [(0, iter(succs[0]))] if succs else []
-    while stack:                                  # iterative DFS for a reverse postorder
-        b, it = stack[-1]
-        nxt = next((s for s in it if s not in seen), None)
-        if nxt is None:
-            order.append(b)
-            stack.pop()
-        else:
-            seen.add(nxt)
-            stack.append((nxt, iter(succs[nxt])))
-    rpo = order[::-1]
-    preds = {b: [p for p in rpo if b in succs[p]] for b in rpo}
-    dom = {b: set(rpo) for b in rpo}
-    if rpo:
-        dom[0] = {0}
-    changed = True
-    while changed:
-        changed = False
-        for b in rpo[1:]:
-            new = {b} | set.intersection(*(dom[p] for p in preds[b]))
-            if new != dom[b]:
-                dom[b], changed = new, True
-    return dom
-
-
 @dataclass(frozen=True)
 class Loop:
     """A natural loop: the blocks that reach a back edge (an edge to a block that dominates
@@ -214,21 +187,7 @@ def loops(insts: list[tuple[str, str]], labels: dict[str, int]) -> list[Loop]:
     second for a loop and measures the first by address range; back edges to dominators
     get both right."""
     blocks, succs = basic_blocks(insts, labels)
-    dom = dominators(succs)
-    preds: dict[int, list[int]] = {b: [] for b in dom}
-    for b in dom:
-        for s in succs[b]:
-            preds[s].append(b)
-    bodies: dict[int, set[int]] = {}
-    for u in dom:
-        for h in succs[u]:
-            if h in dom[u]:                       # back edge u -> h
-                body, work = bodies.setdefault(h, {h}), [u]
-                while work:
-                    x = work.pop()
-                    if x not in body:
-                        body.add(x)
-                        work.extend(preds[x])
+    bodies = natural_loops(succs)
     return [Loop(header=blocks[h].start,
                  body=tuple(sorted(i for b in body for i in blocks[b])),
                  innermost=not any(o != h and o in body for o in bodies))

@@ -146,12 +146,6 @@ class AMDGPURenderer(Renderer):
             return Value(self.call("i32", "llvm.amdgcn.readfirstlane.i32", [str(w)]), "i32", 0)
         raise NotImplementedError(name)
 
-    def lane_id(self):
-        return self.lane
-
-    def flat_thread_id(self):
-        return self.tid
-
     def lane_xor(self, v: Value, mask: int) -> Value:
         """Value of lane (lane ^ mask), cheapest first: DPP quad permutes (VALU) for masks 1
         and 2, ds_swizzle's bit mode inside 32 lanes, ds_bpermute across the halves."""
@@ -373,13 +367,8 @@ class AMDGPURenderer(Renderer):
             prow = self.op(f"add i32 {lrow.text}, {sr}", "i32", 0)        # LDS position
             pcol = self.op(f"add i32 {lcol.text}, {sc}", "i32", 0)
             scol = pcol
-            if t.swizzle:                                                   # its element
-                b = self.op(f"mul i32 {pcol.text}, {esz}", "i32", 0)
-                ch = self.op(f"lshr i32 {b.text}, 4", "i32", 0)
-                rs = self.op(f"and i32 {prow.text}, {t.swizzle - 1}", "i32", 0)
-                ch = self.op(f"xor i32 {ch.text}, {rs.text}", "i32", 0)
-                b = self.op(f"or i32 {self.op(f'shl i32 {ch.text}, 4', 'i32', 0).text}, "
-                            f"{self.op(f'and i32 {b.text}, 15', 'i32', 0).text}", "i32", 0)
+            if t.swizzle:                   # the element that belongs at this position
+                b = self.swizzled_byte(t, prow, self.op(f"mul i32 {pcol.text}, {esz}", "i32", 0))
                 scol = self.op(f"udiv i32 {b.text}, {esz}", "i32", 0)
             grow = self.op(f"add i32 {self.read(origin[0]).text}, {prow.text}", "i32", 0)
             gcol = self.op(f"add i32 {c0.text}, {scol.text}", "i32", 0)

@@ -728,16 +728,29 @@ class Renderer:
         esz = t.dtype.bytes
         row = self.op(f"add i32 {rb.text}, {slot[0]}", "i32", 0)
         col = self.op(f"add i32 {cb.text}, {slot[1]}", "i32", 0)
-        b = self.op(f"mul i32 {col.text}, {esz}", "i32", 0)
-        if t.swizzle:
-            ch = self.op(f"lshr i32 {b.text}, 4", "i32", 0)
-            rs = self.op(f"and i32 {row.text}, {t.swizzle - 1}", "i32", 0)
-            ch = self.op(f"xor i32 {ch.text}, {rs.text}", "i32", 0)
-            lo = self.op(f"and i32 {b.text}, 15", "i32", 0)
-            b = self.op(f"or i32 {self.op(f'shl i32 {ch.text}, 4', 'i32', 0).text}, {lo.text}", "i32", 0)
+        b = self.swizzled_byte(t, row, self.op(f"mul i32 {col.text}, {esz}", "i32", 0))
         rowb = self.op(f"mul i32 {row.text}, {t.shape[1] * esz}", "i32", 0)
         a = self.op(f"add i32 {rowb.text}, {b.text}", "i32", 0)
         return self.op(f"add i32 {a.text}, {region.base}", "i32", 0)
+
+    def swizzled_byte(self, t, row: Value, byte: Value) -> Value:
+        """Byte offset within a row of shared tile type `t` after its XOR swizzle: the
+        16-byte chunk index XOR (row % swizzle); an involution, so it also maps a position
+        back to its element (LDSRegion.byte_offset is the same rule for the emulator)."""
+        if not t.swizzle:
+            return byte
+        ch = self.op(f"lshr i32 {byte.text}, 4", "i32", 0)
+        rs = self.op(f"and i32 {row.text}, {t.swizzle - 1}", "i32", 0)
+        ch = self.op(f"xor i32 {ch.text}, {rs.text}", "i32", 0)
+        lo = self.op(f"and i32 {byte.text}, 15", "i32", 0)
+        hi = self.op(f"shl i32 {ch.text}, 4", "i32", 0)
+        return self.op(f"or i32 {hi.text}, {lo.text}", "i32", 0)
+
+    def lane_id(self):
+        return self.lane
+
+    def flat_thread_id(self):
+        return self.tid
 
     def r_lds_load(self, op):
         d = op.dst.type.dtype
@@ -781,8 +794,6 @@ class Renderer:
     def arg_type(self, a) -> str: raise NotImplementedError
     def prologue(self): pass
     def special(self, name, axis) -> Value: raise NotImplementedError
-    def lane_id(self) -> Value: raise NotImplementedError
-    def flat_thread_id(self) -> Value: raise NotImplementedError
     def lane_xor(self, v: Value, mask: int) -> Value: raise NotImplementedError
     def lds_symbol(self) -> str: raise NotImplementedError
     def load_run(self, gl, off: Value, k: int, d) -> Value: raise NotImplementedError

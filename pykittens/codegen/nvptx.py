@@ -51,12 +51,6 @@ class NVPTXRenderer(Renderer):
                            "i32", 0)
         raise NotImplementedError(name)
 
-    def lane_id(self):
-        return self.lane
-
-    def flat_thread_id(self):
-        return self.tid
-
     def lane_xor(self, v: Value, mask: int) -> Value:
         if v.ety == "float":
             r = self.call("float", "llvm.nvvm.shfl.sync.bfly.f32",

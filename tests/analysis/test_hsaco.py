@@ -5,6 +5,7 @@ import re
 import pytest
 
 from pykittens.analysis import hsaco, waves_per_simd
+from pykittens.analysis.cfg import dominators
 from pykittens.toolchain import amdgpu
 
 MFMA = {
@@ -284,7 +285,7 @@ def test_flow_ends_and_unknown_targets():
     blocks, succs = hsaco.basic_blocks(insts, labels)
     assert succs == [[1], [], [0], []]
     assert found == [] and hsaco.main_loop(insts, labels) is None
-    assert hsaco.dominators(succs) == {0: {0}, 1: {0, 1}}     # reachable blocks only
+    assert dominators(succs) == {0: {0}, 1: {0, 1}}           # reachable blocks only
 
 
 @pytest.mark.parametrize("target,mfma", [("gfx942", 4), ("gfx950", 2)])
