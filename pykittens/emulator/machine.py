@@ -386,7 +386,8 @@ class _Machine:
         if np.any(racy):
             other = int(writer[racy][0])
             raise self.fail(Race, w, op, f"race: reads shared memory that wave {other} wrote "
-                            "since the last barrier (or mbarrier wait); add pk.barrier() between them")
+                            "since the last barrier (or mbarrier wait); order them with pk.barrier() "
+                            "or an mbarrier the writer arrives on")
         wg.r_time[idx, w.wave] = wg.tick()
 
     def x_lds_load_tr(self, w, op):

@@ -34,7 +34,8 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
     if layout not in ("row", "col"):
         raise error(f"register tile layout must be 'row' or 'col', not {layout!r}")
     if role not in T.ROLES:
-        raise error(f"register tile role must be one of 'a', 'b', 'acc' or None, not {role!r}")
+        raise error(f"register tile role must be one of 'a', 'b', 'acc', 'a_scale', "
+                    f"'b_scale' or None, not {role!r}")
     if pin is not None:
         if not (isinstance(pin, str) and pin[:1] in ("v", "a") and pin[1:].isdigit()):
             raise error(f"pin={pin!r}: write the first register as 'v<N>' or 'a<N>', e.g. 'a0'")

@@ -207,10 +207,11 @@ class _Lowering:
         for s in range(sub.nslots):
             p = where.get((tuple(sr[:, s] + r0), tuple(sc[:, s] + c0)))
             if p is None:
+                sweep = min(parent.shape[1], parent.lanes * L.TILE_VEC)
                 raise self.err(f"subtile {op.dst.type.shape} at {(r0, c0)} does not sit in the "
                                f"same lanes as a fresh tile of that shape; use a window whose "
                                f"column offset and width are multiples of the wave's sweep "
-                               f"({parent.lanes} lanes)")
+                               f"({sweep} columns on {self.t.name})")
             index.append(p)
         self.emit("slots", self.env[op.dst], (self.val(src_v),), index=tuple(index), window=True)
 
@@ -249,11 +250,12 @@ class _Lowering:
             return self._mma_shared_b(op)
         a_v, b_v, c_v = op.srcs[:3]
         scales = op.srcs[3:]
-        fams = {v: L.family(v.type, self.t) for v in (a_v, b_v, op.dst)}
+        fams = {v: L.family(v.type, self.t) for v in (a_v, b_v, op.dst, *scales)}
         if len(set(fams.values())) > 1:
-            raise self.err(f"mma: d, a and b resolve to different matrix-instruction sizes on "
-                           f"{self.t.name} ({fams[op.dst]}, {fams[a_v]}, {fams[b_v]}); give "
-                           "the tiles the same mma=")
+            sizes = ", ".join(str(fams[v]) for v in (op.dst, a_v, b_v, *scales))
+            raise self.err(f"mma: the tiles (d, a, b{', scales' if scales else ''}) resolve to "
+                           f"different matrix-instruction sizes on {self.t.name} ({sizes}); "
+                           "give them the same mma=")
         for v in (a_v, b_v, c_v, op.dst, *scales):
             self.layout(v)
         try:
