@@ -328,11 +328,6 @@ def test_emulator_errors_are_kernel_errors():
 
 # ---- silent mistakes that should be errors ---------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="rebinding a tile inside a pk.range body (`acc = acc + "
-                   "t`) silently drops the loop carry: the body is traced once, so the loop "
-                   "reads the pre-loop tile every iteration and the result is only the last "
-                   "block. Detecting it needs tracking of which Python name owns which tile "
-                   "(or an escape check for loop-local tiles used after the loop) in lang/ir.")
 def test_rebinding_a_tile_inside_range_is_reported():
     @pk.kernel
     def k(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):

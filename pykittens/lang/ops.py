@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+import sys
 
 from ..ir import types as T
 from ..ir.nodes import Block
@@ -545,11 +546,34 @@ def range(start, stop=None, step=1):  # noqa: A001
     body = Block()
     tr.emit("for", idx, (as_scalar(start, T.i32).v, as_scalar(stop, T.i32).v),
             regions=[body], step=int(step))
+    caller = sys._getframe(1)                 # the kernel body that runs `for ... in pk.range`
+    before = {n: v.v for n, v in caller.f_locals.items() if isinstance(v, Tile)}
     tr.blocks.append(body)
     try:
         yield Scalar(idx)
     finally:
         tr.blocks.pop()
+    _check_carried(body, before, caller.f_locals)
+
+
+def _check_carried(body: Block, before: dict, after: dict) -> None:
+    """The body is traced once: a name that read a tile from before the loop and was then
+    rebound to a tile made in the loop (`acc = acc + t`) does not carry anything from one
+    iteration to the next. Say so rather than compute the last iteration only."""
+    from ..ir.nodes import walk
+    used, made = set(), set()
+    for op in walk(body):
+        used.update(id(s) for s in op.srcs)
+        if op.kind == "alloc":
+            made.add(id(op.dst))
+    for name, old in before.items():
+        new = after.get(name)
+        if isinstance(new, Tile) and new.v is not old and id(new.v) in made and \
+                id(old) in used:
+            raise error(f"`{name}` is read in this pk.range body and then rebound to a new "
+                        f"tile, so the loop does not carry it (the body is traced once): "
+                        f"update it in place (`{name} += ...`, `{name}.set(...)`, "
+                        "`into=`/`out=`)")
 
 
 def static_range(*args):
