@@ -63,3 +63,16 @@ def test_gemm_on_gfx950_reads_b_with_lds_transposes():
     asm = amdgpu.disassemble(compiler.code_object(KERNELS["gemm"].kernel, "gfx950",
                                                   DT="bf16", OUT="f32"), "gfx950")
     assert "ds_read_b64_tr_b16" in asm
+
+
+@pytest.mark.parametrize("target,spec_", [("gfx942", "xcd:W=2,C=3"), ("gfx950", "xcd:W=1,C=2"),
+                                          ("sm_90a", "grouped:W=2")])
+def test_gemm_follows_a_chiplet_mapping(target, spec_, rng):
+    """The library GEMM finds its tile through a grid mapping; any bijective mapping gives
+    the same product (here over a ragged 3 x 5 tile grid)."""
+    from pykittens.kernels import gemm
+    a = rng.standard_normal((150, 96)).astype(pk.bf16.np)
+    b = rng.standard_normal((96, 300)).astype(pk.bf16.np)
+    out = pk.emulate(gemm, a, b, np.full((150, 300), np.nan, np.float32), grid=(15,),
+                     target=target, MAP=spec_, TM=3, TN=5, TARGET=target)["c"]
+    assert rel_err(out, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5

@@ -130,15 +130,22 @@ def _gemm_ref(i):
 
 
 def _gemm_launch(i, target):
-    (m, _), (_, n) = i["a"].shape, i["b"].shape
-    return (max(1, -(-m // 64)), max(1, -(-n // 64))), {}
+    """A flat grid of 64 x 64 output tiles in the order the cache simulator picks for this
+    shape and target (chiplet.auto_mapping, memoised on disk)."""
+    from .. import chiplet
+    from ..targets import get
+    (m, k), (_, n) = i["a"].shape, i["b"].shape
+    tm, tn = max(1, -(-m // 64)), max(1, -(-n // 64))
+    op = chiplet.Gemm(tm * 64, tn * 64, max(k, 1), bm=64, bn=64, bk=64)
+    spec = chiplet.auto_mapping(op, target=target).spec
+    return (tm * tn,), {"MAP": spec, "TM": tm, "TN": tn, "TARGET": get(target).name}
 
 
 def _gemm_wgmma_launch(i, target):
     """TMA needs B's rows to be a multiple of 16 bytes; otherwise B goes through registers."""
     grid, consts = _gemm_launch(i, target)
     row_bytes = i["b"].shape[1] * np.dtype(i["b"].dtype).itemsize
-    return grid, {"TMA": int(row_bytes % 16 == 0)}
+    return grid, {**consts, "TMA": int(row_bytes % 16 == 0)}
 
 
 def _ln_torch(t):

@@ -1,17 +1,34 @@
 """C = A @ B with bf16/f16/fp8 operands and f32 accumulation: each workgroup stages a BM x BK
 block of A and a BK x BN block of B in shared memory, and each of its 2 x 2 waves multiplies
-its quadrant with the target's matrix instructions (MFMA on CDNA, mma.sync on Hopper)."""
+its quadrant with the target's matrix instructions (MFMA on CDNA, mma.sync on Hopper).
+
+Workgroups find their output tile through a chiplet-aware grid mapping (MAP, over a TM x TN
+tile grid on TARGET): the launcher picks it with the cache simulator (chiplet.auto_mapping),
+e.g. XCD chunking with a window on CDNA, L2-grouped rasterisation on Hopper."""
 import pykittens as pk
+from pykittens import chiplet
+
+
+def output_tile(MAP, TM, TN, BM, BN, TARGET):
+    """(row, col) of this workgroup's output tile: from the flat launch index through the
+    mapping over a TM x TN tile grid, or, with TM = 0, straight from a 2-D grid."""
+    if not TM:
+        return pk.program_id(0) * BM, pk.program_id(1) * BN
+    grid = chiplet.Gemm(TM * BM, TN * BN, BM, bm=BM, bn=BN, bk=BM)
+    tm, tn = chiplet.tile_of(chiplet.parse_mapping(MAP, grid, TARGET), pk.program_id(0))
+    return tm * BM, tn * BN
 
 
 @pk.kernel(num_waves=4)
 def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
          DT: pk.const = None, OUT: pk.const = None,
-         BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32):
+         BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32,
+         MAP: pk.const = "row-major", TM: pk.const = 0, TN: pk.const = 0,
+         TARGET: pk.const = "gfx950"):
     sa = pk.empty(pk.st((BM, BK), DT))
     sb = pk.empty(pk.st((BK, BN), DT))
     wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
-    m0, n0 = pk.program_id(0) * BM, pk.program_id(1) * BN
+    m0, n0 = output_tile(MAP, TM, TN, BM, BN, TARGET)
     acc = pk.zeros(pk.rt((BM // 2, BN // 2), pk.f32, role="acc"))
     for k in pk.range((a.shape[1] + BK - 1) // BK):
         pk.load(sa, a, (m0, k * BK))                     # ragged edges read as zero
@@ -27,15 +44,16 @@ def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 @pk.kernel(num_waves=4)
 def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 64,
-               TMA: pk.const = 1):
+               TMA: pk.const = 1, MAP: pk.const = "row-major", TM: pk.const = 0,
+               TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
     """Hopper: a 64 x 64 block per warpgroup. Each K step, wave 0 has the TMA unit copy the
     BK x 64 block of B into a 128B-swizzled shared tile (completing on `full`); every wave
     multiplies its 16 rows of A (from registers) by it with wgmma. TMA=0 stages B with
     ordinary loads instead (B rows that are not a multiple of 16 bytes)."""
     sb = pk.empty(pk.st((BK, 64), DT, swizzle=8))
     full = pk.mbarrier(1)
-    m0 = pk.program_id(0) * 64 + pk.wave_id() * 16
-    n0 = pk.program_id(1) * 64
+    tile_m, n0 = output_tile(MAP, TM, TN, 64, 64, TARGET)
+    m0 = tile_m + pk.wave_id() * 16
     acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
     for k in pk.range((a.shape[1] + BK - 1) // BK):
         if TMA:
