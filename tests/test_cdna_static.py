@@ -100,25 +100,7 @@ def test_pinned_gemm_runs_its_mfmas_on_the_pinned_registers(target):
 
 # ---- 8-wave ping-pong (the kernel of tests/test_schedule.py) -----------------------------------
 
-@pk.kernel(num_waves=8)
-def pingpong_gemm(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
-                  BK: pk.const = 32):
-    # 8 waves in two groups of 4; each wave owns a 32x32 output tile of a 128x64 block.
-    w = pk.wave_id()
-    m0 = pk.program_id(0) * 128 + (w // 2) * 32
-    n0 = pk.program_id(1) * 64 + (w % 2) * 32
-    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc"))
-    ta = pk.empty(pk.rt((32, BK), pk.bf16, role="a"))
-    tb = pk.empty(pk.rt((BK, 32), pk.bf16, role="b", layout="col"))
-    with pk.pingpong() as pp:
-        for k in pk.range((a.shape[1] + BK - 1) // BK):
-            with pp.memory():
-                pk.load(ta, a, (m0, k * BK))
-                pk.load(tb, b, (k * BK, n0))
-            with pp.compute():
-                pk.mma_AB(acc, ta, tb)
-                pk.interleave([("mfma", 1), ("valu", 2)], repeat=2)
-    pk.store(c, acc, (m0, n0))
+from test_schedule import pingpong_gemm  # noqa: E402  (one kernel, two kinds of checks)
 
 
 @pytest.mark.parametrize("target", CDNA)

@@ -294,17 +294,7 @@ def test_report_of_the_pinned_gemm_counts_its_mfmas(target, mfma):
     import pykittens as pk
     from pykittens import compiler
 
-    @pk.kernel(num_waves=1)
-    def pinned_gemm(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
-                    BK: pk.const = 32):
-        acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", pin="a0"))
-        ta = pk.empty(pk.rt((32, BK), pk.bf16, role="a", pin="v200"))
-        tb = pk.empty(pk.rt((BK, 32), pk.bf16, role="b", layout="col", pin="v216"))
-        for k in pk.range((a.shape[1] + BK - 1) // BK):
-            pk.load(ta, a, (0, k * BK))
-            pk.load(tb, b, (k * BK, 0))
-            pk.mma_AB(acc, ta, tb)
-        pk.store(c, acc, (0, 0))
+    from test_cdna_static import pinned_gemm   # the pinned GEMM of the CDNA checks
 
     obj = compiler.code_object(pinned_gemm, target)
     r = hsaco.report(obj, target, num_waves=1)
