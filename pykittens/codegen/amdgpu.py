@@ -347,7 +347,6 @@ class AMDGPURenderer(Renderer):
         self.ins(f"br label %{join}")
         self.start_block(dma_l)
         rsrc = self.resource(gl)
-        rows0 = self.op(f"add i32 {self.read(origin[0]).text}, {self.lane_base(lay, 0, 'workgroup').text}", "i32", 0)
         lrow = self.lane_base(lay, 0, "workgroup")
         lcol = self.lane_base(lay, 1, "workgroup")
         wave_first = self.op(f"and i32 {self.tid.text}, {-self.p.wave_size}", "i32", 0)
@@ -361,7 +360,6 @@ class AMDGPURenderer(Renderer):
             v = self.read(r)
             ok_lead = self._and(ok_lead, self._in_range(v, size_v[a]))
             off_lead = self.op(f"add i32 {off_lead.text}, {self.op(f'mul i32 {v.text}, {stride_v[a].text}', 'i32', 0).text}", "i32", 0)
-        del rows0
         for first in range(0, lay.nslots, vec):
             sr, sc = lay.slots[first]
             prow = self.op(f"add i32 {lrow.text}, {sr}", "i32", 0)        # LDS position

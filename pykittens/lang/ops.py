@@ -631,4 +631,5 @@ def setprio(level: int) -> None:
 
 
 def log2_e() -> float:
+    """log2(e), for exp(x) = exp2(x * log2_e()): the form the hardware computes."""
     return math.log2(math.e)
