@@ -1,5 +1,5 @@
-"""Focused H200 check of the Hopper building blocks (TMA + mbarrier + wgmma) on the library's
-gemm_wgmma: float64 reference, emulator agreement at ragged shapes, and throughput against
+"""Focused H200 check of the Hopper building blocks (TMA loads and stores, mbarriers, wgmma)
+on the library's gemm_wgmma and tma_scale: float64 reference, emulator agreement at ragged shapes, and throughput against
 cuBLAS (the full sweep is bench/device_check.py).
 
     PYTHONPATH=. python3 bench/hopper_check.py
@@ -42,6 +42,12 @@ def main():
             s2 = graph_time(lambda: torch.matmul(ta, tb), reps=5)
             rows.append(f"gemm_tma {m}^3: {2 * m * n * k / s / 1e12:.0f} TFLOP/s; cuBLAS "
                         f"{2 * m * n * k / s2 / 1e12:.0f} TFLOP/s")
+    from pykittens.bench import gpu
+    for r in gpu.check_library("gpu", names=["tma_scale"]) + \
+            gpu.emulator_agreement(names=["tma_scale"]):
+        rows.append(f"tma_scale {r['check']} {r['dtype']} {r['shape']}: "
+                    f"{r.get('rel_err', r.get('rel_diff')):.2e} {'ok' if r['ok'] else 'FAIL'}")
+        ok &= r["ok"]
     print("\n".join(rows))
     print("hopper check:", "ok" if ok else "FAIL")
     return 0 if ok else 1

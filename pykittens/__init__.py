@@ -17,7 +17,7 @@ from .lang.ops import (abs, add, barrier, cast, col_max, col_sum, copy, div, els
                        row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st, static_range,
                        store, sub, subtile, wave_id, zeros)
 from .lang.schedule import interleave, pingpong, sched_barrier, sched_group, waitcnt
-from .lang.sync import arrive, mbarrier, role, tma_load, wait
+from .lang.sync import arrive, mbarrier, role, tma_load, tma_store, wait
 from .lang.values import maximum, minimum, where
 from .emulator.launch import emulate
 from .runtime.launch import launch

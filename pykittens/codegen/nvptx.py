@@ -205,6 +205,25 @@ class NVPTXRenderer(Renderer):
                      f'i32 {c0.text}, i32 {r0.text}, i32 {b.text})')
         self._lane0(issue)
 
+    def r_tma_store(self, op):
+        """Lane 0: make the tile's generic-proxy writes visible to the TMA unit, start the
+        copy, and wait until it has read the tile (so it can be reused)."""
+        region, desc = op.attrs["region"], op.attrs["tmap"]
+        r0, c0 = (self.read(x) for x in op.srcs)
+        src = self.op(f"add i32 {self._smem_base().text}, {region.base}", "i32", 0)
+        tmap = self.op(f"ptrtoint ptr %{desc.name} to i64", "i64", 0)
+
+        def issue():
+            self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
+            self.ins('call void asm sideeffect "cp.async.bulk.tensor.2d.global.shared::cta.'
+                     'bulk_group [$0, {$1, $2}], [$3];", '
+                     f'"l,r,r,r,~{{memory}}"(i64 {tmap.text}, i32 {c0.text}, i32 {r0.text}, '
+                     f'i32 {src.text})')
+            self.ins('call void asm sideeffect "cp.async.bulk.commit_group;", "~{memory}"()')
+            self.ins('call void asm sideeffect "cp.async.bulk.wait_group.read 0;", '
+                     '"~{memory}"()')
+        self._lane0(issue)
+
     def r_setmaxnreg(self, op):
         regs = op.attrs["regs"]
         kind = "inc" if regs > self.register_cap() else "dec"

@@ -437,6 +437,22 @@ class _Machine:
         self._store_bytes(w, op, idx, np.ascontiguousarray(vals).view(np.uint8).reshape(-1))
         self.x_mbar_arrive(w, _BarOp(op))
 
+    def x_tma_store(self, w, op):
+        """The tile is read (ordered after every wave's writes to it, as a barrier would
+        order them) and written to the tensor box, clipped to the tensor."""
+        buf, region = self.bufs[op.attrs["gl"].name], op.attrs["region"]
+        t = region.tile
+        r0, c0 = (int(self.get(w, s)) for s in op.srcs)
+        rows = np.arange(t.shape[0])[:, None]
+        cols = np.arange(t.shape[1])[None, :]
+        idx = (region.byte_offset(rows, cols)[..., None] + np.arange(t.dtype.bytes)).reshape(-1)
+        self._check_lds_read(w, op, idx)
+        vals = w.wg.lds[idx].copy().view(np.dtype(t.dtype.np)).reshape(t.shape)
+        gr, gc = rows + r0, cols + c0
+        mask = (gr >= 0) & (gr < buf.shape[0]) & (gc >= 0) & (gc < buf.shape[1])
+        off = gr * buf.strides[0] + gc * buf.strides[1]
+        buf.flat[off[mask]] = vals[mask]
+
     def _lds_write(self, w, op, value, origin):
         d = op.attrs["region"].tile.dtype
         n = op.attrs["layout"].nslots

@@ -6,7 +6,7 @@ import numpy as np
 
 from .gemm import gemm, gemm_wgmma
 from .layernorm import layernorm
-from .pipeline import ws_scale
+from .pipeline import tma_scale, ws_scale
 from .scaled_add import scaled_add
 from .softmax import softmax
 from .spec import KernelSpec, check, rel_err
@@ -201,6 +201,12 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                compile_consts={"DT": "bf16", "OUT": "f32"},
                tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_torch,
                targets=("sm_90a",)),          # warpgroup MMA: Hopper
+    KernelSpec("tma_scale", tma_scale, _ws_inputs, _ws_ref,
+               lambda i, t: ((-(-i["x"].shape[0] // 64), -(-i["x"].shape[1] // 64)), {}),
+               ("out",), shapes=((64, 64), (100, 136), (130, 72)),
+               gpu_shapes=((8192, 4096),), compile_consts={"DT": "bf16"},
+               dtypes=("bf16",),            # TMA rows must be multiples of 16 bytes
+               torch_reference=_ws_torch, targets=("sm_90a",)),
     KernelSpec("ws_scale", ws_scale, _ws_inputs, _ws_ref, _ws_launch, ("out",),
                shapes=((150, 64), (37, 100), (256, 128)), gpu_shapes=((8192, 4096),),
                compile_consts={"DT": "bf16"}, torch_reference=_ws_torch,
@@ -208,4 +214,4 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "ln_tma_consts", "rel_err", "gemm", "layernorm", "scaled_add",
-           "softmax", "ws_scale", "gemm_wgmma"]
+           "softmax", "tma_scale", "ws_scale", "gemm_wgmma"]

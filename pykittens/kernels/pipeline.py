@@ -34,3 +34,21 @@ def ws_scale(x: pk.gl["DT", 2], out: pk.gl["DT", 2], DT: pk.const = None,
                     t = pk.load(tile, ring[s], (w * 8, 0))
                     pk.arrive(empty[s])
                     pk.store(out, t * 2.0, (i * 32 + w * 8, c0))
+
+
+@pk.kernel(num_waves=4)
+def tma_scale(x: pk.gl["DT", 2], out: pk.gl["DT", 2], DT: pk.const = None):
+    """out = 2 * x in 64 x 64 tiles moved by the TMA unit both ways: a TMA load completing
+    on an mbarrier, math in registers, a TMA store of the shared tile (clipped to out)."""
+    s = pk.empty(pk.st((64, 64), DT))
+    landed = pk.mbarrier(1)
+    r0, c0 = pk.program_id(0) * 64, pk.program_id(1) * 64
+    with pk.if_(pk.wave_id() == 0):
+        pk.tma_load(s, x, (r0, c0), landed)
+    pk.wait(landed, 0)
+    t = pk.load(pk.rt((16, 64), pk.f32), s, (pk.wave_id() * 16, 0))
+    pk.barrier()                                     # every wave has read its rows
+    pk.store(s, t * 2.0, (pk.wave_id() * 16, 0))
+    pk.barrier()                                     # every wave has written its rows
+    with pk.if_(pk.wave_id() == 0):
+        pk.tma_store(out, s, (r0, c0))

@@ -91,6 +91,28 @@ def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> N
                    rows=box_rows)
 
 
+def tma_store(dst, src, coord) -> None:
+    """Hopper bulk tensor copy (TMA) the other way: tensor `dst` at element `coord` <- the
+    whole shared tile `src`; elements outside the tensor are not written. The calling wave
+    issues it once every wave's writes to `src` are ordered before it (a pk.barrier()), and
+    waits until the copy has read `src`, so the tile can be reused right after."""
+    from .values import GL, ST
+    if not isinstance(src, ST) or not isinstance(dst, GL):
+        raise error("pk.tma_store copies a shared tile (pk.st) into a global tensor")
+    if dst.rank != 2:
+        raise error("pk.tma_store takes a 2-D tensor for now")
+    if src.dtype != dst.dtype:
+        raise error(f"TMA copies bytes: the shared tile must be {dst.dtype}, not {src.dtype}")
+    t = src.type
+    if t.swizzle not in (0, 8) or (t.swizzle == 8 and t.shape[1] * t.dtype.bytes != 128):
+        raise error("a TMA source is unswizzled, or swizzle=8 with 128-byte rows")
+    if t.shape[1] * t.dtype.bytes % 16 or max(t.shape) > 256:
+        raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements "
+                    "per dim")
+    c = ops._coords(coord, 2, "tma_store")
+    current().emit("tma_store", dst.v, (src.v,) + c)
+
+
 @contextlib.contextmanager
 def role(first_wave: int, num_waves: int, regs: int | None = None):
     """`with pk.role(first_wave, num_waves, regs=None):` — a body only waves

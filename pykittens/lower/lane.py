@@ -36,6 +36,8 @@ Op kinds (attrs in brackets):
   tma_load(r0, c0, at)[gl, tmap, region, bar]   Hopper bulk tensor copy of tmap's box at
                                      (r0, c0) of `gl` into rows at.. of the shared tile,
                                      completing on mbarrier `bar`
+  tma_store(r0, c0)[gl, tmap, region]   Hopper bulk tensor copy of the shared tile to the
+                                     box at (r0, c0) of `gl` (outside the tensor: dropped)
   wgmma(a, acc)[region, a_layout, acc_layout, n, k]   Hopper warpgroup MMA: acc += a @ b,
                                      b the K x N shared tile in `region` (each wave: 16 rows)
 """

@@ -467,21 +467,33 @@ class _Lowering:
         self.emit("mbar_wait", None, (self.val(op.srcs[1]),), region=self.env[op.srcs[0]])
 
     def op_tma_load(self, op):
-        from ..runtime.abi import TMADesc
         if self.t.family != "hopper":
             raise self.err(f"TMA is a Hopper feature; on {self.t.name} use pk.load (direct=True "
                            "copies memory straight into LDS on CDNA)", NotSupportedYet)
         gl_v, r0, c0, bar_v, at = op.srcs
         st = op.dst.type
-        desc = TMADesc(f"{gl_v.name}.tmap{len(self.tmaps)}", gl_v.name,
-                       (op.attrs["rows"], st.shape[1]), st.swizzle == 8)
-        same = [t for t in self.tmaps if (t.param, t.box, t.swizzle128) ==
-                (desc.param, desc.box, desc.swizzle128)]
-        desc = same[0] if same else desc
-        if not same:
-            self.tmaps.append(desc)
+        desc = self._tmap(gl_v, (op.attrs["rows"], st.shape[1]), st.swizzle == 8)
         self.emit("tma_load", None, (self.val(r0), self.val(c0), self.val(at)), gl=gl_v,
                   tmap=desc, region=self.env[op.dst], bar=self.env[bar_v])
+
+    def _tmap(self, gl_v, box, swizzle128):
+        from ..runtime.abi import TMADesc
+        for t in self.tmaps:
+            if (t.param, t.box, t.swizzle128) == (gl_v.name, box, swizzle128):
+                return t
+        desc = TMADesc(f"{gl_v.name}.tmap{len(self.tmaps)}", gl_v.name, box, swizzle128)
+        self.tmaps.append(desc)
+        return desc
+
+    def op_tma_store(self, op):
+        if self.t.family != "hopper":
+            raise self.err(f"TMA is a Hopper feature; on {self.t.name} use pk.store",
+                           NotSupportedYet)
+        st_v, r0, c0 = op.srcs
+        st = st_v.type
+        desc = self._tmap(op.dst, st.shape, st.swizzle == 8)
+        self.emit("tma_store", None, (self.val(r0), self.val(c0)), gl=op.dst, tmap=desc,
+                  region=self.env[st_v])
 
     def op_setmaxnreg(self, op):
         if self.t.family != "hopper":
