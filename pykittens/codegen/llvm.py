@@ -602,15 +602,20 @@ class Renderer:
     def r_gload(self, op):
         self.write(op.dst, self._gload_value(op, op.attrs["fill"]))
 
+    def _all_runs_inside(self, runs) -> Value:
+        """Whether every run of this lane's window lies inside the tensor (the fast path)."""
+        full = runs[0][4]
+        for r in runs[1:]:
+            full = self._and(full, r[4])
+        return full
+
     def _gload_value(self, op, fill_value) -> Value:
         """Fast path (every run of the lane inside the tensor): one aligned vector load per
         run. Otherwise element by element, elements outside reading the fill value."""
         gl = op.srcs[0]
         d, n = gl.type.dtype, op.attrs["layout"].nslots
         runs = self._tensor_window(op, 0)
-        full = runs[0][4]
-        for r in runs[1:]:
-            full = self._and(full, r[4])
+        full = self._all_runs_inside(runs)
         fast_l, slow_l, join = self.label("ld_full"), self.label("ld_edge"), self.label("ld_join")
         self.ins(f"br i1 {full.text}, label %{fast_l}, label %{slow_l}")
         self.start_block(fast_l)
@@ -665,9 +670,7 @@ class Renderer:
         n = op.attrs["layout"].nslots
         val = self._norm(op.srcs[-1], n)
         runs = self._tensor_window(op, 1)
-        full = runs[0][4]
-        for r in runs[1:]:
-            full = self._and(full, r[4])
+        full = self._all_runs_inside(runs)
         fast_l, slow_l, join = self.label("st_full"), self.label("st_edge"), self.label("st_join")
         self.ins(f"br i1 {full.text}, label %{fast_l}, label %{slow_l}")
         self.start_block(fast_l)

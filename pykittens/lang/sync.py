@@ -71,16 +71,7 @@ def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> N
     if not isinstance(dst, ST) or not isinstance(src, GL):
         raise error("pk.tma_load copies a global tensor (a kernel parameter) into a shared "
                     "tile (pk.st)")
-    if src.rank != 2:
-        raise error("pk.tma_load takes a 2-D tensor for now")
-    if src.dtype != dst.dtype:
-        raise error(f"TMA copies bytes: the shared tile must be {src.dtype}, not {dst.dtype}")
-    t = dst.type
-    if t.swizzle not in (0, 8) or (t.swizzle == 8 and t.shape[1] * t.dtype.bytes != 128):
-        raise error("a TMA destination is unswizzled, or swizzle=8 with 128-byte rows (the "
-                    "hardware's 128B pattern)")
-    if t.shape[1] * t.dtype.bytes % 16 or t.shape[1] > 256:
-        raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements")
+    t = _check_tma("tma_load", src, dst, "destination")
     box_rows = t.shape[0] if rows is None else rows
     if not isinstance(box_rows, int) or not 1 <= box_rows <= min(t.shape[0], 256):
         raise error(f"tma_load rows= must be an int in 1..{min(t.shape[0], 256)}")
@@ -99,18 +90,28 @@ def tma_store(dst, src, coord) -> None:
     from .values import GL, ST
     if not isinstance(src, ST) or not isinstance(dst, GL):
         raise error("pk.tma_store copies a shared tile (pk.st) into a global tensor")
-    if dst.rank != 2:
-        raise error("pk.tma_store takes a 2-D tensor for now")
-    if src.dtype != dst.dtype:
-        raise error(f"TMA copies bytes: the shared tile must be {dst.dtype}, not {src.dtype}")
-    t = src.type
-    if t.swizzle not in (0, 8) or (t.swizzle == 8 and t.shape[1] * t.dtype.bytes != 128):
-        raise error("a TMA source is unswizzled, or swizzle=8 with 128-byte rows")
-    if t.shape[1] * t.dtype.bytes % 16 or max(t.shape) > 256:
-        raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements "
-                    "per dim")
+    t = _check_tma("tma_store", dst, src, "source")
+    if t.shape[0] > 256:                     # the box is the whole tile
+        raise error("a TMA box has at most 256 elements per dim")
     c = ops._coords(coord, 2, "tma_store")
     current().emit("tma_store", dst.v, (src.v,) + c)
+
+
+def _check_tma(name, gl, st, side):
+    """What every TMA box needs: a 2-D tensor, one element type on both sides, rows of a
+    multiple of 16 bytes and at most 256 elements, and no swizzle or the hardware's 128B
+    one (swizzle=8 with 128-byte rows). Returns the shared tile's type."""
+    if gl.rank != 2:
+        raise error(f"pk.{name} takes a 2-D tensor for now")
+    if gl.dtype != st.dtype:
+        raise error(f"TMA copies bytes: the shared tile must be {gl.dtype}, not {st.dtype}")
+    t = st.type
+    if t.swizzle not in (0, 8) or (t.swizzle == 8 and t.shape[1] * t.dtype.bytes != 128):
+        raise error(f"a TMA {side} is unswizzled, or swizzle=8 with 128-byte rows (the "
+                    "hardware's 128B pattern)")
+    if t.shape[1] * t.dtype.bytes % 16 or t.shape[1] > 256:
+        raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements")
+    return t
 
 
 @contextlib.contextmanager
