@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import pykittens as pk
-from pykittens.bench import gpu
+from pykittens.bench import gpu, text_table
 from pykittens.bench.gpu import copy_ceiling, graph_time
 from pykittens.kernels import KERNELS
 
@@ -127,9 +127,7 @@ def main() -> int:
         with open(os.path.join(out, "device_check.json"), "w") as f:
             json.dump({"env": env, "results": details}, f, indent=2, default=str)
     print(f"\n{env}  ({time.time() - t0:.0f}s)")
-    w = [max(len(str(r[i])) for r in rows) for i in range(6)]
-    for r in rows:
-        print("  ".join(str(x).ljust(w[i]) for i, x in enumerate(r)))
+    print(text_table(rows))
     bad = [r for r in rows if r[-1] == "FAIL" or r[1] == "ERROR"]
     return 1 if bad else 0
 

@@ -10,16 +10,10 @@ import time
 
 import numpy as np
 
+from .bench import text_table
 from .kernels import KERNELS
 from .kernels.spec import check
 from .targets import NAMES
-
-
-def _table(rows, header) -> str:
-    cols = [header] + rows
-    w = [max(len(str(r[i])) for r in cols) for i in range(len(header))]
-    line = lambda r: "  ".join(str(x).ljust(w[i]) for i, x in enumerate(r))  # noqa: E731
-    return "\n".join([line(header), "  ".join("-" * x for x in w)] + [line(r) for r in rows])
 
 
 def emulator_section(quick: bool) -> tuple[str, bool]:
@@ -38,7 +32,7 @@ def emulator_section(quick: bool) -> tuple[str, bool]:
                                  f"{r['rel_err']:.2e}", f"{r['max_abs_err']:.2e}",
                                  "ok" if ok else "FAIL", f"{time.time() - t0:.2f}s"])
     head = ["kernel", "target", "dtype", "shape", "rel_err", "max_abs", "check", "time"]
-    return _table(rows, head), ok_all
+    return text_table(rows, head), ok_all
 
 
 def compile_section() -> str:
@@ -58,7 +52,7 @@ def compile_section() -> str:
                          rep.get("scratch_bytes", rep.get("spill_bytes")),
                          rep.get("occupancy_waves_per_simd", "-")])
     head = ["kernel", "target", "vgpr/regs", "agpr", "lds/smem", "scratch/spill", "waves/SIMD"]
-    out = _table(rows, head) if rows else "(no code objects were built)"
+    out = text_table(rows, head) if rows else "(no code objects were built)"
     if notes:
         out += "\n" + "\n".join("  not built: " + n for n in notes)
     return out
@@ -81,8 +75,8 @@ def gpu_section() -> str | None:
         return None
     from .bench import gpu
     results = gpu.check_library("small") + gpu.emulator_agreement()
-    head = [["check", "kernel", "dtype", "shape", "rel err", "result"]]
-    return gpu.table(head + gpu.summary_rows(results))
+    head = ["check", "kernel", "dtype", "shape", "rel err", "result"]
+    return text_table(gpu.summary_rows(results), head)
 
 
 def run_demo(quick: bool = False) -> int:

@@ -36,28 +36,34 @@ def float64_reference(spec, t: dict):
     return ref[spec.outputs[0]]
 
 
+def _cases(target: str, names, shapes: str):
+    """(spec, dtype, shape) for every library kernel meant for `target` (or only `names`),
+    at its `shapes` attribute: 'shapes' (small, ragged) or 'gpu_shapes' (real)."""
+    for spec in KERNELS.values():
+        if (names and spec.name not in names) or target not in spec.targets:
+            continue
+        for dt in spec.dtypes:
+            for shape in getattr(spec, shapes):
+                yield spec, dt, shape
+
+
 def check_library(shapes: str = "gpu", target: str = "sm_90a", rng=None,
                   names=None) -> list[dict]:
     """Every library kernel (or `names`) at its GPU shapes ('gpu') or its small emulator
     shapes ('small') against float64."""
     rng = rng or np.random.default_rng(0)
     out = []
-    for spec in KERNELS.values():
-        if (names and spec.name not in names) or target not in spec.targets:
-            continue
-        for dt in spec.dtypes:
-            for shape in (spec.gpu_shapes if shapes == "gpu" else spec.shapes):
-                inputs = spec.make_inputs(shape, dtype_of(dt), rng)
-                grid, consts = spec.launch(inputs, target)
-                t = to_torch(inputs)
-                got = run_gpu(spec, t, grid, consts)
-                ref = float64_reference(spec, t)
-                err = float((got.double() - ref).norm() / ref.norm())
-                if not torch.isfinite(got).all():
-                    err = float("inf")
-                out.append({"check": "gpu_vs_float64", "kernel": spec.name, "dtype": dt,
-                            "shape": shape, "rel_err": err,
-                            "ok": err <= spec.tolerance(dt)})
+    for spec, dt, shape in _cases(target, names, "gpu_shapes" if shapes == "gpu" else "shapes"):
+        inputs = spec.make_inputs(shape, dtype_of(dt), rng)
+        grid, consts = spec.launch(inputs, target)
+        t = to_torch(inputs)
+        got = run_gpu(spec, t, grid, consts)
+        ref = float64_reference(spec, t)
+        err = float((got.double() - ref).norm() / ref.norm())
+        if not torch.isfinite(got).all():
+            err = float("inf")
+        out.append({"check": "gpu_vs_float64", "kernel": spec.name, "dtype": dt,
+                    "shape": shape, "rel_err": err, "ok": err <= spec.tolerance(dt)})
     return out
 
 
@@ -65,22 +71,18 @@ def emulator_agreement(target: str = "sm_90a", rng=None, names=None) -> list[dic
     """The same inputs through the GPU and the emulator, at the small (ragged) shapes."""
     rng = rng or np.random.default_rng(1)
     out = []
-    for spec in KERNELS.values():
-        if (names and spec.name not in names) or target not in spec.targets:
-            continue
-        for dt in spec.dtypes:
-            for shape in spec.shapes:
-                inputs = spec.make_inputs(shape, dtype_of(dt), rng)
-                grid, consts = spec.launch(inputs, target)
-                emu = emulate(spec.kernel, grid=grid, target=target, **inputs,
-                              **consts)[spec.outputs[0]].astype(np.float64)
-                hw = run_gpu(spec, to_torch(inputs), grid, consts).double().cpu().numpy()
-                rel = rel_err(hw, emu)
-                out.append({"check": "gpu_vs_emulator", "kernel": spec.name, "dtype": dt,
-                            "shape": shape, "rel_diff": rel,
-                            "max_abs_diff": float(np.max(np.abs(hw - emu))),
-                            "bitwise_equal_fraction": float(np.mean(hw == emu)),
-                            "ok": bool(rel <= spec.tolerance(dt) and np.all(np.isfinite(hw)))})
+    for spec, dt, shape in _cases(target, names, "shapes"):
+        inputs = spec.make_inputs(shape, dtype_of(dt), rng)
+        grid, consts = spec.launch(inputs, target)
+        emu = emulate(spec.kernel, grid=grid, target=target, **inputs,
+                      **consts)[spec.outputs[0]].astype(np.float64)
+        hw = run_gpu(spec, to_torch(inputs), grid, consts).double().cpu().numpy()
+        rel = rel_err(hw, emu)
+        out.append({"check": "gpu_vs_emulator", "kernel": spec.name, "dtype": dt,
+                    "shape": shape, "rel_diff": rel,
+                    "max_abs_diff": float(np.max(np.abs(hw - emu))),
+                    "bitwise_equal_fraction": float(np.mean(hw == emu)),
+                    "ok": bool(rel <= spec.tolerance(dt) and np.all(np.isfinite(hw)))})
     return out
 
 
@@ -127,11 +129,6 @@ def copy_ceiling(nbytes: int = 1 << 30) -> tuple[float, dict]:
     memcpy = moved / float(np.median(times))
     kernel = moved / graph_time(lambda: torch.mul(big, 1, out=dst))
     return max(memcpy, kernel), {"memcpy_bytes_per_s": memcpy, "sm_copy_bytes_per_s": kernel}
-
-
-def table(rows: list[list]) -> str:
-    w = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(x).ljust(w[i]) for i, x in enumerate(r)) for r in rows)
 
 
 def summary_rows(results: list[dict]) -> list[list]:
