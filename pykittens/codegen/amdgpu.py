@@ -87,8 +87,7 @@ class AMDGPURenderer(Renderer):
             return f"{f}[{lo}:{hi}]"
         v = self.read(reg_v)
         k = len(slots)
-        idx = ", ".join(f"i32 {i}" for i in slots)
-        sub = self.op(f"shufflevector {v}, {v.ty} poison, <{k} x i32> <{idx}>", v.ety, k)
+        sub = self.pick(v, slots)
         words = k * per // 4
         inputs.append(self.op(f"bitcast {sub} to <{words} x i32>", "i32", words))
         return f"${len(inputs) - 1}"
@@ -262,8 +261,7 @@ class AMDGPURenderer(Renderer):
     def _mfma_operand(self, reg: Value, slots, ins) -> Value:
         """The operand register group of one MFMA, typed as the intrinsic wants it."""
         k = len(slots)
-        idx = ", ".join(f"i32 {i}" for i in slots)
-        v = self.op(f"shufflevector {reg}, {reg.ty} poison, <{k} x i32> <{idx}>", reg.ety, k)
+        v = self.pick(reg, slots)
         if ins.ab_dtype in ("bf16",) and ins.intrinsic.endswith(".1k"):
             return self.op(f"bitcast {v} to <{k} x i16>", "i16", k)   # gfx942: bf16 as i16
         if reg.ety == "i8":                          # fp8/bf8: 8 bytes as i64, 32 as <8 x i32>
@@ -286,8 +284,7 @@ class AMDGPURenderer(Renderer):
         av = self._mfma_operand(a, op.attrs["a_slots"], ins)
         bv = self._mfma_operand(b, op.attrs["b_slots"], ins)
         cs = op.attrs["c_slots"]
-        idx = ", ".join(f"i32 {i}" for i in cs)
-        cv = self.op(f"shufflevector {c}, {c.ty} poison, <{len(cs)} x i32> <{idx}>", "float", len(cs))
+        cv = self.pick(c, cs)
         if ins.scaled:
             fmt = cdna.F8F6F4_FORMAT[ins.ab_dtype]
             args = [str(av), str(bv), str(cv), f"i32 {fmt}", f"i32 {fmt}", "i32 0",

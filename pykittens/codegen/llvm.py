@@ -123,6 +123,13 @@ class Renderer:
             return v
         return self.op(f"extractelement {v}, i64 {i}", v.ety, 0)
 
+    def pick(self, v: Value, slots) -> Value:
+        """The vector of `v`'s elements at `slots`, in that order."""
+        slots = list(slots)
+        idx = ", ".join(f"i32 {i}" for i in slots)
+        return self.op(f"shufflevector {v}, {v.ty} poison, <{len(slots)} x i32> <{idx}>",
+                       v.ety, len(slots))
+
     def build(self, elems: list[Value]) -> Value:
         ety, n = elems[0].ety, len(elems)
         acc = Value("poison", ety, n)
@@ -475,9 +482,7 @@ class Renderer:
         if src.n == 0:
             self.write(op.dst, src)
             return
-        mask = ", ".join(f"i32 {i}" for i in idx)
-        v = self.op(f"shufflevector {src}, {src.ty} poison, <{len(idx)} x i32> <{mask}>",
-                    src.ety, len(idx))
+        v = self.pick(src, idx)
         if op.attrs.get("window"):
             # A window of a register-resident tile: each use converts its own copy. `freeze`
             # keeps LLVM from merging the conversions of separate uses into values that would
@@ -664,6 +669,10 @@ class Renderer:
         return self.op(f"phi {fast.ty} [ {fast.text}, %{fast_end} ], "
                        f"[ {slow.text}, %{slow_end} ]", fast.ety, n)
 
+    def _run_slots(self, val, first, k) -> Value:
+        """Slots first..first+k-1 of `val`: the vector one run stores (a scalar when k == 1)."""
+        return self.extract(val, first) if k == 1 else self.pick(val, range(first, first + k))
+
     def r_gstore(self, op):
         gl = op.srcs[0]
         d = gl.type.dtype
@@ -675,11 +684,8 @@ class Renderer:
         self.ins(f"br i1 {full.text}, label %{fast_l}, label %{slow_l}")
         self.start_block(fast_l)
         for first, k, off, ok, _, last, align in runs:
-            idx = ", ".join(f"i32 {first + i}" for i in range(k))
-            part = self.op(f"shufflevector {val}, {val.ty} poison, <{k} x i32> <{idx}>",
-                           val.ety, k) if k > 1 else self.extract(val, first)
             self.align = align
-            self.store_run(gl, off, part, d)
+            self.store_run(gl, off, self._run_slots(val, first, k), d)
         self.ins(f"br label %{join}")
         self.start_block(slow_l)
         for first, k, off, ok, run_full, last, align in runs:
@@ -687,11 +693,8 @@ class Renderer:
                 v_l, e_l, j_l = self.label("run_vec"), self.label("run_elem"), self.label("run_join")
                 self.ins(f"br i1 {run_full.text}, label %{v_l}, label %{e_l}")
                 self.start_block(v_l)
-                idx = ", ".join(f"i32 {first + i}" for i in range(k))
-                part = self.op(f"shufflevector {val}, {val.ty} poison, <{k} x i32> <{idx}>",
-                               val.ety, k)
                 self.align = align
-                self.store_run(gl, off, part, d)
+                self.store_run(gl, off, self._run_slots(val, first, k), d)
                 self.ins(f"br label %{j_l}")
                 self.start_block(e_l)
             for i, (oi, vi) in enumerate(self._elements(off, ok, last, k)):
@@ -781,10 +784,8 @@ class Renderer:
         for first, k, addr, align in self._lds_runs(op, at_origin):
             p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {addr}",
                         "ptr addrspace(3)", 0)
-            idx = ", ".join(f"i32 {first + i}" for i in range(k))
-            part = self.op(f"shufflevector {val}, {val.ty} poison, <{k} x i32> <{idx}>",
-                           val.ety, k) if k > 1 else self.extract(val, first)
-            self.ins(f"store {part}, ptr addrspace(3) {p.text}, align {align}")
+            self.ins(f"store {self._run_slots(val, first, k)}, ptr addrspace(3) {p.text}, "
+                     f"align {align}")
 
     def _norm(self, reg, n) -> Value:
         v = self.read(reg)

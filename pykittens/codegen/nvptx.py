@@ -7,6 +7,11 @@ from .llvm import Renderer, Value, literal, llty
 DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
 
 
+def _asm_operands(lo: int, n: int) -> str:
+    """Inline-asm operands $lo..$lo+n-1 as a PTX vector: "{$lo, ..., $lo+n-1}"."""
+    return "{" + ", ".join(f"${i}" for i in range(lo, lo + n)) + "}"
+
+
 class NVPTXRenderer(Renderer):
     dialect_name = "nvptx"
 
@@ -112,18 +117,15 @@ class NVPTXRenderer(Renderer):
         a, b, c = (self.read(s) for s in op.srcs)
         words = []
         for reg, slots in ((a, op.attrs["a_slots"]), (b, op.attrs["b_slots"])):
-            k = len(slots)
-            idx = ", ".join(f"i32 {i}" for i in slots)
-            sub = self.op(f"shufflevector {reg}, {reg.ty} poison, <{k} x i32> <{idx}>", reg.ety, k)
-            nw = k * op.srcs[0].type.dtype.bytes // 4
+            sub = self.pick(reg, slots)
+            nw = len(slots) * op.srcs[0].type.dtype.bytes // 4
             wv = self.op(f"bitcast {sub} to <{nw} x i32>", "i32", nw)
             words.append([self.extract(wv, i) for i in range(nw)])
         cs = op.attrs["c_slots"]
         cvals = [self.extract(c, i) for i in cs]
         na, nb, nc = len(words[0]), len(words[1]), len(cvals)
-        regs = lambda lo, n: "{" + ", ".join(f"${i}" for i in range(lo, lo + n)) + "}"  # noqa: E731
-        text = (f"{ins.name} {regs(0, nc)}, {regs(nc, na)}, {regs(nc + na, nb)}, "
-                f"{regs(nc + na + nb, nc)};")
+        text = (f"{ins.name} {_asm_operands(0, nc)}, {_asm_operands(nc, na)}, "
+                f"{_asm_operands(nc + na, nb)}, {_asm_operands(nc + na + nb, nc)};")
         cons = ",".join(["=f"] * nc + ["r"] * (na + nb) + [str(i) for i in range(nc)])
         rty = "{" + ", ".join(["float"] * nc) + "}"
         args = ", ".join(str(x) for x in words[0] + words[1] + cvals)
@@ -257,15 +259,13 @@ class NVPTXRenderer(Renderer):
         accs = [self.extract(acc, i) for i in range(nd)]
         self.ins('call void asm sideeffect "wgmma.fence.sync.aligned;", "~{memory}"()')
         for kk in range(k // 16):
-            idx = ", ".join(f"i32 {kk * 8 + i}" for i in range(8))
-            sub = self.op(f"shufflevector {a}, {a.ty} poison, <8 x i32> <{idx}>", a.ety, 8)
+            sub = self.pick(a, range(kk * 8, kk * 8 + 8))
             words = self.op(f"bitcast {sub} to <4 x i32>", "i32", 4)
             aw = [self.extract(words, i) for i in range(4)]
             desc = self._wgmma_desc(region, kk * 16)
-            regs = lambda lo, cnt: "{" + ", ".join(f"${i}" for i in range(lo, lo + cnt)) + "}"  # noqa: E731
             text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nd + 5}, 0; "
                     f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ety}.{ety} "
-                    f"{regs(0, nd)}, {regs(nd, 4)}, ${nd + 4}, p, 1, 1, 1; }}")
+                    f"{_asm_operands(0, nd)}, {_asm_operands(nd, 4)}, ${nd + 4}, p, 1, 1, 1; }}")
             cons = ",".join(["=f"] * nd + ["r"] * 4 + ["l", "n"] + [str(i) for i in range(nd)])
             rty = "{" + ", ".join(["float"] * nd) + "}"
             args = ", ".join([str(x) for x in aw] + [str(desc), "i32 1"] + [str(x) for x in accs])
