@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import math
 import sys
 
@@ -167,7 +168,7 @@ def lane_id(type_) -> RT:
     if type_.role in ("a", "b"):
         raise error("pk.lane_id shows plain and accumulator tiles; an operand tile's lanes "
                     "depend on its element type: see pykittens.lower.layouts.tile_layout")
-    dst = empty(T.RegTileType(T.i32, type_.shape, type_.layout, type_.role, None, type_.mma))
+    dst = empty(dataclasses.replace(type_, dtype=T.i32, pin=None))
     current().emit("lane_id", dst.v)
     return dst
 
@@ -219,7 +220,7 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False) -> Tile:
                     "use the ordinary load")
     if isinstance(src, GL):
         _check_window(dst.type, src.type, "load")
-        if isinstance(dst, ST) and isinstance(dst.type, T.SharedTileType) and src.dtype != dst.dtype:
+        if isinstance(dst, ST) and src.dtype != dst.dtype:
             raise error(f"global->shared load copies bytes and cannot convert "
                         f"{src.dtype} to {dst.dtype}; make the shared tile {src.dtype}")
         tr.emit("load", dst.v, (src.v,) + _coords(coord, src.rank, "load"), fill=float(fill),
@@ -297,9 +298,9 @@ def _result_like(a: RT, dst=None, dtype=None) -> RT:
     t = a.type
     if dtype is not None:
         t = T.RegVecType(dtype, t.of, t.axis) if isinstance(t, T.RegVecType) else \
-            T.RegTileType(dtype, t.shape, t.layout, t.role, None, t.mma, t.scaled)
+            dataclasses.replace(t, dtype=dtype, pin=None)
     elif t.__class__ is T.RegTileType and t.pin is not None:
-        t = T.RegTileType(t.dtype, t.shape, t.layout, t.role, None, t.mma, t.scaled)
+        t = dataclasses.replace(t, pin=None)
     return empty(t)
 
 
