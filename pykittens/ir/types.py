@@ -118,6 +118,17 @@ class RegTileType:
         pin = f" @{self.pin[0]}{self.pin[1]}" if self.pin else ""
         return f"rt<{self.dtype}>[{self.shape[0]}x{self.shape[1]},{self.layout}{extra}]{pin}"
 
+    @property
+    def mn_dims(self) -> tuple[int, ...]:
+        """The dims of a role tile that run along its matrix instruction's M or N (not K)."""
+        if self.role == "acc":
+            return self.shape
+        if self.role == "b_scale":                 # K/32 x N
+            return (self.shape[1],)
+        if self.role == "a_scale":                 # M x K/32
+            return (self.shape[0],)
+        return (self.shape[0],) if self.layout == "row" else (self.shape[1],)   # a, b
+
 
 @dataclass(frozen=True)
 class RegVecType:

@@ -52,17 +52,11 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
         if T.dtype_of(dtype).name != "e8m0":
             raise error(f"{role} tiles hold E8M0 block scales: use pk.e8m0, not {dtype}")
         return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma)
-    if role is not None and any(d % (mma or 16) for d in _mn_dims(shape, layout, role)):
+    t = T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma, bool(scaled))
+    if role is not None and any(d % (mma or 16) for d in t.mn_dims):
         raise error(f"a {role!r} tile of shape {shape} cannot be built from {mma or 16}-wide "
                     "matrix-instruction tiles; make its M/N dims multiples of 16")
-    return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma, bool(scaled))
-
-
-def _mn_dims(shape, layout, role):
-    """The dims of a role tile that run along the instruction's M or N (not K)."""
-    if role == "acc":
-        return shape
-    return (shape[0],) if layout == "row" else (shape[1],)
+    return t
 
 
 def rv(of: T.RegTileType | RT, axis: str = "row", dtype=None) -> T.RegVecType:

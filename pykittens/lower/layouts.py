@@ -29,13 +29,8 @@ def family(t: RegTileType, target) -> int:
     instruction whose M divides the tile's M/N dims)."""
     if t.mma is not None:
         return t.mma
-    if t.role in ("a_scale", "b_scale"):
-        dims = (t.shape[0],) if t.role == "a_scale" else (t.shape[1],)
-    else:
-        dims = t.shape if t.role == "acc" else \
-            ((t.shape[0],) if t.layout == "row" else (t.shape[1],))
     for m in sorted({ins.m for ins in target.mma}, reverse=True):
-        if all(d % m == 0 for d in dims):
+        if all(d % m == 0 for d in t.mn_dims):
             return m
     return min(ins.m for ins in target.mma)
 

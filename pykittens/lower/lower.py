@@ -22,6 +22,7 @@ class _Lowering:
         self.layouts: dict = {}        # tile-IR Value -> LaneLayout
         self.regions: list[LDSRegion] = []
         self.tmaps: list = []
+        self.reg_budget: dict = {}     # first wave of a Hopper warp role -> its registers
         self.lds = 0
         self.loc = None
 
@@ -268,9 +269,7 @@ class _Lowering:
         if k % ins.k:
             raise self.err(f"mma: K={k} is not a multiple of {ins.name}'s K={ins.k}; use a "
                            f"K of {ins.k}, {2 * ins.k}, ...")
-        d = self.env[op.dst]
-        if c_v is not op.dst:
-            self.emit("mov", d, (self.val(c_v),))
+        d = self._accumulator(op.dst, c_v)
         a, b = self.val(a_v), self.val(b_v)
         extra = tuple(self.val(s) for s in scales)
         for i in range(m // ins.m):
@@ -308,11 +307,16 @@ class _Lowering:
             raise self.err("wgmma is warpgroup-wide: num_waves must be a multiple of 4")
         for v in (a_v, c_v, op.dst):
             self.layout(v)
-        d = self.env[op.dst]
-        if c_v is not op.dst:
-            self.emit("mov", d, (self.val(c_v),))
+        d = self._accumulator(op.dst, c_v)
         self.emit("wgmma", d, (self.val(a_v), d), region=self.env[b_v],
                   a_layout=self.layouts[a_v], acc_layout=self.layouts[op.dst], n=n, k=k)
+
+    def _accumulator(self, d_v, c_v):
+        """d's register, holding c to start with (d <- a @ b + c accumulates in place)."""
+        d = self.env[d_v]
+        if c_v is not d_v:
+            self.emit("mov", d, (self.val(c_v),))
+        return d
 
     def _base_slots(self, v, i, j) -> tuple[int, ...]:
         """Slots of base tile (i, j) of a tiled role layout (see layouts.tiled)."""
@@ -502,13 +506,12 @@ class _Lowering:
             raise self.err("on Hopper a role with regs= must cover whole warpgroups: "
                            "first_wave and num_waves multiples of 4 (setmaxnreg is "
                            "warpgroup-wide)")
-        budget = getattr(self, "_reg_budget", {})
-        budget[op.attrs["first_wave"]] = op.attrs["regs"] * op.attrs["num_waves"] * \
+        self.reg_budget[op.attrs["first_wave"]] = op.attrs["regs"] * op.attrs["num_waves"] * \
             self.t.wave_size
-        self._reg_budget = budget
         from ..targets.sm90a import REGISTERS_PER_SM
-        if sum(budget.values()) > REGISTERS_PER_SM:
-            raise self.err(f"warp roles ask for {sum(budget.values())} registers in total; an "
+        total = sum(self.reg_budget.values())
+        if total > REGISTERS_PER_SM:
+            raise self.err(f"warp roles ask for {total} registers in total; an "
                            f"SM has {REGISTERS_PER_SM}: lower some role's regs=")
         self.emit("setmaxnreg", regs=op.attrs["regs"])
 
