@@ -43,6 +43,7 @@ Op kinds (attrs in brackets):
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from ..ir.nodes import Block, Op, Value
@@ -119,3 +120,12 @@ class LaneBuilder:
         op = Op(kind, dst, tuple(srcs), attrs, regions or [], loc)
         self.blocks[-1].ops.append(op)
         return dst
+
+    @contextlib.contextmanager
+    def into(self, blk: Block):
+        """Emit into `blk` (a nested region) for the duration of the `with`."""
+        self.blocks.append(blk)
+        try:
+            yield blk
+        finally:
+            self.blocks.pop()

@@ -87,12 +87,8 @@ class _Lowering:
             getattr(self, "op_" + op.kind)(op)
 
     def sub_block(self, blk: Block) -> Block:
-        out = Block()
-        self.b.blocks.append(out)
-        try:
+        with self.b.into(Block()) as out:
             self.block(blk)
-        finally:
-            self.b.blocks.pop()
         return out
 
     def val(self, v):
@@ -143,17 +139,13 @@ class _Lowering:
             if self.t.family != "hopper":
                 raise self.err(f"mbarriers are a Hopper feature; on {self.t.name} synchronise "
                                "waves with pk.barrier()", NotSupportedYet)
-            base = -(-self.lds // 8) * 8
-            reg = LDSRegion(f"mbar{len(self.regions)}", base, 8, t)
-            self.regions.append(reg)
-            self.lds = base + 8
-            self.env[op.dst] = reg
+            reg = self.env[op.dst] = self._lds_region("mbar", t, 8)
             # wave 0 initialises it; the barrier makes the initialised state visible to all
             w = self.b.reg(T.i32, uniform=True)
             self.emit("special", w, name="wave_id", axis=0)
             first = self.bin("eq", w, self.const(0))
-            init = Block()
-            init.ops.append(self._op("mbar_init", region=reg, count=t.arrivals))
+            with self.b.into(Block()) as init:
+                self.emit("mbar_init", region=reg, count=t.arrivals)
             self.emit("if", None, (first,), regions=[init])
             self.emit("barrier")
             return
@@ -161,19 +153,23 @@ class _Lowering:
             # a 128-byte-swizzled tile starts on a 1024-byte boundary: the hardware's swizzle
             # (wgmma, TMA) is defined on absolute shared addresses
             align = 1024 if t.swizzle == 8 and t.shape[1] * t.dtype.bytes == 128 else LDS_ALIGN
-            base = -(-self.lds // align) * align
             if t.swizzle and t.shape[1] * t.dtype.bytes < 16 * t.swizzle:
                 raise self.err(f"swizzle={t.swizzle} needs rows of at least "
                                f"{16 * t.swizzle} bytes; this tile's rows are "
                                f"{t.shape[1] * t.dtype.bytes}")
-            reg = LDSRegion(f"st{len(self.regions)}", base, t.nbytes, t)
-            self.regions.append(reg)
-            self.lds = base + t.nbytes
-            self.env[op.dst] = reg
+            self.env[op.dst] = self._lds_region("st", t, align)
             return
         lay = self.layout(op.dst)
         pin = getattr(t, "pin", None)
         self.env[op.dst] = self.b.reg(t.dtype, lay.nslots, name=f"t{op.dst.id}", pin=pin)
+
+    def _lds_region(self, prefix, t, align) -> LDSRegion:
+        """The next `align`-aligned piece of LDS / shared memory, t.nbytes long."""
+        base = -(-self.lds // align) * align
+        reg = LDSRegion(f"{prefix}{len(self.regions)}", base, t.nbytes, t)
+        self.regions.append(reg)
+        self.lds = base + t.nbytes
+        return reg
 
     def op_fill(self, op):
         dst = self.env[op.dst]
@@ -459,10 +455,6 @@ class _Lowering:
 
     def op_barrier(self, op):
         self.emit("barrier")
-
-    def _op(self, kind, dst=None, srcs=(), **attrs):
-        from ..ir.nodes import Op
-        return Op(kind, dst, tuple(srcs), attrs, [], self.loc)
 
     def op_arrive(self, op):
         self.emit("mbar_arrive", None, (), region=self.env[op.srcs[0]])
