@@ -240,22 +240,13 @@ class _Machine:
         through the instruction's documented lane layouts."""
         ins = op.attrs["instr"]
         a, b, c = (self.get(w, s) for s in op.srcs[:3])
-        A = np.zeros((ins.m, ins.k), np.float32)
-        B = np.zeros((ins.k, ins.n), np.float32)
-        C = np.zeros((ins.m, ins.n), np.float32)
-        for mat, lay, reg, slots in ((A, ins.a_layout, a, op.attrs["a_slots"]),
-                                     (B, ins.b_layout, b, op.attrs["b_slots"]),
-                                     (C, ins.acc_layout, c, op.attrs["c_slots"])):
-            r, col = lay.coords()
-            mat[r, col] = reg[:, list(slots)].astype(np.float32)
+        A = _matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.float32)
+        B = _matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.float32)
+        C = _matrix(ins.acc_layout, c[:, list(op.attrs["c_slots"])], np.float32)
         if ins.scaled:                      # E8M0 block scales: 2^(e - 127) per 32 K-elements
             sa, sb = (self.get(w, s) for s in op.srcs[3:5])
-            SA = np.zeros(ins.scale_a_layout.shape, np.float64)
-            SB = np.zeros(ins.scale_b_layout.shape, np.float64)
-            for mat, lay, reg, slots in ((SA, ins.scale_a_layout, sa, op.attrs["sa_slots"]),
-                                         (SB, ins.scale_b_layout, sb, op.attrs["sb_slots"])):
-                r, col = lay.coords()
-                mat[r, col] = reg[:, list(slots)].astype(np.float64)
+            SA = _matrix(ins.scale_a_layout, sa[:, list(op.attrs["sa_slots"])], np.float64)
+            SB = _matrix(ins.scale_b_layout, sb[:, list(op.attrs["sb_slots"])], np.float64)
             A = A * np.repeat(SA, ins.scale_block, axis=1)
             B = B * np.repeat(SB, ins.scale_block, axis=0)
         D = (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32) + C
@@ -269,21 +260,14 @@ class _Machine:
         the shared tile (with its swizzle, ordering and initialisation checks)."""
         region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
         a, c = self.get(w, op.srcs[0]), self.get(w, op.srcs[1])
-        rows = np.arange(k)[:, None].repeat(n, 1)
-        cols = np.arange(n)[None, :].repeat(k, 0)
-        esz = region.tile.dtype.bytes
-        idx = (region.byte_offset(rows, cols)[..., None] + np.arange(esz)).reshape(-1)
+        idx = _element_bytes(region, np.arange(k)[:, None], np.arange(n)[None, :])
         self._check_lds_read(w, op, idx)
-        B = w.wg.lds[idx].reshape(k, n, esz).copy().view(np.dtype(region.tile.dtype.np))
-        B = B.reshape(k, n).astype(np.float64)
-        A = np.zeros((16, k))
-        r, cc = op.attrs["a_layout"].coords()
-        A[r, cc] = a.astype(np.float64)
-        C = np.zeros((16, n), np.float32)
-        r2, c2 = op.attrs["acc_layout"].coords()
-        C[r2, c2] = c.astype(np.float32)
+        B = _lds_values(w.wg.lds, idx, region.tile.dtype).reshape(k, n).astype(np.float64)
+        A = _matrix(op.attrs["a_layout"], a, np.float64)
+        C = _matrix(op.attrs["acc_layout"], c, np.float32)
         D = (A @ B).astype(np.float32) + C
-        w.regs[op.dst] = D[r2, c2]
+        r, col = op.attrs["acc_layout"].coords()
+        w.regs[op.dst] = D[r, col]
 
     def x_setprio(self, w, op):
         w.prio = op.attrs["level"]
@@ -337,9 +321,8 @@ class _Machine:
     def x_gload(self, w, op):
         buf, off, mask = self._tensor_window(w, op, 0)
         self._gcheck(w, op, buf, off, mask)
-        vals = buf.flat[np.where(mask, off, 0)]
         fill = V.to_dtype(np.asarray(op.attrs["fill"]), op.dst.type.dtype)
-        self.put(w, op.dst, np.where(mask, vals, fill))
+        self.put(w, op.dst, _masked_read(buf, off, mask, fill))
 
     def x_gstore(self, w, op):
         buf, off, mask = self._tensor_window(w, op, 1)
@@ -361,16 +344,13 @@ class _Machine:
             raise self.fail(OutOfBounds, w, op, f"LDS access to element "
                             f"({int(rows[lane, slot])}, {int(cols[lane, slot])}) is outside "
                             f"shared tile {region.name} of shape {t.shape}")
-        addr = region.byte_offset(rows, cols)
-        return (addr[..., None] + np.arange(t.dtype.bytes)).reshape(-1)
+        return _element_bytes(region, rows, cols)
 
     def x_lds_load(self, w, op):
         d = op.dst.type.dtype
         idx = self._lds_bytes(w, op)
         self._check_lds_read(w, op, idx)
-        wg = self.wg_of(w)
-        raw = wg.lds[idx].reshape(self.W, -1, d.bytes).copy()
-        w.regs[op.dst] = raw.view(np.dtype(d.np)).reshape(self.W, -1)
+        w.regs[op.dst] = _lds_values(self.wg_of(w).lds, idx, d).reshape(self.W, -1)
 
     def _check_lds_read(self, w, op, idx):
         """A read of LDS bytes `idx`: written before, and ordered after their writers."""
@@ -413,8 +393,7 @@ class _Machine:
         lds_store of the same layout would put them."""
         buf, off, mask = self._tensor_window(w, op, 0)
         self._gcheck(w, op, buf, off, mask)
-        vals = np.where(mask, buf.flat[np.where(mask, off, 0)], np.zeros((), buf.flat.dtype))
-        self._lds_write(w, op, vals, (0, 0))
+        self._lds_write(w, op, _masked_read(buf, off, mask), (0, 0))
 
     def x_tma_load(self, w, op):
         """The whole box lands at once (0 outside the tensor), written by this wave; then the
@@ -428,12 +407,8 @@ class _Machine:
                             f"outside shared tile {region.name} of shape {t.shape}")
         rows = np.arange(box_rows)[:, None]
         cols = np.arange(t.shape[1])[None, :]
-        gr, gc = rows + r0, cols + c0
-        mask = (gr >= 0) & (gr < buf.shape[0]) & (gc >= 0) & (gc < buf.shape[1])
-        off = gr * buf.strides[0] + gc * buf.strides[1]
-        vals = np.where(mask, buf.flat[np.where(mask, off, 0)], np.zeros((), buf.flat.dtype))
-        idx = (region.byte_offset(rows + at, cols)[..., None] +
-               np.arange(t.dtype.bytes)).reshape(-1)
+        vals = _masked_read(buf, *_box(buf, rows + r0, cols + c0))
+        idx = _element_bytes(region, rows + at, cols)
         self._store_bytes(w, op, idx, np.ascontiguousarray(vals).view(np.uint8).reshape(-1))
         self.x_mbar_arrive(w, _BarOp(op))
 
@@ -445,12 +420,10 @@ class _Machine:
         r0, c0 = (int(self.get(w, s)) for s in op.srcs)
         rows = np.arange(t.shape[0])[:, None]
         cols = np.arange(t.shape[1])[None, :]
-        idx = (region.byte_offset(rows, cols)[..., None] + np.arange(t.dtype.bytes)).reshape(-1)
+        idx = _element_bytes(region, rows, cols)
         self._check_lds_read(w, op, idx)
-        vals = w.wg.lds[idx].copy().view(np.dtype(t.dtype.np)).reshape(t.shape)
-        gr, gc = rows + r0, cols + c0
-        mask = (gr >= 0) & (gr < buf.shape[0]) & (gc >= 0) & (gc < buf.shape[1])
-        off = gr * buf.strides[0] + gc * buf.strides[1]
+        vals = _lds_values(w.wg.lds, idx, t.dtype).reshape(t.shape)
+        off, mask = _box(buf, rows + r0, cols + c0)
         buf.flat[off[mask]] = vals[mask]
 
     def _lds_write(self, w, op, value, origin):
@@ -525,8 +498,7 @@ class _Machine:
                     w.barriers += 1
                     state[w] = None
                 continue
-            if not progressed:
-                self._deadlock(waves, state)
+            self._deadlock(waves, state)
 
     def _wait_done(self, w, op) -> bool:
         # PTX try_wait.parity(P): true once the barrier's current phase has parity != P,
@@ -541,13 +513,10 @@ class _Machine:
             np.maximum(w.wg.vc[w.wave], done, out=w.wg.vc[w.wave])
 
     def _deadlock(self, waves, state):
+        def blocked_at(kind):
+            return [w for w in waves if state[w] not in ("done", None) and state[w].kind == kind]
         done = [w.wave for w in waves if state[w] == "done"]
-        at_bar = [w for w in waves if state[w] not in ("done", None) and
-                  state[w].kind == "barrier"]
-        waiting = [w for w in waves if state[w] not in ("done", None) and
-                   state[w].kind == "mbar_wait"]
-        at_mma = [w for w in waves if state[w] not in ("done", None) and
-                  state[w].kind == "wgmma"]
+        at_bar, waiting, at_mma = (blocked_at(k) for k in ("barrier", "mbar_wait", "wgmma"))
         if at_mma:
             w = at_mma[0]
             group = list(range(w.wave // 4 * 4, w.wave // 4 * 4 + 4))
@@ -595,6 +564,39 @@ class _Machine:
 
     def x_setmaxnreg(self, w, op):
         """Register budgets change occupancy, not results."""
+
+
+def _matrix(lay, values, dtype) -> np.ndarray:
+    """The matrix a lane layout spreads over registers: element (r, c) is values[lane, slot]
+    for the (lane, slot) that holds it."""
+    r, c = lay.coords()
+    m = np.zeros(lay.shape, dtype)
+    m[r, c] = values
+    return m
+
+
+def _element_bytes(region, rows, cols) -> np.ndarray:
+    """Flat LDS byte indices of the elements (rows, cols) of a region's tile, in order."""
+    return (region.byte_offset(rows, cols)[..., None] +
+            np.arange(region.tile.dtype.bytes)).reshape(-1)
+
+
+def _lds_values(lds, idx, d) -> np.ndarray:
+    """The `d` elements whose bytes are LDS[idx] (whole elements, in order), flat."""
+    return lds[idx].reshape(-1, d.bytes).copy().view(np.dtype(d.np)).reshape(-1)
+
+
+def _box(buf, rows, cols):
+    """Element offsets and in-bounds mask of elements (rows, cols) of a 2-D tensor."""
+    mask = (rows >= 0) & (rows < buf.shape[0]) & (cols >= 0) & (cols < buf.shape[1])
+    return rows * buf.strides[0] + cols * buf.strides[1], mask
+
+
+def _masked_read(buf, off, mask, fill=None) -> np.ndarray:
+    """Tensor elements at `off` where `mask` holds, `fill` (default 0) elsewhere; offsets
+    outside the mask are never read."""
+    fill = np.zeros((), buf.flat.dtype) if fill is None else fill
+    return np.where(mask, buf.flat[np.where(mask, off, 0)], fill)
 
 
 class _Shadow:
