@@ -13,6 +13,7 @@ conventions for kernel arguments do.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from ..ir import types as T
@@ -72,3 +73,43 @@ def offsets(args: list[KernArg]) -> list[int]:
         offs.append(pos)
         pos += a.size
     return offs
+
+
+FORMAT = {"ptr": "<Q", "i32": "<i", "f32": "<f"}     # struct format of each scalar kind
+
+
+def tensor_value(a: KernArg, t) -> int:
+    """A gl parameter's pointer, size or stride argument, read from its tensor (anything
+    with data_ptr(), shape and stride(), e.g. a torch tensor)."""
+    if a.kind == "ptr":
+        return int(t.data_ptr())
+    if a.kind == "size":
+        return int(t.shape[a.axis])
+    return int(t.stride(a.axis))
+
+
+def pack_arg(buf: bytearray, a: KernArg, off: int, v) -> None:
+    """Write argument `a` = `v` at byte `off` of `buf`, after checking that `v` is of the
+    argument's kind and fits it (128 bytes for a tensor map)."""
+    if a.dtype == "tmap":
+        if not isinstance(v, (bytes, bytearray)) or len(v) != 128:
+            raise TypeError(f"kernel argument {a.name!r} must be a 128-byte tensor map")
+        buf[off:off + 128] = v
+        return
+    if a.dtype not in FORMAT:
+        raise TypeError(f"kernel argument {a.name!r} has unsupported type {a.dtype!r}; "
+                        f"the ABI has {', '.join(FORMAT)}")
+    if a.dtype == "f32":
+        if isinstance(v, bool) or not hasattr(v, "__float__"):
+            raise TypeError(f"kernel argument {a.name!r} must be a number (f32), not "
+                            f"{type(v).__name__}")
+        v = float(v)
+    else:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise TypeError(f"kernel argument {a.name!r} must be an integer ({a.dtype}), not "
+                            f"{type(v).__name__}")
+        v = int(v)
+        lo, hi = (0, 2**64) if a.dtype == "ptr" else (-2**31, 2**31)
+        if not lo <= v < hi:
+            raise OverflowError(f"kernel argument {a.name!r} = {v} does not fit {a.dtype}")
+    struct.pack_into(FORMAT[a.dtype], buf, off, v)

@@ -22,7 +22,7 @@ import math
 import struct
 
 from ..ir import types as T
-from .abi import KernArg, kernel_args, offsets
+from .abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
 
 
 class CudaError(RuntimeError):
@@ -317,8 +317,6 @@ class Function:
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------
 
-_FMT = {"ptr": "<Q", "i32": "<i", "f32": "<f"}
-
 # The `extra` markers, as cuda.h defines them: CU_LAUNCH_PARAM_END ((void*)0x00),
 # CU_LAUNCH_PARAM_BUFFER_POINTER ((void*)0x01), CU_LAUNCH_PARAM_BUFFER_SIZE ((void*)0x02).
 # Spelled out because older bindings expose them as opaque pointer objects, not ints.
@@ -352,29 +350,7 @@ def pack(kargs: list[KernArg], values: list) -> bytes:
     offs = offsets(kargs)
     buf = bytearray(offs[-1] + kargs[-1].size if kargs else 0)
     for a, off, v in zip(kargs, offs, values):
-        if a.dtype == "tmap":
-            if not isinstance(v, (bytes, bytearray)) or len(v) != 128:
-                raise TypeError(f"kernel argument {a.name!r} must be a 128-byte tensor map")
-            buf[off:off + 128] = v
-            continue
-        if a.dtype not in _FMT:
-            raise TypeError(f"kernel argument {a.name!r} has unsupported type {a.dtype!r}; "
-                            f"the ABI has {', '.join(_FMT)}")
-        if a.dtype == "f32":
-            if isinstance(v, bool) or not isinstance(v, (int, float)) and \
-                    not hasattr(v, "__float__"):
-                raise TypeError(f"kernel argument {a.name!r} (f32) must be a number, "
-                                f"not {type(v).__name__}")
-            v = float(v)
-        else:
-            if isinstance(v, bool) or not hasattr(v, "__index__"):
-                raise TypeError(f"kernel argument {a.name!r} ({a.dtype}) must be an integer, "
-                                f"not {type(v).__name__}")
-            v = int(v)
-            lo, hi = (0, 2**64 - 1) if a.dtype == "ptr" else (-2**31, 2**31 - 1)
-            if not lo <= v <= hi:
-                raise OverflowError(f"kernel argument {a.name!r} = {v} does not fit {a.dtype}")
-        struct.pack_into(_FMT[a.dtype], buf, off, v)
+        pack_arg(buf, a, off, v)
     return bytes(buf)
 
 
@@ -484,12 +460,8 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
     values = []
     for a in kargs:
         v = bound[a.param]
-        if a.kind == "ptr":
-            values.append(int(v.data_ptr()))
-        elif a.kind == "size":
-            values.append(int(v.shape[a.axis]))
-        elif a.kind == "stride":
-            values.append(int(v.stride(a.axis)))
+        if a.kind in ("ptr", "size", "stride"):
+            values.append(tensor_value(a, v))
         elif a.kind == "tmap":
             values.append(encode_tensor_map(v, a.tma, by_name[a.param].type.dtype))
         else:

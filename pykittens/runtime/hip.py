@@ -20,13 +20,12 @@ import ctypes
 import ctypes.util
 import hashlib
 import os
-import struct
 import sys
 
 from .. import targets
 from ..analysis.hsaco import kernel as kernel_info
 from ..analysis.hsaco import metadata
-from .abi import KernArg, kernel_args, offsets
+from .abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
 
 NO_HIP = ("no HIP runtime found (libamdhip64.so); pykittens launches CDNA kernels only on a "
           "ROCm machine — use pk.emulate on this machine")
@@ -37,7 +36,6 @@ HIP_LAUNCH_PARAM_END = 0x03
 
 _KIND = {"ptr": ("global_buffer",), "size": ("by_value",), "stride": ("by_value",),
          "scalar": ("by_value",)}
-_FORMAT = {"ptr": "<Q", "i32": "<i", "f32": "<f"}
 
 
 class HipError(RuntimeError):
@@ -87,33 +85,18 @@ def pack_kernargs(args: list[KernArg], values: dict, metadata_args: list[dict], 
                               f"{extent} bytes its arguments span")
     buf = bytearray(size)
     for a, off in zip(args, offs):
-        struct.pack_into(_FORMAT[a.dtype], buf, off, _value(a, values))
+        pack_arg(buf, a, off, _value(a, values))
     return bytes(buf)
 
 
 def _value(a: KernArg, values: dict):
     if a.name in values and not (a.kind == "ptr" and _is_tensor(values[a.name])):
-        v = values[a.name]
-    elif a.param in values and _is_tensor(values[a.param]):
-        t = values[a.param]
-        v = {"ptr": lambda: t.data_ptr(), "size": lambda: t.shape[a.axis],
-             "stride": lambda: t.stride(a.axis)}[a.kind]()
-    else:
-        raise KeyError(f"no value for kernel argument {a.name!r}: pass a tensor as "
-                       f"{a.param!r}" + ("" if a.kind == "scalar" else
-                                         f", or an address and {a.name!r}"))
-    if a.dtype == "f32":
-        if isinstance(v, bool) or not hasattr(v, "__float__"):
-            raise TypeError(f"kernel argument {a.name!r} must be a number, not "
-                            f"{type(v).__name__}")
-        return float(v)
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise TypeError(f"kernel argument {a.name!r} must be an integer, not {type(v).__name__}")
-    v = int(v)
-    lo, hi = (0, 2**64) if a.dtype == "ptr" else (-2**31, 2**31)
-    if not lo <= v < hi:
-        raise OverflowError(f"kernel argument {a.name!r} = {v} does not fit {a.dtype}")
-    return v
+        return values[a.name]
+    if a.param in values and _is_tensor(values[a.param]):
+        return tensor_value(a, values[a.param])
+    raise KeyError(f"no value for kernel argument {a.name!r}: pass a tensor as "
+                   f"{a.param!r}" + ("" if a.kind == "scalar" else
+                                     f", or an address and {a.name!r}"))
 
 
 def _is_tensor(v) -> bool:
