@@ -1,6 +1,30 @@
 """Control-flow facts shared by the code-object reports (AMDGPU disassembly and SASS):
-dominators and natural loops over basic blocks given as successor lists (block 0 = entry)."""
+basic blocks, dominators and natural loops over successor lists (block 0 = entry)."""
 from __future__ import annotations
+
+from typing import Callable, Iterable
+
+
+def basic_blocks(n: int, leaders: Iterable[int],
+                 edges: Callable[[int], tuple[int | None, bool]]
+                 ) -> tuple[list[range], list[list[int]]]:
+    """(blocks, successors) of instructions 0..n-1: blocks are index ranges starting at
+    `leaders` (and 0); `edges(i)` of a block's last instruction gives its jump target (an
+    instruction index, or None) and whether it falls through to the next block. A target
+    that starts no block adds no edge."""
+    if n == 0:
+        return [], []
+    starts = sorted({0} | {i for i in leaders if 0 <= i < n})
+    blocks = [range(s, e) for s, e in zip(starts, starts[1:] + [n])]
+    block_at = {s: b for b, s in enumerate(starts)}
+    succs = []
+    for b, blk in enumerate(blocks):
+        target, falls = edges(blk[-1])
+        out = [block_at[target]] if target in block_at else []
+        if falls and b + 1 < len(blocks):
+            out.append(b + 1)
+        succs.append(sorted(set(out)))
+    return blocks, succs
 
 
 def dominators(succs: list[list[int]]) -> dict[int, set[int]]:

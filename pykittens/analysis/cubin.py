@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..toolchain.nvptx import find_cuda_tool, install_hint
-from .cfg import natural_loops
+from .cfg import basic_blocks, natural_loops
 
 # Warpgroup MMA mnemonics in Hopper SASS: HGMMA (f16/bf16/tf32), QGMMA (fp8), IGMMA (int8),
 # BGMMA (binary) — what ptxas makes of PTX `wgmma.mma_async`.
@@ -128,35 +128,27 @@ def _conditional(ins: Instr) -> bool:
     return guarded or re.match(r"!?U?P\w*\s*,", ins.operands) is not None
 
 
+_ENDS_BLOCK = ("BRA", "EXIT", "RET", "BRX", "JMP", "JMX")
+
+
 def cfg(instrs: list[Instr], labels: dict[str, int]):
-    """Basic blocks (lists of instruction indices) and successor lists, block 0 the entry."""
-    if not instrs:
-        return [], []
+    """Basic blocks (instruction-index ranges) and successor lists of SASS, block 0 the entry:
+    a branch jumps to its target and, when predicated, also falls through; EXIT/RET end the
+    flow unless predicated."""
     index = {ins.addr: i for i, ins in enumerate(instrs)}
-    leaders = {0}
-    for i, ins in enumerate(instrs):
-        if ins.op in ("BRA", "EXIT", "RET", "BRX", "JMP", "JMX"):
-            if i + 1 < len(instrs):
-                leaders.add(i + 1)
-            t = _target(ins, labels) if ins.op in ("BRA", "JMP") else None
-            if t in index:
-                leaders.add(index[t])
-    starts = sorted(leaders)
-    blocks = [list(range(s, e)) for s, e in zip(starts, starts[1:] + [len(instrs)])]
-    block_of = {s: b for b, s in enumerate(starts)}
-    succs: list[list[int]] = []
-    for b, blk in enumerate(blocks):
-        last = instrs[blk[-1]]
-        nxt = [b + 1] if b + 1 < len(blocks) else []
-        if last.op in ("BRA", "JMP"):
-            t = _target(last, labels)
-            out = [block_of[index[t]]] if t in index else []
-            succs.append(out + (nxt if _conditional(last) else []))
-        elif last.op in ("EXIT", "RET"):
-            succs.append(nxt if _conditional(last) else [])
-        else:
-            succs.append(nxt)
-    return blocks, succs
+
+    def target(i):
+        ins = instrs[i]
+        return index.get(_target(ins, labels)) if ins.op in ("BRA", "JMP") else None
+    leaders = {i + 1 for i, ins in enumerate(instrs) if ins.op in _ENDS_BLOCK}
+    leaders |= {t for t in map(target, range(len(instrs))) if t is not None}
+
+    def edges(i):
+        op = instrs[i].op
+        if op in ("BRA", "JMP", "EXIT", "RET"):      # taken, or past it when predicated
+            return target(i), _conditional(instrs[i])
+        return None, True
+    return basic_blocks(len(instrs), leaders, edges)
 
 
 def analyze_sass(instrs: list[Instr], labels: dict[str, int]) -> dict:

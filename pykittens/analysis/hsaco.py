@@ -16,7 +16,7 @@ import msgpack
 
 from .. import targets
 from ..toolchain import amdgpu
-from .cfg import natural_loops
+from .cfg import basic_blocks as cfg_blocks, natural_loops
 from .occupancy import waves_per_simd
 
 NT_AMDGPU_METADATA = 32
@@ -144,23 +144,13 @@ def basic_blocks(insts: list[tuple[str, str]], labels: dict[str, int]
     label and the next block; s_endpgm*/s_setpc_b64 -> none; anything else -> the next block.
     A branch whose operand is not a label of this function (none that LLVM emits) has only
     its fall-through edge."""
-    n = len(insts)
-    leaders = {0} | {i for i in labels.values() if i < n}
-    leaders |= {i + 1 for i, (op, _) in enumerate(insts)
-                if (is_branch(op) or ends_flow(op)) and i + 1 < n}
-    starts = sorted(leaders)
-    blocks = [range(s, e) for s, e in zip(starts, starts[1:] + [n])]
-    block_at = {s: b for b, s in enumerate(starts)}
-    succs = []
-    for b, blk in enumerate(blocks):
-        op, arg = insts[blk[-1]]
-        out = []
-        if is_branch(op) and labels.get(arg, n) < n:
-            out.append(block_at[labels[arg]])
-        if not ends_flow(op) and b + 1 < len(blocks):
-            out.append(b + 1)
-        succs.append(sorted(set(out)))
-    return blocks, succs
+    leaders = set(labels.values()) | {i + 1 for i, (op, _) in enumerate(insts)
+                                      if is_branch(op) or ends_flow(op)}
+
+    def edges(i):
+        op, arg = insts[i]
+        return (labels.get(arg) if is_branch(op) else None), not ends_flow(op)
+    return cfg_blocks(len(insts), leaders, edges)
 
 
 @dataclass(frozen=True)
