@@ -96,10 +96,10 @@ def _ln_launch(i, target):
     m, n = i["x"].shape
     esz = np.dtype(i["x"].dtype).itemsize
     n_max = max(RESIDENT_CHUNK, 1 << (max(n, 1) - 1).bit_length())
+    grid = (max(1, -(-m // WAVES)),)                    # one row per wave
     if n_max * esz // 4 // get(target).wave_size <= RESIDENT_MAX_REGS:
-        return (max(1, -(-m // WAVES)),), {"RESIDENT": 1, "N_MAX": n_max,
-                                          "CHUNK": RESIDENT_CHUNK}
-    return (max(1, -(-m // WAVES)),), {"ROWS": 1, "COLS": 1024, "PREFETCH": 1}
+        return grid, {"RESIDENT": 1, "N_MAX": n_max, "CHUNK": RESIDENT_CHUNK}
+    return grid, {"ROWS": 1, "COLS": 1024, "PREFETCH": 1}
 
 
 # ---- layernorm --------------------------------------------------------------------------------

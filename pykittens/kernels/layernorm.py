@@ -13,6 +13,28 @@ Three schedules, chosen by compile-time constants:
 import pykittens as pk
 
 
+def _normalize(block, nblocks, loop, r0, x, w, b, out, eps, tile):
+    """One row per wave held in blocks (shared memory or registers): `block(j)` is column
+    block j as an f32 `tile`; two passes over the blocks give the mean and the centred sum
+    of squares, a third writes the output. `loop` is pk.range or pk.static_range."""
+    m_rows, n = x.shape
+    cols = tile.shape[1]
+    row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
+    total = pk.zeros(row)
+    for j in loop(nblocks):
+        pk.row_sum(block(j), into=total)
+    mean = total / n
+    sq = pk.zeros(row)
+    for j in loop(nblocks):
+        d = pk.mask_outside(block(j) - mean, (r0, j * cols), (m_rows, n))
+        pk.row_sum(d * d, into=sq)
+    rstd = pk.rsqrt(sq / n + eps)
+    for j in loop(nblocks):
+        gamma = pk.load(col, w, (j * cols,))
+        beta = pk.load(col, b, (j * cols,))
+        pk.store(out, (block(j) - mean) * rstd * gamma + beta, (r0, j * cols))
+
+
 @pk.kernel(num_waves=4)
 def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.gl["DT", 2],
               eps: pk.f32, DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
@@ -33,47 +55,16 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
                 pk.tma_load(rows, x, (r_first, j * CHUNK), landed, rows=nw, at=j * nw)
         pk.wait(landed, 0)
         wave = pk.wave_id()
-        r0 = r_first + wave
         tile = pk.rt((1, CHUNK), pk.f32)
-        row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
-        total = pk.zeros(row)
-        for j in pk.range(boxes):
-            pk.row_sum(pk.load(tile, rows, (j * nw + wave, 0)), into=total)
-        mean = total / n
-        sq = pk.zeros(row)
-        for j in pk.range(boxes):
-            d = pk.mask_outside(pk.load(tile, rows, (j * nw + wave, 0)) - mean,
-                                (r0, j * CHUNK), (m_rows, n))
-            pk.row_sum(d * d, into=sq)
-        rstd = pk.rsqrt(sq / n + eps)
-        for j in pk.range(boxes):
-            gamma = pk.load(col, w, (j * CHUNK,))
-            beta = pk.load(col, b, (j * CHUNK,))
-            y = (pk.load(tile, rows, (j * nw + wave, 0)) - mean) * rstd * gamma + beta
-            pk.store(out, y, (r0, j * CHUNK))
+        _normalize(lambda j: pk.load(tile, rows, (j * nw + wave, 0)), boxes, pk.range,
+                   r_first + wave, x, w, b, out, eps, tile)
         return
     if RESIDENT:
         r0 = pk.program_id(0) * pk.num_waves() + pk.wave_id()
         xr = pk.load(pk.rt((1, N_MAX), DT), x, (r0, 0))       # the row, read once
-        tile = pk.rt((1, CHUNK), pk.f32)
-        row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
-
-        def block(j):                                          # f32 copy of one block
-            return pk.subtile(xr, (0, j * CHUNK), (1, CHUNK)).cast(pk.f32)
-
-        total = pk.zeros(row)
-        for j in pk.static_range(N_MAX // CHUNK):
-            pk.row_sum(block(j), into=total)
-        mean = total / n
-        sq = pk.zeros(row)
-        for j in pk.static_range(N_MAX // CHUNK):
-            d = pk.mask_outside(block(j) - mean, (r0, j * CHUNK), (m_rows, n))
-            pk.row_sum(d * d, into=sq)
-        rstd = pk.rsqrt(sq / n + eps)
-        for j in pk.static_range(N_MAX // CHUNK):
-            gamma = pk.load(col, w, (j * CHUNK,))
-            beta = pk.load(col, b, (j * CHUNK,))
-            pk.store(out, (block(j) - mean) * rstd * gamma + beta, (r0, j * CHUNK))
+        _normalize(lambda j: pk.subtile(xr, (0, j * CHUNK), (1, CHUNK)).cast(pk.f32),
+                   N_MAX // CHUNK, pk.static_range, r0, x, w, b, out, eps,
+                   pk.rt((1, CHUNK), pk.f32))
         return
 
     # Statistics in one pass over column blocks: each block's mean and centred sum of
@@ -83,18 +74,24 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
     tile = pk.rt((ROWS, COLS), pk.f32)
     row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
     blocks = (n + COLS - 1) // COLS
+
+    def block_at(c0, nxt):
+        """Column block c0 of the rows; with PREFETCH it was loaded into `nxt` a step
+        earlier, and the loads of the block after it are issued now (in flight during the
+        math)."""
+        if not PREFETCH:
+            return pk.load(tile, x, (r0, c0))
+        t = pk.empty(tile)
+        t.set(nxt)
+        pk.load(nxt, x, (r0, c0 + COLS))
+        return t
+
     mean = pk.zeros(row)
     m2 = pk.zeros(row)
-    if PREFETCH:                      # the next block's loads are in flight during the math
-        nxt = pk.load(tile, x, (r0, 0))
+    nxt = pk.load(tile, x, (r0, 0)) if PREFETCH else None
     for j in pk.range(blocks):
         c0 = j * COLS
-        if PREFETCH:
-            t = pk.empty(tile)
-            t.set(nxt)
-            pk.load(nxt, x, (r0, c0 + COLS))
-        else:
-            t = pk.load(tile, x, (r0, c0))
+        t = block_at(c0, nxt)
         n_blk = pk.minimum(n - c0, COLS)
         mean_blk = pk.row_sum(t) / n_blk
         d = pk.mask_outside(t - mean_blk, (r0, c0), (m_rows, n))
@@ -104,15 +101,9 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
         m2 += pk.row_sum(d * d) + delta * delta * (c0 * share)
     rstd = pk.rsqrt(m2 / n + eps)
 
-    if PREFETCH:
-        nxt = pk.load(tile, x, (r0, 0))
+    nxt = pk.load(tile, x, (r0, 0)) if PREFETCH else None
     for j in pk.range(blocks):
-        if PREFETCH:
-            t = pk.empty(tile)
-            t.set(nxt)
-            pk.load(nxt, x, (r0, j * COLS + COLS))
-        else:
-            t = pk.load(tile, x, (r0, j * COLS))
+        t = block_at(j * COLS, nxt)
         gamma = pk.load(col, w, (j * COLS,))
         beta = pk.load(col, b, (j * COLS,))
         pk.store(out, (t - mean) * rstd * gamma + beta, (r0, j * COLS))
