@@ -120,9 +120,9 @@ def run(args) -> int:
 def demo_report() -> str:
     """A small chiplet study for `pykittens demo`: the HipKittens 9216^3 GEMM and a GQA
     attention shape on gfx950, each with its plain launch order and a chiplet-aware one."""
+    from ..bench import text_table
     from .ops import Attention, Gemm
-    lines = ["Chiplet-aware grid scheduling on gfx950 (MI355X), modeled L2/LLC hit rates:",
-             f"  {'shape':<34} {'mapping':<18} {'L2 hit':>6} {'LLC hit':>7} {'HBM GB':>7}"]
+    rows = []
     gemm = Gemm(9216, 9216, 9216)
     attn = Attention(4, 32, 8192, 128, kv_heads=8)
     cases = [(gemm, "row-major"), (gemm, "xcd:W=5,C=25"), (gemm, "auto"),
@@ -132,11 +132,13 @@ def demo_report() -> str:
         r = simulate(op, m, "gfx950")
         shape = "gemm 9216^3 bf16" if op is gemm else "attn B4 H32 Hkv8 N8192 D128"
         name = f"auto -> {m.spec}" if spec == "auto" else m.spec
-        lines.append(f"  {shape:<34} {name:<18} {r.l2_hit_rate:6.1%} {r.llc_hit_rate:7.1%} "
-                     f"{r.hbm_bytes / 1e9:7.2f}")
-    lines.append("  (HipKittens measured 55% / 95% for row-major and 75% / 93% for "
-                 "xcd:W=5,C=25; see docs/chiplet.md)")
-    return "\n".join(lines)
+        rows.append([shape, name, f"{r.l2_hit_rate:.1%}", f"{r.llc_hit_rate:.1%}",
+                     f"{r.hbm_bytes / 1e9:.2f}"])
+    table = text_table(rows, ["shape", "mapping", "L2 hit", "LLC hit", "HBM GB"])
+    return "\n".join(["Chiplet-aware grid scheduling on gfx950 (MI355X), modeled L2/LLC hit "
+                      "rates:"] + ["  " + line for line in table.splitlines()] +
+                     ["  (HipKittens measured 55% / 95% for row-major and 75% / 93% for "
+                      "xcd:W=5,C=25; see docs/chiplet.md)"])
 
 
 def main(argv=None) -> int:
