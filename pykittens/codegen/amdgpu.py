@@ -148,7 +148,7 @@ class AMDGPURenderer(Renderer):
     def lane_xor(self, v: Value, mask: int) -> Value:
         """Value of lane (lane ^ mask), cheapest first: DPP quad permutes (VALU) for masks 1
         and 2, ds_swizzle's bit mode inside 32 lanes, ds_bpermute across the halves."""
-        x = self._to_i32(v)
+        x = self.to_i32(v)
         if mask in cdna.DPP_QUAD_PERM_XOR:
             r = self.call("i32", "llvm.amdgcn.update.dpp.i32",
                           ["i32 poison", str(x), f"i32 {cdna.DPP_QUAD_PERM_XOR[mask]}",
@@ -160,23 +160,7 @@ class AMDGPURenderer(Renderer):
             addr = self.op(f"xor i32 {self.lane.text}, {mask}", "i32", 0)
             addr = self.op(f"shl i32 {addr.text}, 2", "i32", 0)
             r = self.call("i32", "llvm.amdgcn.ds.bpermute", [str(addr), str(x)])
-        return self._from_i32(Value(r, "i32", 0), v.ety)
-
-    def _to_i32(self, v):
-        if v.ety == "i32":
-            return v
-        if v.ety == "float":
-            return self.op(f"bitcast {v} to i32", "i32", 0)
-        b = self.op(f"bitcast {v} to i16", "i16", 0)
-        return self.op(f"zext {b} to i32", "i32", 0)
-
-    def _from_i32(self, r, ety):
-        if ety == "i32":
-            return r
-        if ety == "float":
-            return self.op(f"bitcast {r} to float", "float", 0)
-        t = self.op(f"trunc {r} to i16", "i16", 0)
-        return self.op(f"bitcast {t} to {ety}", ety, 0)
+        return self.from_i32(Value(r, "i32", 0), v.ety)
 
     def lds_symbol(self):
         return "@lds"

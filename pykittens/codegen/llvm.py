@@ -123,6 +123,24 @@ class Renderer:
             return v
         return self.op(f"extractelement {v}, i64 {i}", v.ety, 0)
 
+    def to_i32(self, v: Value) -> Value:
+        """A 32-bit or 16-bit scalar as the i32 that cross-lane exchanges move."""
+        if v.ety == "i32":
+            return v
+        if v.ety == "float":
+            return self.op(f"bitcast {v} to i32", "i32", 0)
+        b = self.op(f"bitcast {v} to i16", "i16", 0)
+        return self.op(f"zext {b} to i32", "i32", 0)
+
+    def from_i32(self, r: Value, ety: str) -> Value:
+        """The inverse of to_i32."""
+        if ety == "i32":
+            return r
+        if ety == "float":
+            return self.op(f"bitcast {r} to float", "float", 0)
+        t = self.op(f"trunc {r} to i16", "i16", 0)
+        return self.op(f"bitcast {t} to {ety}", ety, 0)
+
     def pick(self, v: Value, slots) -> Value:
         """The vector of `v`'s elements at `slots`, in that order."""
         slots = list(slots)

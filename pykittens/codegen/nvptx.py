@@ -61,18 +61,10 @@ class NVPTXRenderer(Renderer):
             r = self.call("float", "llvm.nvvm.shfl.sync.bfly.f32",
                           ["i32 -1", str(v), f"i32 {mask}", f"i32 {self.p.wave_size - 1}"])
             return Value(r, "float", 0)
-        if v.ety == "i32":
-            x = v
-        else:
-            b = self.op(f"bitcast {v} to i16", "i16", 0)
-            x = self.op(f"zext i16 {b.text} to i32", "i32", 0)
-        r = Value(self.call("i32", "llvm.nvvm.shfl.sync.bfly.i32",
-                            ["i32 -1", str(x), f"i32 {mask}", f"i32 {self.p.wave_size - 1}"]),
-                  "i32", 0)
-        if v.ety == "i32":
-            return r
-        t = self.op(f"trunc i32 {r.text} to i16", "i16", 0)
-        return self.op(f"bitcast i16 {t.text} to {v.ety}", v.ety, 0)
+        r = self.call("i32", "llvm.nvvm.shfl.sync.bfly.i32",
+                      ["i32 -1", str(self.to_i32(v)), f"i32 {mask}",
+                       f"i32 {self.p.wave_size - 1}"])
+        return self.from_i32(Value(r, "i32", 0), v.ety)
 
     def lds_symbol(self):
         return "@smem"
