@@ -297,7 +297,7 @@ class AMDGPURenderer(Renderer):
         elems = []
         for first in range(0, src.nslots, 4):
             addr = self._lds_addr(region, rb, cb, src.slots[first])
-            p = self.op(f"getelementptr i8, ptr addrspace(3) @lds, {addr}", "ptr addrspace(3)", 0)
+            p = self.lds_ptr(addr)
             v = Value(self.call("<4 x i16>", "llvm.amdgcn.ds.read.tr16.b64.v4i16",
                                 [f"ptr addrspace(3) {p.text}"]), "i16", 4)
             v = self.op(f"bitcast {v} to <4 x {llty(d)}>", llty(d), 4)
@@ -364,8 +364,7 @@ class AMDGPURenderer(Renderer):
             base = self.op(f"mul i32 {pos.text}, {esz}", "i32", 0)
             base = self.op(f"add i32 {base.text}, {region.base}", "i32", 0)
             base = Value(self.call("i32", "llvm.amdgcn.readfirstlane.i32", [str(base)]), "i32", 0)
-            ptr = self.op(f"getelementptr i8, ptr addrspace(3) @lds, i32 {base.text}",
-                          "ptr addrspace(3)", 0)
+            ptr = self.lds_ptr(base)
             self.call("void", "llvm.amdgcn.raw.ptr.buffer.load.lds",
                       [f"ptr addrspace(8) {rsrc}", f"ptr addrspace(3) {ptr.text}",
                        f"i32 {size}", str(voff), "i32 0", "i32 0", "i32 0"])

@@ -770,6 +770,12 @@ class Renderer:
         hi = self.op(f"shl i32 {ch.text}, 4", "i32", 0)
         return self.op(f"or i32 {hi.text}, {lo.text}", "i32", 0)
 
+    def lds_ptr(self, offset) -> Value:
+        """Pointer to byte `offset` (an i32 Value or an int) of the LDS / shared memory."""
+        off = offset if isinstance(offset, Value) else f"i32 {offset}"
+        return self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {off}",
+                       "ptr addrspace(3)", 0)
+
     def lane_id(self):
         return self.lane
 
@@ -781,8 +787,7 @@ class Renderer:
         n = self.shape_of(op.dst)
         elems = [None] * n
         for first, k, addr, align in self._lds_runs(op):
-            p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {addr}",
-                        "ptr addrspace(3)", 0)
+            p = self.lds_ptr(addr)
             ty = llty(d) if k == 1 else f"<{k} x {llty(d)}>"
             v = self.op(f"load {ty}, ptr addrspace(3) {p.text}, align {align}", llty(d),
                         k if k > 1 else 0)
@@ -800,8 +805,7 @@ class Renderer:
 
     def _lds_write(self, op, val, at_origin):
         for first, k, addr, align in self._lds_runs(op, at_origin):
-            p = self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {addr}",
-                        "ptr addrspace(3)", 0)
+            p = self.lds_ptr(addr)
             self.ins(f"store {self._run_slots(val, first, k)}, ptr addrspace(3) {p.text}, "
                      f"align {align}")
 

@@ -139,10 +139,14 @@ class NVPTXRenderer(Renderer):
         return min(self.p.target.vgprs // 8 * 8, REGISTERS_PER_SM // threads // 8 * 8)
 
     # -- mbarriers and register budgets -------------------------------------------------------
+    def _smem_addr(self, offset) -> Value:
+        """The 32-bit shared-memory address of byte `offset` (what PTX's .shared operands
+        take)."""
+        return self.op(f"ptrtoint ptr addrspace(3) {self.lds_ptr(offset).text} to i32",
+                       "i32", 0)
+
     def _mbar_addr(self, region) -> Value:
-        p = self.op(f"getelementptr i8, ptr addrspace(3) @smem, i32 {region.base}",
-                    "ptr addrspace(3)", 0)
-        return self.op(f"ptrtoint ptr addrspace(3) {p.text} to i32", "i32", 0)
+        return self._smem_addr(region.base)
 
     def _lane0(self, body):
         """Run `body()` on lane 0 of the wave only."""
@@ -184,7 +188,7 @@ class NVPTXRenderer(Renderer):
         row_bytes = region.tile.shape[1] * region.tile.dtype.bytes
         nbytes = desc.box[0] * row_bytes
         r0, c0, at = (self.read(x) for x in op.srcs)
-        dst = self.op(f"add i32 {self._smem_base().text}, {region.base}", "i32", 0)
+        dst = self.op(f"add i32 {self._smem_addr(0).text}, {region.base}", "i32", 0)
         skip = self.op(f"mul i32 {at.text}, {row_bytes}", "i32", 0)
         dst = self.op(f"add i32 {dst.text}, {skip.text}", "i32", 0)
         b = self._mbar_addr(bar)
@@ -204,7 +208,7 @@ class NVPTXRenderer(Renderer):
         copy, and wait until it has read the tile (so it can be reused)."""
         region, desc = op.attrs["region"], op.attrs["tmap"]
         r0, c0 = (self.read(x) for x in op.srcs)
-        src = self.op(f"add i32 {self._smem_base().text}, {region.base}", "i32", 0)
+        src = self.op(f"add i32 {self._smem_addr(0).text}, {region.base}", "i32", 0)
         tmap = self.op(f"ptrtoint ptr %{desc.name} to i64", "i64", 0)
 
         def issue():
@@ -230,16 +234,12 @@ class NVPTXRenderer(Renderer):
         leading/stride byte offsets >> 4 (1024 B = one 8-row swizzle atom; with one atom
         along N both offsets are that K step), layout type 1 = 128B swizzle."""
         from ..targets.sm90a import WGMMA_SWIZZLE_128B
-        addr = self.op(f"add i32 {self._smem_base().text}, {region.base + k_row * 128}", "i32", 0)
+        addr = self.op(f"add i32 {self._smem_addr(0).text}, {region.base + k_row * 128}", "i32", 0)
         lo = self.op(f"lshr i32 {addr.text}, 4", "i32", 0)
         lo = self.op(f"and i32 {lo.text}, 16383", "i32", 0)
         lo64 = self.op(f"zext i32 {lo.text} to i64", "i64", 0)
         const = (1024 >> 4) << 16 | (1024 >> 4) << 32 | WGMMA_SWIZZLE_128B << 62
         return self.op(f"or i64 {lo64.text}, {const}", "i64", 0)
-
-    def _smem_base(self) -> Value:
-        p = self.op("getelementptr i8, ptr addrspace(3) @smem, i32 0", "ptr addrspace(3)", 0)
-        return self.op(f"ptrtoint ptr addrspace(3) {p.text} to i32", "i32", 0)
 
     def r_wgmma(self, op):
         """wgmma.fence; one m64nNk16 per 16 rows of K (A from this wave's registers, B by
