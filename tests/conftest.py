@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from pykittens.kernels.spec import rel_err as library_rel_err  # noqa: E402  (after the path)
 
 TARGETS = ("gfx942", "gfx950", "sm_90a")
 # The fp8 flavours each target supports: FNUZ on CDNA3, OCP on CDNA4 and Hopper.
@@ -24,19 +27,26 @@ def rng():
     return np.random.default_rng(20240611)
 
 
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory):
+    """A private PYKITTENS_CACHE shared by one test module, so code objects a module builds
+    once (module-scoped fixtures) never touch the user's cache. Use with
+    `pytestmark = pytest.mark.usefixtures("module_cache")`."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYKITTENS_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(params=TARGETS)
 def target(request):
     return request.param
 
 
 def rel_err(out, ref) -> float:
-    """Relative Frobenius error of `out` against a float64 reference; NaN never passes."""
-    o = np.asarray(out).astype(np.float64)
-    r = np.asarray(ref).astype(np.float64)
-    assert o.shape == r.shape, (o.shape, r.shape)
-    if not np.all(np.isfinite(o)):
-        return float("inf")
-    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+    """The library's relative Frobenius error (NaN never passes), on matching shapes."""
+    assert np.shape(out) == np.shape(ref), (np.shape(out), np.shape(ref))
+    return library_rel_err(out, ref)
 
 
 def poison(shape, dtype=np.float32):
@@ -60,3 +70,35 @@ def assert_names_line(err, path: str, marker: str):
     """The error message names `path` and the line carrying `marker` (the user's source)."""
     want = f"{path}:{line_of(path, marker)}"
     assert want in str(err), f"expected {want!r} in error message: {err}"
+
+
+# a ```python block, and the plain block right after it (what the python block prints)
+DOC_BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```\n(?:\n```\n(.*?)^```\n)?", re.S | re.M)
+
+
+def doc_python_blocks(path: str) -> list[tuple[int, str, str | None]]:
+    """(first line, source, the plain block shown right after it or None) of every ```python
+    block of a Markdown file."""
+    with open(path) as f:
+        text = f.read()
+    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1), m.group(2))
+            for m in DOC_BLOCK.finditer(text)]
+
+
+def run_doc_blocks(path: str, namespace: str, capsys=None, compare_output=None) -> list:
+    """Run every python block of a Markdown file, in order, in one namespace; tracebacks and
+    kernel errors carry the file's own line numbers. With `capsys`, a plain block right after
+    a python block must be exactly what it prints (for the blocks where
+    compare_output(source) holds, when given). Returns the blocks."""
+    blocks = doc_python_blocks(path)
+    ns = {"__name__": namespace}
+    for line, src, shown in blocks:
+        if capsys is not None:
+            capsys.readouterr()
+        exec(compile("\n" * (line - 1) + src, path, "exec"), ns)
+        if capsys is None or shown is None:
+            continue
+        out = capsys.readouterr().out
+        if compare_output is None or compare_output(src):
+            assert out == shown, f"the output shown after {path}:{line} is not what it prints"
+    return blocks

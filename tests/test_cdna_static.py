@@ -4,7 +4,6 @@ ISA, ping-pong priorities and barriers in the loop, and clear errors before LLVM
 
 Code objects come from the toolchain's disk cache after the first run."""
 import os
-import re
 
 import pytest
 
@@ -14,7 +13,7 @@ from pykittens.analysis import hsaco
 from pykittens.ir.nodes import walk
 from pykittens.kernels import KERNELS
 from pykittens.toolchain import amdgpu
-from conftest import ROOT, assert_names_line, line_of
+from conftest import ROOT, assert_names_line, line_of, run_doc_blocks
 
 CDNA = ("gfx942", "gfx950")
 
@@ -183,23 +182,10 @@ def test_lds_within_the_limit_compiles():
 # ---- docs/targets/cdna.md -----------------------------------------------------------------------
 
 GUIDE = os.path.join(ROOT, "docs", "targets", "cdna.md")
-# a python block, and the plain block right after it: its exact output
-_BLOCK = re.compile(r"^```python\n(.*?)^```\n(?:\n```\n(.*?)^```\n)?", re.S | re.M)
 
 
 def test_cdna_guide_snippets_run(monkeypatch, capsys):
     """Every python block of the CDNA notes runs, in order, in one namespace, from the
     repository root; where a plain block follows one, it is what the block prints."""
     monkeypatch.chdir(ROOT)
-    with open(GUIDE) as f:
-        text = f.read()
-    blocks = list(_BLOCK.finditer(text))
-    assert len(blocks) >= 10
-    ns = {"__name__": "cdna_md"}
-    for m in blocks:
-        line = text.count("\n", 0, m.start(1)) + 1
-        capsys.readouterr()
-        exec(compile("\n" * (line - 1) + m.group(1), GUIDE, "exec"), ns)
-        out = capsys.readouterr().out
-        if m.group(2) is not None:
-            assert out == m.group(2), f"the output shown after {GUIDE}:{line} is not what it prints"
+    assert len(run_doc_blocks(GUIDE, "cdna_md", capsys)) >= 10

@@ -12,11 +12,9 @@ import sys
 import pytest
 
 from pykittens.toolchain import nvptx
-from conftest import ROOT
+from conftest import ROOT, run_doc_blocks
 
 GUIDE = os.path.join(ROOT, "docs", "targets", "hopper.md")
-# a python block, and the plain block right after it: its exact output
-_BLOCK = re.compile(r"^```python\n(.*?)^```\n(?:\n```\n(.*?)^```\n)?", re.S | re.M)
 # blocks whose printed output depends on the ptxas (and cuobjdump) version
 _PTXAS_OUTPUT = re.compile(r"cubin\.|ptxas_log|--report")
 
@@ -42,19 +40,11 @@ def _ptxas_matches(text: str) -> bool:
 def test_hopper_guide_snippets_run(monkeypatch, capsys):
     pytest.importorskip("torch", reason="the guide launches on torch tensors")
     monkeypatch.chdir(ROOT)
-    text = _guide()
-    exact_ptxas = _ptxas_matches(text)
-    blocks = list(_BLOCK.finditer(text))
+    exact_ptxas = _ptxas_matches(_guide())
+    blocks = run_doc_blocks(GUIDE, "hopper_md", capsys,
+                            compare_output=lambda src: exact_ptxas
+                            or not _PTXAS_OUTPUT.search(src))
     assert len(blocks) >= 15
-    ns = {"__name__": "hopper_md"}
-    for m in blocks:
-        line = text.count("\n", 0, m.start(1)) + 1
-        capsys.readouterr()
-        exec(compile("\n" * (line - 1) + m.group(1), GUIDE, "exec"), ns)
-        out = capsys.readouterr().out
-        if m.group(2) is None or (_PTXAS_OUTPUT.search(m.group(1)) and not exact_ptxas):
-            continue
-        assert out == m.group(2), f"the output shown after {GUIDE}:{line} is not what it prints"
 
 
 _NAME = re.compile(r"(%(?:rd|rs|r|p|f)\d+|\$L__BB\d+_\d+)")

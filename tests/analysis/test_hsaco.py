@@ -75,12 +75,7 @@ attributes #0 = {{ "amdgpu-flat-work-group-size"="256,256" }}
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PYKITTENS_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_cache")     # a private code-object cache
 
 
 @pytest.fixture(scope="module", params=list(MFMA))

@@ -2,20 +2,15 @@
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import ROOT, run_doc_blocks
+
 DOC = os.path.join(ROOT, "docs", "chiplet.md")
 IMG = os.path.join(ROOT, "docs", "img")
 
 
 def test_chiplet_doc_snippets_run(monkeypatch, tmp_path):
     monkeypatch.setenv("PYKITTENS_CACHE", str(tmp_path))
-    text = open(DOC).read()
-    blocks = [(text.count("\n", 0, m.start(1)) + 1, m.group(1))
-              for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
-    assert len(blocks) >= 3
-    ns = {"__name__": "chiplet_md"}
-    for line, src in blocks:
-        exec(compile("\n" * (line - 1) + src, DOC, "exec"), ns)
+    assert len(run_doc_blocks(DOC, "chiplet_md")) >= 3
 
 
 def test_chiplet_doc_images_exist():

@@ -78,12 +78,7 @@ class DeviceTensor:
 VALUES = {"x": DeviceTensor(0x7F00_1234_5000, (96, 48), (64, 1)), "alpha": 1.5, "n": -7}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PYKITTENS_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_cache")     # a private code-object cache
 
 
 @pytest.mark.parametrize("target", ["gfx942", "gfx950"])
