@@ -22,8 +22,12 @@ def lane_ir(kernel, target, **consts):
 def llvm_ir(kernel, target, *, aligned: bool = True, **consts) -> str:
     """aligned=True: tensors' non-last strides are multiples of 16 elements (the common case,
     checked at launch), so runs of elements become aligned vector accesses."""
+    return _render(lane_ir(kernel, target, **consts), aligned)
+
+
+def _render(prog, aligned: bool) -> str:
     from .codegen import render
-    return render(lane_ir(kernel, target, **consts), 16 if aligned else 1)
+    return render(prog, 16 if aligned else 1)
 
 
 def code_object(kernel, target, *, aligned: bool = True, **consts):
@@ -33,8 +37,7 @@ def code_object(kernel, target, *, aligned: bool = True, **consts):
 
 def compile_lane(prog, *, aligned: bool = True):
     """Code object of an already lowered lane program (what launchers call)."""
-    from .codegen import render
-    ir = render(prog, 16 if aligned else 1)
+    ir = _render(prog, aligned)
     if prog.target.family == "cdna":
         from .toolchain import amdgpu
         return amdgpu.compile_ir(ir, prog.target.name)
@@ -54,15 +57,15 @@ def assembly(kernel, target, **consts) -> str:
 def report(kernel, target, **consts) -> dict:
     """Resource report of the compiled kernel (registers, LDS/smem, spills, occupancy, loop mix)."""
     t = get_target(target)
-    k = tile_ir(kernel, **consts)
-    obj = code_object(kernel, t, **consts)
+    prog = lane_ir(kernel, t, **consts)
+    obj = compile_lane(prog)
     if t.family == "cdna":
         from .analysis import hsaco
-        return hsaco.report(obj, t.name, num_waves=k.num_waves)
+        return hsaco.report(obj, t.name, num_waves=prog.num_waves)
     from .analysis import cubin
     rep = cubin.report(obj)
     # Shared tiles live in dynamic shared memory, sized at launch: count them too.
-    rep["dynamic_smem_bytes"] = lane_ir(kernel, t, **consts).lds_bytes
+    rep["dynamic_smem_bytes"] = prog.lds_bytes
     rep["smem_bytes"] = (rep.get("smem_bytes") or 0) + rep["dynamic_smem_bytes"]
     return rep
 
