@@ -321,8 +321,7 @@ class AMDGPURenderer(Renderer):
         n_last = Value(f"%{gl.name}.size{rank - 1}", "i32", 0)
         ok = self._and(self.op(f"icmp eq i32 {self.op(f'srem i32 {n_last.text}, {vec}', 'i32', 0).text}, 0", "i1", 0),
                        self.op(f"icmp eq i32 {self.op(f'srem i32 {c0.text}, {vec}', 'i32', 0).text}, 0", "i1", 0))
-        dma_l, reg_l, join = self.label("lds_dma"), self.label("lds_copy"), self.label("lds_done")
-        self.ins(f"br i1 {ok.text}, label %{dma_l}, label %{reg_l}")
+        dma_l, reg_l, join = self.branch(ok, "lds_dma", "lds_copy", "lds_done")
         self.start_block(reg_l)
         super().r_gload_lds(op)
         self.ins(f"br label %{join}")

@@ -81,6 +81,13 @@ class Renderer:
         self.counter += 1
         return f"{stem}{self.counter}"
 
+    def branch(self, cond: Value, yes: str, no: str, join: str) -> tuple[str, str, str]:
+        """New labels for the two sides of a conditional branch on `cond` and their join;
+        emits the branch (the caller starts the blocks)."""
+        labels = self.label(yes), self.label(no), self.label(join)
+        self.ins(f"br i1 {cond.text}, label %{labels[0]}, label %{labels[1]}")
+        return labels
+
     def ins(self, text: str):
         self.lines.append("  " + text)
 
@@ -389,8 +396,7 @@ class Renderer:
         for region in op.regions:
             regs += [r for r in self.assigned(region) if r not in regs]
         before = {r: self.read(r) for r in regs}
-        then_l, else_l, join = self.label("then"), self.label("else"), self.label("join")
-        self.ins(f"br i1 {cond.text}, label %{then_l}, label %{else_l}")
+        then_l, else_l, join = self.branch(cond, "then", "else", "join")
         ends = []
         for i, lab in enumerate((then_l, else_l)):
             self.start_block(lab)
@@ -639,8 +645,7 @@ class Renderer:
         d, n = gl.type.dtype, op.attrs["layout"].nslots
         runs = self._tensor_window(op, 0)
         full = self._all_runs_inside(runs)
-        fast_l, slow_l, join = self.label("ld_full"), self.label("ld_edge"), self.label("ld_join")
-        self.ins(f"br i1 {full.text}, label %{fast_l}, label %{slow_l}")
+        fast_l, slow_l, join = self.branch(full, "ld_full", "ld_edge", "ld_join")
         self.start_block(fast_l)
         elems = [None] * n
         for first, k, off, ok, _, last, align in runs:
@@ -657,8 +662,7 @@ class Renderer:
             # Each run again: a vector when it is inside, else element by element; so the
             # edge path holds no more registers than the fast one.
             if k > 1:
-                v_l, e_l, j_l = self.label("run_vec"), self.label("run_elem"), self.label("run_join")
-                self.ins(f"br i1 {run_full.text}, label %{v_l}, label %{e_l}")
+                v_l, e_l, j_l = self.branch(run_full, "run_vec", "run_elem", "run_join")
                 self.start_block(v_l)
                 self.align = align
                 vec = self.load_run(gl, off, k, d)
@@ -698,8 +702,7 @@ class Renderer:
         val = self._norm(op.srcs[-1], n)
         runs = self._tensor_window(op, 1)
         full = self._all_runs_inside(runs)
-        fast_l, slow_l, join = self.label("st_full"), self.label("st_edge"), self.label("st_join")
-        self.ins(f"br i1 {full.text}, label %{fast_l}, label %{slow_l}")
+        fast_l, slow_l, join = self.branch(full, "st_full", "st_edge", "st_join")
         self.start_block(fast_l)
         for first, k, off, ok, _, last, align in runs:
             self.align = align
@@ -708,8 +711,7 @@ class Renderer:
         self.start_block(slow_l)
         for first, k, off, ok, run_full, last, align in runs:
             if k > 1:
-                v_l, e_l, j_l = self.label("run_vec"), self.label("run_elem"), self.label("run_join")
-                self.ins(f"br i1 {run_full.text}, label %{v_l}, label %{e_l}")
+                v_l, e_l, j_l = self.branch(run_full, "run_vec", "run_elem", "run_join")
                 self.start_block(v_l)
                 self.align = align
                 self.store_run(gl, off, self._run_slots(val, first, k), d)
