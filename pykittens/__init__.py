@@ -15,7 +15,7 @@ from .lang.ops import (abs, add, barrier, cast, col_max, col_sum, copy, div, els
                        fill, full, if_, lane_id, load, log2, log2_e, mask_outside, max, min, mma_AB,
                        mma_ABt, mma_AtB, mul, num_programs, num_waves, program_id, range,
                        row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st, static_range,
-                       store, sub, subtile, wave_id, zeros)
+                       store, sub, subtile, wave_id, workgroup_max, workgroup_sum, zeros)
 from .lang.schedule import interleave, pingpong, sched_barrier, sched_group, waitcnt
 from .lang.sync import arrive, mbarrier, role, tma_load, tma_store, wait
 from .lang.values import maximum, minimum, where

@@ -24,13 +24,17 @@ def test_library_kernel_matches_reference(name, target, dt, shape):
 @pytest.mark.parametrize("consts", [{"ROWS": 4, "COLS": 128}, {"ROWS": 1, "COLS": 1024},
                                     {"ROWS": 2, "COLS": 512, "PREFETCH": 1},
                                     {"RESIDENT": 1, "N_MAX": 2048, "CHUNK": 512},
-                                    {"TMA": 1, "N_MAX": 2048, "CHUNK": 256}])
+                                    {"TMA": 1, "N_MAX": 2048, "CHUNK": 256},
+                                    {"SPLIT": 1, "ROWS": 1, "N_MAX": 2048, "CHUNK": 512,
+                                     "num_waves": 4},
+                                    {"SPLIT": 1, "ROWS": 2, "N_MAX": 3072, "CHUNK": 512,
+                                     "num_waves": 3}])
 def test_layernorm_schedules_agree(consts, rng):
     """The library picks one LayerNorm schedule per shape; all of them must be right."""
     spec = KERNELS["layernorm"]
     for target in (("sm_90a",) if "TMA" in consts else NAMES):
         inputs = spec.make_inputs((9, 1500), pk.bf16, rng)
-        rows = 4 * consts.get("ROWS", 1)
+        rows = consts.get("ROWS", 1) * (1 if "SPLIT" in consts else 4)
         out = pk.emulate(spec.kernel, grid=(-(-9 // rows),), target=target,
                          **inputs, **consts)["out"]
         assert rel_err(out, spec.reference(inputs)["out"]) < 1e-2
@@ -38,12 +42,24 @@ def test_layernorm_schedules_agree(consts, rng):
 
 def test_layernorm_launch_choice():
     spec = KERNELS["layernorm"]
-    small = {"x": np.zeros((8, 2000), np.float16)}
-    odd = {"x": np.zeros((8, 2001), np.float16)}            # rows not a multiple of 16 B
-    wide = {"x": np.zeros((8, 12288), np.float16)}
-    assert spec.launch(small, "sm_90a")[1]["RESIDENT"] == 1
-    assert spec.launch(odd, "gfx950")[1]["RESIDENT"] == 1
-    assert "RESIDENT" not in spec.launch(wide, "sm_90a")[1]
+    def launch(n, target, dtype=np.float16):
+        return spec.launch({"x": np.zeros((8, n), dtype)}, target)
+
+    assert launch(1000, "sm_90a") == ((2,), {"RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512})
+    # longer rows: one per workgroup, a power-of-2 share of 16 registers per lane per wave
+    # (1024 bf16 on 32-lane waves, 2048 on 64-lane ones), read once
+    split = {"SPLIT": 1, "ROWS": 1, "CHUNK": 512}
+    assert launch(2001, "sm_90a") == ((8,), {**split, "N_MAX": 2048, "num_waves": 2})
+    assert launch(2001, "gfx950")[1]["RESIDENT"] == 1
+    assert launch(12288, "sm_90a") == ((8,), {**split, "N_MAX": 12288, "num_waves": 12})
+    assert launch(12288, "gfx942") == ((8,), {**split, "N_MAX": 12288, "num_waves": 6})
+    # rows that need exactly 4 double shares take 4 waves of those
+    assert launch(8192, "sm_90a") == ((8,), {**split, "N_MAX": 8192, "num_waves": 4})
+    assert launch(7000, "sm_90a")[1]["num_waves"] == 4
+    assert launch(8192, "sm_90a", np.float32)[1]["num_waves"] == 16
+    assert launch(65536, "gfx942")[1]["num_waves"] == 16      # double shares: 16 x 4096
+    # rows a workgroup cannot hold loop over column blocks
+    assert launch(1 << 17, "gfx942")[1] == {"ROWS": 1, "COLS": 1024, "PREFETCH": 1}
     from pykittens.kernels import ln_tma_consts
     assert ln_tma_consts(2000) == {"TMA": 1, "N_MAX": 2048, "CHUNK": 256}
     with pytest.raises(ValueError, match="at most 8192 columns"):

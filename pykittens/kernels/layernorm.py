@@ -7,40 +7,53 @@ Three schedules, chosen by compile-time constants:
 - RESIDENT=1: each wave keeps one whole row in registers in its storage type (up to N_MAX
   elements), so x is read from memory exactly once; the statistics and the output are
   computed block by block from the registers (pk.subtile), converting to f32 on the fly.
+- SPLIT=1: ROWS rows per workgroup, split across its waves (N_MAX // num_waves columns
+  each), held in registers: rows too long for one wave's registers are still read once;
+  pk.workgroup_sum combines the waves' partial sums.
 - RESIDENT=0: ROWS rows per wave, any width: one pass over column blocks of COLS for the
   statistics (block-wise merge), one for the output.
 """
 import pykittens as pk
 
 
-def _normalize(block, nblocks, loop, r0, x, w, b, out, eps, tile):
-    """One row per wave held in blocks (shared memory or registers): `block(j)` is column
-    block j as an f32 `tile`; two passes over the blocks give the mean and the centred sum
-    of squares, a third writes the output. `loop` is pk.range or pk.static_range."""
+def _normalize(block, nblocks, loop, r0, x, w, b, out, eps, tile, c0=0,
+               combine=lambda v: v):
+    """A row held in blocks (shared memory or registers): `block(j)` is its column block j
+    (columns c0 + j * cols ..) as an f32 `tile`; two passes over the blocks give the mean
+    and the centred sum of squares, a third writes the output. `loop` is pk.range or
+    pk.static_range; `combine` joins partial sums when the row is split across waves."""
     m_rows, n = x.shape
     cols = tile.shape[1]
     row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
     total = pk.zeros(row)
     for j in loop(nblocks):
         pk.row_sum(block(j), into=total)
-    mean = total / n
+    mean = combine(total) / n
     sq = pk.zeros(row)
     for j in loop(nblocks):
-        d = pk.mask_outside(block(j) - mean, (r0, j * cols), (m_rows, n))
+        d = pk.mask_outside(block(j) - mean, (r0, c0 + j * cols), (m_rows, n))
         pk.row_sum(d * d, into=sq)
-    rstd = pk.rsqrt(sq / n + eps)
+    rstd = pk.rsqrt(combine(sq) / n + eps)
     for j in loop(nblocks):
-        gamma = pk.load(col, w, (j * cols,))
-        beta = pk.load(col, b, (j * cols,))
-        pk.store(out, (block(j) - mean) * rstd * gamma + beta, (r0, j * cols))
+        gamma = pk.load(col, w, (c0 + j * cols,))
+        beta = pk.load(col, b, (c0 + j * cols,))
+        pk.store(out, (block(j) - mean) * rstd * gamma + beta, (r0, c0 + j * cols))
 
 
 @pk.kernel(num_waves=4)
 def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.gl["DT", 2],
               eps: pk.f32, DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
               RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
-              TMA: pk.const = 0, PREFETCH: pk.const = 0):
+              TMA: pk.const = 0, PREFETCH: pk.const = 0, SPLIT: pk.const = 0):
     m_rows, n = x.shape
+    if SPLIT:
+        span = N_MAX // pk.num_waves()                       # this wave's share of a row
+        r0, c0 = pk.program_id(0) * ROWS, pk.wave_id() * span
+        xr = pk.load(pk.rt((ROWS, span), DT), x, (r0, c0))     # read once
+        _normalize(lambda j: pk.subtile(xr, (0, j * CHUNK), (ROWS, CHUNK)).cast(pk.f32),
+                   span // CHUNK, pk.static_range, r0, x, w, b, out, eps,
+                   pk.rt((ROWS, CHUNK), pk.f32), c0=c0, combine=pk.workgroup_sum)
+        return
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
         # tile, box by box (CHUNK columns x one row per wave), all completing one mbarrier;

@@ -433,6 +433,29 @@ def col_sum(t, into=None):
     return _reduce("add", "col", t, into)
 
 
+def _workgroup_reduce(op, v):
+    if not isinstance(v, RV):
+        raise error(f"workgroup_{'sum' if op == 'add' else op}: takes a register vector "
+                    f"(e.g. from pk.row_sum), got {type(v).__name__}")
+    dst = empty(v.type)
+    current().emit("wg_reduce", dst.v, (v.v,), op=op)
+    return dst
+
+
+def workgroup_sum(v):
+    """The sum of vector `v` over all waves of the workgroup, returned to every wave (the
+    same bits in each: waves are added in wave order). Combines the per-wave partial
+    reductions of a row split across waves. It synchronises the workgroup through shared
+    memory, so every wave must call it, like pk.barrier()."""
+    return _workgroup_reduce("add", v)
+
+
+def workgroup_max(v):
+    """The elementwise max of vector `v` over all waves of the workgroup (see
+    workgroup_sum)."""
+    return _workgroup_reduce("max", v)
+
+
 # ---- matrix multiply ----------------------------------------------------------------------
 
 def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None):

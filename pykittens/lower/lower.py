@@ -241,6 +241,36 @@ class _Lowering:
         else:
             self.emit("mov", dst, (part,))
 
+    def op_wg_reduce(self, op):
+        """Each wave writes its vector to its own slice of a shared scratch tile; after a
+        barrier every wave reads all slices and combines them in wave order, so every wave
+        holds the same bits. The barrier in front keeps a wave from overwriting a slice that
+        a slower wave still reads from the previous reduction at this point."""
+        v = op.srcs[0]
+        src, dst, lay = self.val(v), self.env[op.dst], self.layout(v)
+        nw = self.k.num_waves
+        if nw == 1:
+            self.emit("mov", dst, (src,))
+            return
+        t: T.RegVecType = v.type
+        n = t.length
+        # row vectors lie along rows, column vectors along columns: one slice per wave
+        shape, step = ((nw * n, 1), (n, 0)) if t.axis == "row" else ((nw, n), (1, 0))
+        region = self._lds_region("wgred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
+        wave = self.b.reg(T.i32, uniform=True)
+        self.emit("special", wave, name="wave_id", axis=0)
+        zero = self.const(0)
+        row0 = self.bin("mul", wave, self.const(step[0])) if step[0] != 1 else wave
+        self.emit("barrier")
+        self.lds_store(region, lay, (row0, zero), "wave", src)
+        self.emit("barrier")
+        for w in range(nw):
+            part = self.lds_load(region, lay, (self.const(w * step[0]), zero), "wave")
+            if w == 0:
+                self.emit("mov", dst, (part,))
+            else:
+                self.emit("bin", dst, (dst, part), op=op.attrs["op"])
+
     def op_mma(self, op):
         """One matrix instruction per (i, j, k) triple of base tiles, k innermost."""
         if isinstance(op.srcs[1].type, T.SharedTileType):
