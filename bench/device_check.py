@@ -119,24 +119,55 @@ def _ln_shape(rows, spec, m, n, alternatives, copy_bw):
 
 
 def gemm_performance(rows, details):
-    """The library GEMM (shared-memory staging, warp-level mma.sync) against cuBLAS."""
-    n = 4096
-    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=DEV, dtype=torch.float32)
-    spec = KERNELS["gemm"]
-    grid, consts = spec.launch({"a": np.empty((n, n)), "b": np.empty((n, n))}, "sm_90a")
-    flops = 2 * n ** 3
+    """The library GEMMs against cuBLAS (torch.matmul; torch._scaled_mm for fp8), same run."""
     res = {}
-    wg = KERNELS["gemm_wgmma"]
-    for name, fn in {"pykittens gemm (mma.sync)": lambda: pk.launch(spec.kernel, a, b, c,
-                                                                    grid=grid, **consts),
-                     "pykittens gemm_wgmma": lambda: pk.launch(wg.kernel, a, b, c, grid=grid,
-                                                               **consts),
-                     "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b)}.items():
-        s = graph_time(fn, reps=5)
-        res[name] = {"seconds": s, "tflops": flops / s / 1e12}
-        rows.append(["perf", name, "bf16", f"{n}^3", f"{flops / s / 1e12:.0f} TFLOP/s", ""])
+    for n in (4096, 8192):
+        a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)        # B stored K x N
+        bt = b.t().contiguous()                                        # ... and N x K
+        c = torch.empty(n, n, device=DEV, dtype=torch.float32)
+        c16 = torch.empty(n, n, device=DEV, dtype=torch.bfloat16)
+        a8, bt8 = a.to(torch.float8_e4m3fn), bt.to(torch.float8_e4m3fn)
+        one = torch.ones((), device=DEV)
+        flops = 2 * n ** 3
+        ws = KERNELS["gemm_ws"]
+        g_ws, k_ws = ws.launch({"a": np.empty((n, n), np.float16),
+                                "b": np.empty((n, n), np.float16)}, "sm_90a")
+        cands = {
+            "pykittens gemm_ws (bf16, f32 out)":
+                lambda: pk.launch(ws.kernel, a, bt, c, grid=g_ws, **k_ws),
+            "pykittens gemm_ws (bf16, bf16 out)":
+                lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws),
+            "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b),
+            "pykittens gemm_ws (e4m3, f32 out)":
+                lambda: pk.launch(ws.kernel, a8, bt8, c, grid=g_ws, **k_ws),
+            "torch._scaled_mm (cuBLAS, e4m3, bf16 out)":
+                lambda: torch._scaled_mm(a8, bt8.t(), one, one, out_dtype=torch.bfloat16),
+        }
+        if n == 4096:
+            spec, wg = KERNELS["gemm"], KERNELS["gemm_wgmma"]
+            grid, consts = spec.launch({"a": np.empty((n, n)), "b": np.empty((n, n))},
+                                       "sm_90a")
+            cands["pykittens gemm (mma.sync)"] = \
+                lambda: pk.launch(spec.kernel, a, b, c, grid=grid, **consts)
+            cands["pykittens gemm_wgmma"] = \
+                lambda: pk.launch(wg.kernel, a, b, c, grid=grid, **consts)
+        ref = (a.double() @ b.double())
+        for name, fn in cands.items():
+            try:
+                fn()
+                torch.cuda.synchronize()
+                s = graph_time(fn, reps=5)
+            except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
+                rows.append(["perf", name, "", f"{n}^3", "ERROR", str(e)[:60]])
+                continue
+            check = ""
+            if name.startswith("pykittens gemm_ws (bf16"):
+                out = c if "f32 out" in name else c16
+                err = float((out.double() - ref).norm() / ref.norm())
+                check = f"err {err:.1e}" + ("" if err < 1e-2 else " FAIL")
+            res[f"{name} {n}"] = {"seconds": s, "tflops": flops / s / 1e12}
+            rows.append(["perf", name, "", f"{n}^3", f"{flops / s / 1e12:.0f} TFLOP/s", check])
     details.append({"check": "gemm_throughput", **res})
 
 

@@ -33,7 +33,7 @@ def test_library_kernel_compiles(name, target):
     if target == "sm_90a":
         assert f".entry {name}" in asm and ".target sm_90a" in asm
         assert ".extern .func" not in asm           # no misspelled intrinsic became a call
-        if name != "tma_scale":                     # (its memory traffic is all TMA)
+        if name not in ("tma_scale", "gemm_ws"):    # (their loads are all TMA)
             assert "ld.global" in asm and "st.global" in asm
         if name in ("softmax", "layernorm"):
             assert "shfl.sync.bfly" in asm          # row reductions cross lanes
@@ -45,6 +45,13 @@ def test_library_kernel_compiles(name, target):
             assert "mma.sync.aligned.m16n8k16" in asm
         if name == "gemm_wgmma":
             assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in asm
+        if name == "gemm_ws":                       # both operands by descriptor, K-major
+            assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s+"
+                             r"\{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, 0, 0;", asm)
+            # A's two 64-row blocks and B's block, for each of the 4 ring stages
+            assert asm.count("cp.async.bulk.tensor.2d.shared::cluster.global") == 3 * 4
+            assert "setmaxnreg.dec.sync.aligned.u32 40" in asm
+            assert "setmaxnreg.inc.sync.aligned.u32 232" in asm
     else:
         assert f".amdgcn_target \"amdgcn-amd-amdhsa--{target}\"" in asm
         assert re.search(r"\.private_segment_fixed_size:\s+0", asm)     # no scratch / spills

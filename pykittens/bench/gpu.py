@@ -12,7 +12,8 @@ from ..kernels.spec import rel_err
 from ..runtime.launch import launch
 
 DEV = "cuda"
-TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+            "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 
 
 def to_torch(inputs: dict) -> dict:

@@ -228,39 +228,63 @@ class NVPTXRenderer(Renderer):
         self.ins(f'call void asm sideeffect "setmaxnreg.{kind}.sync.aligned.u32 {regs};", ""()')
 
     # -- warpgroup MMA -----------------------------------------------------------------------
-    def _wgmma_desc(self, region, k_row: int) -> Value:
-        """Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format") of rows
-        k_row.. of a K x N tile with 128-byte rows in the 128B swizzle: start address >> 4,
-        leading/stride byte offsets >> 4 (1024 B = one 8-row swizzle atom; with one atom
-        along N both offsets are that K step), layout type 1 = 128B swizzle."""
+    def _wgmma_desc(self, region, byte_offset: int, kmajor: bool) -> Value:
+        """Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format") of a tile
+        with 128-byte rows in the 128B swizzle, starting `byte_offset` into it: start address
+        >> 4, leading/stride byte offsets >> 4, layout type 1 = 128B swizzle. The stride
+        offset is one 8-row swizzle atom (1024 B) in both majors; a K-major tile steps
+        along K by moving the start address inside the atom (the hardware swizzles the
+        computed addresses), its leading offset is unused (1); an MN-major tile with one
+        atom along N uses the K step (1024 B) for both."""
         from ..targets.sm90a import WGMMA_SWIZZLE_128B
-        addr = self.op(f"add i32 {self._smem_addr(0).text}, {region.base + k_row * 128}", "i32", 0)
+        addr = self.op(f"add i32 {self._smem_addr(0).text}, {region.base + byte_offset}",
+                       "i32", 0)
         lo = self.op(f"lshr i32 {addr.text}, 4", "i32", 0)
         lo = self.op(f"and i32 {lo.text}, 16383", "i32", 0)
         lo64 = self.op(f"zext i32 {lo.text} to i64", "i64", 0)
-        const = (1024 >> 4) << 16 | (1024 >> 4) << 32 | WGMMA_SWIZZLE_128B << 62
+        lead = 1 if kmajor else 1024 >> 4
+        const = lead << 16 | (1024 >> 4) << 32 | WGMMA_SWIZZLE_128B << 62
         return self.op(f"or i64 {lo64.text}, {const}", "i64", 0)
 
     def r_wgmma(self, op):
-        """wgmma.fence; one m64nNk16 per 16 rows of K (A from this wave's registers, B by
-        descriptor, accumulating in place); commit; wait for the group."""
+        """wgmma.fence; one m64nNk16 (k32 for fp8) per K step: A from this wave's registers
+        or by descriptor, B by descriptor, accumulating in place; commit; wait for the
+        group. K-major operands (mma_ABt) step 32 bytes along their 128-byte rows;
+        MN-major B (mma_AB) steps 16 rows."""
         region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
-        ety = {"bf16": "bf16", "f16": "f16"}[region.tile.dtype.name]
-        a, acc = self.read(op.srcs[0]), self.read(op.srcs[1])
+        a_region, kmajor, kstep = op.attrs["a_region"], op.attrs["b_kmajor"], op.attrs["kstep"]
+        aty, bty = op.attrs["a_dtype"], region.tile.dtype.name
+        acc = self.read(op.srcs[-1])
         nd = acc.n
         accs = [self.extract(acc, i) for i in range(nd)]
+        fp8 = region.tile.dtype.bits == 8
+        # fp8 wgmma has no transpose operands (K-major only); 16-bit ones take imm-trans-b
+        # (and imm-trans-a with A in shared memory): 1 = MN-major
+        trans = "" if fp8 else (", 0, 0" if a_region is not None else f", {int(not kmajor)}")
+        if a_region is None:
+            a = self.read(op.srcs[0])
+            per = 32 * 4 // region.tile.dtype.bits          # elements in 4 words
         self.ins('call void asm sideeffect "wgmma.fence.sync.aligned;", "~{memory}"()')
-        for kk in range(k // 16):
-            sub = self.pick(a, range(kk * 8, kk * 8 + 8))
-            words = self.op(f"bitcast {sub} to <4 x i32>", "i32", 4)
-            aw = [self.extract(words, i) for i in range(4)]
-            desc = self._wgmma_desc(region, kk * 16)
-            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nd + 5}, 0; "
-                    f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ety}.{ety} "
-                    f"{_asm_operands(0, nd)}, {_asm_operands(nd, 4)}, ${nd + 4}, p, 1, 1, 1; }}")
-            cons = ",".join(["=f"] * nd + ["r"] * 4 + ["l", "n"] + [str(i) for i in range(nd)])
+        for kk in range(k // kstep):
+            b_off = kk * kstep * region.tile.dtype.bytes if kmajor else kk * kstep * 128
+            bdesc = self._wgmma_desc(region, b_off, kmajor)
+            if a_region is None:
+                sub = self.pick(a, range(kk * per, kk * per + per))
+                words = self.op(f"bitcast {sub} to <4 x i32>", "i32", 4)
+                a_ops = [self.extract(words, i) for i in range(4)]
+                a_text, a_cons = _asm_operands(nd, 4), ["r"] * 4
+            else:
+                a_ops = [self._wgmma_desc(a_region, kk * kstep * a_region.tile.dtype.bytes,
+                                          True)]
+                a_text, a_cons = f"${nd}", ["l"]
+            na = len(a_ops)
+            text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nd + na + 1}, 0; "
+                    f"wgmma.mma_async.sync.aligned.m64n{n}k{kstep}.f32.{aty}.{bty} "
+                    f"{_asm_operands(0, nd)}, {a_text}, ${nd + na}, p, 1, 1{trans}; }}")
+            cons = ",".join(["=f"] * nd + a_cons + ["l", "n"] + [str(i) for i in range(nd)])
             rty = "{" + ", ".join(["float"] * nd) + "}"
-            args = ", ".join([str(x) for x in aw] + [str(desc), "i32 1"] + [str(x) for x in accs])
+            args = ", ".join([str(x) for x in a_ops] + [str(bdesc), "i32 1"] +
+                             [str(x) for x in accs])
             res = self.fresh()
             self.ins(f'{res} = call {rty} asm sideeffect "{text}", "{cons}"({args})')
             accs = [self.op(f"extractvalue {rty} {res}, {i}", "float", 0) for i in range(nd)]

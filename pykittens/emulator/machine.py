@@ -256,15 +256,25 @@ class _Machine:
         w.regs[op.dst] = out
 
     def x_wgmma(self, w, op):
-        """acc += A @ B: A and acc from this wave's registers (their layouts), B read from
-        the shared tile (with its swizzle, ordering and initialisation checks)."""
+        """acc += A @ B: B read from its shared tile (K x N, or N x K when K-major), A from
+        this wave's registers or from its 16 rows of the warpgroup's shared 64 x K tile
+        (with swizzle, ordering and initialisation checks); acc in registers."""
         region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
-        a, c = self.get(w, op.srcs[0]), self.get(w, op.srcs[1])
-        idx = _element_bytes(region, np.arange(k)[:, None], np.arange(n)[None, :])
+        kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
+        idx = _element_bytes(region, nn, kk) if op.attrs["b_kmajor"] else \
+            _element_bytes(region, kk, nn)
         self._check_lds_read(w, op, idx)
         B = _lds_values(w.wg.lds, idx, region.tile.dtype).reshape(k, n).astype(np.float64)
-        A = _matrix(op.attrs["a_layout"], a, np.float64)
-        C = _matrix(op.attrs["acc_layout"], c, np.float32)
+        a_region = op.attrs["a_region"]
+        if a_region is not None:                     # rows of this wave within its warpgroup
+            rows = (w.wave % 4) * 16 + np.arange(16)[:, None]
+            a_idx = _element_bytes(a_region, rows, np.arange(k)[None, :])
+            self._check_lds_read(w, op, a_idx)
+            A = _lds_values(w.wg.lds, a_idx, a_region.tile.dtype).reshape(16, k)
+            A = A.astype(np.float64)
+        else:
+            A = _matrix(op.attrs["a_layout"], self.get(w, op.srcs[0]), np.float64)
+        C = _matrix(op.attrs["acc_layout"], self.get(w, op.srcs[-1]), np.float32)
         D = (A @ B).astype(np.float32) + C
         r, col = op.attrs["acc_layout"].coords()
         w.regs[op.dst] = D[r, col]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gemm import gemm, gemm_wgmma
+from .gemm import gemm, gemm_wgmma, gemm_ws
 from .layernorm import layernorm
 from .pipeline import tma_scale, ws_scale
 from .scaled_add import scaled_add
@@ -153,16 +153,45 @@ def _gemm_ref(i):
     return {"c": _f64(i["a"]) @ _f64(i["b"])}
 
 
-def _gemm_launch(i, target):
-    """A flat grid of 64 x 64 output tiles in the order the cache simulator picks for this
+def _gemm_launch(i, target, bm=64, bn=64, n=None):
+    """A flat grid of bm x bn output tiles in the order the cache simulator picks for this
     shape and target (chiplet.auto_mapping, memoised on disk)."""
     from .. import chiplet
     from ..targets import get
-    (m, k), (_, n) = i["a"].shape, i["b"].shape
-    tm, tn = max(1, -(-m // 64)), max(1, -(-n // 64))
-    op = chiplet.Gemm(tm * 64, tn * 64, max(k, 1), bm=64, bn=64, bk=64)
+    m, k = i["a"].shape
+    n = i["b"].shape[1] if n is None else n
+    tm, tn = max(1, -(-m // bm)), max(1, -(-n // bn))
+    op = chiplet.Gemm(tm * bm, tn * bn, max(k, 1), bm=bm, bn=bn, bk=64)
     spec = chiplet.auto_mapping(op, target=target).spec
     return (tm * tn,), {"MAP": spec, "TM": tm, "TN": tn, "TARGET": get(target).name}
+
+
+def _gemm_nt_inputs(shape, dtype, rng):
+    """C = A @ B.T with B stored N x K (a linear layer's weight)."""
+    m, n, k = shape
+    return {"a": _rand((m, k), dtype, rng), "b": _rand((n, k), dtype, rng),
+            "c": np.zeros((m, n), np.float32)}
+
+
+def _gemm_nt_ref(i):
+    return {"c": _f64(i["a"]) @ _f64(i["b"]).T}
+
+
+def _gemm_nt_torch(t):
+    return {"c": t["a"] @ t["b"].T}
+
+
+def _gemm_ws_launch(i, target):
+    """128 x BN blocks (BN = 256, or 128 when N is that small) on the cache simulator's
+    grid order. TMA copies A and B: their rows (K elements) must be multiples of 16 bytes."""
+    (m, k), (n, _) = i["a"].shape, i["b"].shape
+    esz = np.dtype(i["a"].dtype).itemsize
+    if k * esz % 16:
+        raise ValueError(f"gemm_ws copies A and B by TMA: K x element size must be a "
+                         f"multiple of 16 bytes, got K = {k} ({k * esz} bytes); pad K")
+    bn = 128 if n <= 128 else 256
+    grid, consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
+    return grid, {**consts, "BN": bn}
 
 
 def _gemm_wgmma_launch(i, target):
@@ -226,6 +255,15 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                compile_consts={"DT": "bf16", "OUT": "f32"},
                tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_torch,
                targets=("sm_90a",)),          # warpgroup MMA: Hopper
+    KernelSpec("gemm_ws", gemm_ws, _gemm_nt_inputs, _gemm_nt_ref, _gemm_ws_launch, ("c",),
+               shapes=((128, 128, 128), (150, 200, 304), (64, 272, 96)),
+               gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16", "e4m3", "e5m2"),
+               compile_consts={"DT": "bf16", "OUT": "f32"},
+               # 16-bit: exact products, f32 sums; fp8: the H200's fp8 wgmma accumulates
+               # with fewer bits (1e-4 from the emulator's exact sums at K ~ 300, 1.3e-3
+               # from float64 at K = 4096: docs/PERF.md), so the default 1e-2
+               tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_nt_torch,
+               targets=("sm_90a",)),          # TMA + warpgroup MMA, warp-specialised: Hopper
     KernelSpec("tma_scale", tma_scale, _ws_inputs, _ws_ref,
                lambda i, t: ((-(-i["x"].shape[0] // 64), -(-i["x"].shape[1] // 64)), {}),
                ("out",), shapes=((64, 64), (100, 136), (130, 72)),
@@ -239,4 +277,4 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "ln_tma_consts", "rel_err", "gemm", "layernorm", "scaled_add",
-           "softmax", "tma_scale", "ws_scale", "gemm_wgmma"]
+           "softmax", "tma_scale", "ws_scale", "gemm_wgmma", "gemm_ws"]

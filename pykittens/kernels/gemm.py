@@ -7,6 +7,7 @@ tile grid on TARGET): the launcher picks it with the cache simulator (chiplet.au
 e.g. XCD chunking with a window on CDNA, L2-grouped rasterisation on Hopper."""
 import pykittens as pk
 from pykittens import chiplet
+from pykittens.ir.types import dtype_of
 
 
 def output_tile(MAP, TM, TN, BM, BN, TARGET):
@@ -67,3 +68,53 @@ def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
         pk.mma_AB(acc, ta, sb)
         pk.barrier()                                     # the next copy may overwrite
     pk.store(c, acc, (m0, n0))
+
+
+@pk.kernel(num_waves=12)
+def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
+            DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
+            STAGES: pk.const = 4, MAP: pk.const = "row-major", TM: pk.const = 0,
+            TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
+    """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
+    (e4m3/e5m2) operands, f32 accumulation, one 128 x BN output block per workgroup.
+
+    Warp-specialised: warpgroup 0 is the producer (40 registers a thread): one wave has the
+    TMA unit copy each K step's two 64-row blocks of A and the BN-row block of B into a
+    ring of STAGES 128B-swizzled shared stages, completing on `full[s]`. Warpgroups 1 and
+    2 are consumers (232 registers): each multiplies its 64 rows of A by B with wgmma,
+    both operands read from shared memory by descriptor, then releases the stage on
+    `empty[s]`. A K step is one 128-byte row of each operand (64 bf16 or 128 fp8)."""
+    bk = 128 // dtype_of(DT).bytes                               # one 128-byte row
+    sa = [[pk.empty(pk.st((64, bk), DT, swizzle=8)) for _ in range(2)] for _ in range(STAGES)]
+    sb = [pk.empty(pk.st((BN, bk), DT, swizzle=8)) for _ in range(STAGES)]
+    full = [pk.mbarrier(3) for _ in range(STAGES)]           # three TMA copies per stage
+    empty = [pk.mbarrier(8) for _ in range(STAGES)]          # every consumer wave
+    m0, n0 = output_tile(MAP, TM, TN, 128, BN, TARGET)
+    steps = (a.shape[1] + bk - 1) // bk
+
+    def each_stage(i, body):
+        """body(s) for the ring stage s that K step i uses (stages are static tiles)."""
+        for s in pk.static_range(STAGES):
+            with pk.if_(i % STAGES == s):
+                body(s)
+
+    with pk.role(0, 4, regs=40):
+        with pk.if_(pk.wave_id() == 0):
+            for i in pk.range(steps):
+                def produce(s):
+                    with pk.if_(i >= STAGES):                  # wait for the stage to drain
+                        pk.wait(empty[s], (i // STAGES + 1) % 2)
+                    for g in pk.static_range(2):
+                        pk.tma_load(sa[s][g], a, (m0 + 64 * g, i * bk), full[s])
+                    pk.tma_load(sb[s], b, (n0, i * bk), full[s])
+                each_stage(i, produce)
+    for g in pk.static_range(2):
+        with pk.role(4 + 4 * g, 4, regs=232):
+            acc = pk.zeros(pk.rt((16, BN), pk.f32, role="acc"))
+            for i in pk.range(steps):
+                def consume(s):
+                    pk.wait(full[s], (i // STAGES) % 2)
+                    pk.mma_ABt(acc, sa[s][g], sb[s])
+                    pk.arrive(empty[s])
+                each_stage(i, consume)
+            pk.store(c, acc, (m0 + 64 * g + (pk.wave_id() % 4) * 16, n0))

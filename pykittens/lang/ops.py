@@ -491,21 +491,41 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None):
     return d
 
 
-def _mma_shared_b(trans, d: RT, a: RT, b: ST, c):
-    """d <- a @ b + c with b read straight from shared memory (Hopper's warpgroup wgmma):
-    each wave supplies its own rows of a and gets its rows of d; b is shared."""
-    if trans != "NN":
-        raise error("mma with b in shared memory is mma_AB (b stored K x N)")
+WGMMA_DTYPES = ("bf16", "f16", "e4m3", "e5m2")    # wgmma operand types (fp8: k32, K-major)
+
+
+def _mma_shared_b(trans, d: RT, a, b: ST, c):
+    """d <- a @ b + c (mma_AB, b stored K x N) or a @ b.T + c (mma_ABt, b stored N x K) with
+    b read straight from shared memory: Hopper's warpgroup wgmma. `a` is this wave's
+    (16, K) register tile (role 'a'), or a shared tile holding the warpgroup's 64 rows
+    (64, K) with 128-byte rows, swizzle=8; each wave gets its 16 rows of d."""
+    if trans not in ("NN", "NT"):
+        raise error("mma with b in shared memory is mma_AB (b stored K x N) or mma_ABt "
+                    "(b stored N x K)")
+    name = f"mma_{_TNAME[trans]}"
     if not isinstance(d, RT) or d.type.role != "acc" or d.dtype != T.f32:
-        raise error("mma_AB: d must be an f32 accumulator tile: pk.rt(..., pk.f32, role='acc')")
-    if not isinstance(a, RT) or a.type.role != "a" or a.type.layout != "row":
-        raise error("mma_AB with shared b: a must be pk.rt((M, K), dtype, role='a')")
-    (m, k), (bk, n) = a.shape, b.shape
+        raise error(f"{name}: d must be an f32 accumulator tile: pk.rt(..., pk.f32, role='acc')")
+    if isinstance(a, ST):
+        if trans != "NT":
+            raise error("a shared a (the warpgroup's 64 rows) pairs with b stored N x K: "
+                        "use mma_ABt")
+        if a.shape[0] != 64:
+            raise error(f"{name}: a shared a holds the warpgroup's 64 rows: (64, K), "
+                        f"got {a.shape}")
+        m, k = 16, a.shape[1]
+    elif isinstance(a, RT) and a.type.role == "a" and a.type.layout == "row":
+        m, k = a.shape
+    else:
+        raise error(f"{name} with shared b: a must be pk.rt((16, K), dtype, role='a') or a "
+                    "shared (64, K) tile")
+    bk, n = b.shape if trans == "NN" else b.shape[::-1]
     if bk != k or d.shape != (m, n):
-        raise error(f"mma_AB: shapes d{d.shape} a{a.shape} b{b.shape} do not form "
-                    "(M x K) @ (K x N) -> (M x N)")
-    if a.dtype != b.dtype:
+        raise error(f"{name}: shapes d{d.shape} a{a.shape} b{b.shape} do not form "
+                    "(M x K) @ (K x N) -> (M x N), M = 16 rows per wave")
+    if a.dtype != b.dtype and not (a.dtype.is_fp8 and b.dtype.is_fp8):
         raise error(f"mma: a is {a.dtype} but b is {b.dtype}")
+    if b.dtype.name not in WGMMA_DTYPES:
+        raise error(f"{name}: wgmma multiplies {', '.join(WGMMA_DTYPES)}, not {b.dtype}")
     c = d if c is None else c
     _same_shape(d, c, "mma accumulator")
     current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans)
@@ -541,7 +561,10 @@ def mma_AB(d, a, b, c=None, *, scale_a=None, scale_b=None):
 
 
 def mma_ABt(d, a, b, c=None, *, scale_a=None, scale_b=None):
-    """d <- a @ b.T + c: b is stored N x K (as in attention's Q @ K^T)."""
+    """d <- a @ b.T + c: b is stored N x K (as in attention's Q @ K^T, a linear layer's
+    weight). `b` may be a shared tile (N x K, N a multiple of 16 up to 256, 128-byte rows,
+    swizzle=8) on Hopper: warpgroup wgmma (bf16/f16 k16, fp8 k32), with `a` from this
+    wave's registers or a shared (64, K) tile of the warpgroup's rows."""
     return _mma("NT", d, a, b, c, scale_a, scale_b)
 
 

@@ -313,29 +313,49 @@ class _Lowering:
                               b_slots=self._base_slots(b_v, bi, bj), c_slots=cs, **attrs)
 
     def _mma_shared_b(self, op):
-        """Hopper warpgroup MMA (wgmma) with a from registers and b from shared memory: each
-        wave owns 16 rows of a and d; b (K x N) is one 128-byte-swizzled shared tile."""
+        """Hopper warpgroup MMA (wgmma): b from a 128B-swizzled shared tile, K x N (mma_AB,
+        N = one 128-byte row) or N x K (mma_ABt, K-major: N up to 256, K one 128-byte row);
+        a from each wave's registers (16 rows) or, with mma_ABt, from a shared 64 x K tile
+        holding the warpgroup's rows. Each wave owns 16 rows of d."""
         a_v, b_v, c_v = op.srcs
-        st = b_v.type
+        st, kmajor = b_v.type, op.attrs["trans"] == "NT"
         if self.t.family != "hopper":
             raise self.err(f"mma with b in shared memory is Hopper's wgmma form; on "
                            f"{self.t.name} load b into a register tile (role='b')",
                            NotSupportedYet)
-        k, n = st.shape
-        if a_v.type.shape[0] != 16 or op.dst.type.shape != (16, n):
+        n, k = st.shape if kmajor else st.shape[::-1]
+        dt = st.dtype
+        kstep = 32 if dt.bits == 8 else 16
+        if op.dst.type.shape != (16, n):
             raise self.err("wgmma gives each wave 16 rows: make a (16, K) and d (16, N)")
-        if st.dtype.name not in ("bf16", "f16") or n * st.dtype.bytes != 128 or \
-                st.swizzle != 8 or k % 16:
-            raise self.err(f"wgmma reads b as a K x N {st.dtype} tile with 128-byte rows "
-                           f"(N = {128 // st.dtype.bytes}), swizzle=8 (the 128B pattern) and K a "
-                           f"multiple of 16; got {st}")
+        if kmajor:
+            if dt.bits == 8 and not dt.is_fp8 or st.swizzle != 8 or k * dt.bytes != 128 \
+                    or n % 16 or not 16 <= n <= 256:
+                raise self.err(f"mma_ABt reads b as an N x K {dt} tile with 128-byte rows "
+                               f"(K = {128 // dt.bytes}), swizzle=8 (the 128B pattern) and N a "
+                               f"multiple of 16 up to 256; got {st}")
+        elif dt.name not in ("bf16", "f16") or n * dt.bytes != 128 or st.swizzle != 8 \
+                or k % 16:
+            raise self.err(f"wgmma reads b as a K x N {dt} tile with 128-byte rows "
+                           f"(N = {128 // dt.bytes}), swizzle=8 (the 128B pattern) and K a "
+                           f"multiple of 16; fp8 operands need b stored N x K (mma_ABt); "
+                           f"got {st}")
         if self.k.num_waves % 4:
             raise self.err("wgmma is warpgroup-wide: num_waves must be a multiple of 4")
-        for v in (a_v, c_v, op.dst):
+        a_shared = isinstance(a_v.type, T.SharedTileType)
+        if a_shared and (a_v.type.swizzle != 8 or a_v.type.shape[1] * a_v.type.dtype.bytes
+                         != 128):
+            raise self.err(f"a shared a is 64 x K with 128-byte rows and swizzle=8; got "
+                           f"{a_v.type}")
+        for v in (c_v, op.dst) if a_shared else (a_v, c_v, op.dst):
             self.layout(v)
         d = self._accumulator(op.dst, c_v)
-        self.emit("wgmma", d, (self.val(a_v), d), region=self.env[b_v],
-                  a_layout=self.layouts[a_v], acc_layout=self.layouts[op.dst], n=n, k=k)
+        a = self.env[a_v] if a_shared else self.val(a_v)
+        self.emit("wgmma", d, (a, d) if not a_shared else (d,), region=self.env[b_v],
+                  a_region=a if a_shared else None, b_kmajor=kmajor,
+                  a_layout=None if a_shared else self.layouts[a_v],
+                  acc_layout=self.layouts[op.dst], n=n, k=k, kstep=kstep,
+                  a_dtype=a_v.type.dtype.name)
 
     def _accumulator(self, d_v, c_v):
         """d's register, holding c to start with (d <- a @ b + c accumulates in place)."""
