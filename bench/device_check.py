@@ -133,10 +133,15 @@ def gemm_performance(rows, details):
         ws = KERNELS["gemm_ws"]
         g_ws, k_ws = ws.launch({"a": np.empty((n, n), np.float16),
                                 "b": np.empty((n, n), np.float16)}, "sm_90a")
+        _, k_ws16 = ws.launch({"a": np.empty((n, n), np.float16),      # TMA-stored C
+                               "b": np.empty((n, n), np.float16),
+                               "c": np.empty((n, n), np.float16)}, "sm_90a")
         cands = {
             "pykittens gemm_ws (bf16, f32 out)":
                 lambda: pk.launch(ws.kernel, a, bt, c, grid=g_ws, **k_ws),
-            "pykittens gemm_ws (bf16, bf16 out)":
+            "pykittens gemm_ws (bf16, bf16 out, TMA store)":
+                lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws16),
+            "pykittens gemm_ws (bf16, bf16 out, register stores)":
                 lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws),
             "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b),
             "pykittens gemm_ws (e4m3, f32 out)":

@@ -9,7 +9,8 @@
         pk.store(out, t * alpha, (r0, 0))
 """
 from .ir.errors import KernelError, NotSupportedYet
-from .ir.types import bf16, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e8m0, f16, f32, i8, i32
+from .ir.types import (bf16, dtype_of, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e8m0, f16, f32, i8,
+                       i32)
 from .lang.kernel import Kernel, const, gl, kernel
 from .lang.ops import (abs, add, barrier, cast, col_max, col_sum, copy, div, else_, empty, exp2,
                        fill, full, if_, lane_id, load, log2, log2_e, mask_outside, max, min, mma_AB,

@@ -130,13 +130,98 @@ class NVPTXRenderer(Renderer):
         self.write(op.dst, out)
 
     def _uses(self, kind) -> bool:
-        from ..ir.nodes import walk
-        return any(op.kind == kind for op in walk(self.p.body))
+        if not hasattr(self, "_kinds"):
+            from ..ir.nodes import walk
+            self._kinds = {op.kind for op in walk(self.p.body)}
+        return kind in self._kinds
 
     def register_cap(self) -> int:
         from ..targets.sm90a import REGISTERS_PER_SM
         threads = self.p.num_waves * self.p.wave_size
         return min(self.p.target.vgprs // 8 * 8, REGISTERS_PER_SM // threads // 8 * 8)
+
+    # -- register tiles <-> shared memory: ldmatrix / stmatrix ------------------------------
+    def _matrix_plan(self, op):
+        """For a wave's 16-bit window whose slot pairs are ldmatrix/stmatrix fragments
+        (targets.sm90a.matrix_fragments), on 16-byte-aligned rows of 8 elements (column
+        origin provably a multiple of 8, rows a multiple of 8 elements): (trans, origins);
+        else None (per-thread ld.shared / st.shared)."""
+        from ..targets.sm90a import matrix_fragments
+        region, lay = op.attrs["region"], op.attrs["layout"]
+        if op.attrs["scope"] != "wave" or region.tile.dtype.bits != 16 or \
+                region.tile.shape[1] % 8:
+            return None
+        g = self.divs.get(op.srcs[1], (1,))[0]
+        if g % 8:
+            return None
+        return matrix_fragments(lay)
+
+    def _matrix_addresses(self, op, origins):
+        """Per group of up to 4 matrices: (slot-pair indices, this lane's row address). Lane l
+        points at row l % 8 of matrix l // 8 of its group (lanes past the group's matrices
+        repeat the last one's rows: their addresses are not read)."""
+        region = op.attrs["region"]
+        r0, c0 = self.read(op.srcs[0]), self.read(op.srcs[1])
+        q = self.op(f"lshr i32 {self.lane.text}, 3", "i32", 0)
+        i = self.op(f"and i32 {self.lane.text}, 7", "i32", 0)
+        out = []
+        for g0 in range(0, len(origins), 4):
+            pairs = list(range(g0, min(g0 + 4, len(origins))))
+            rr, cc = origins[pairs[-1]]
+            row = self.op(f"add i32 {r0.text}, {rr}", "i32", 0)
+            col = self.op(f"add i32 {c0.text}, {cc}", "i32", 0)
+            for j in reversed(pairs[:-1]):               # pick matrix q's origin
+                is_q = self.op(f"icmp eq i32 {q.text}, {j - g0}", "i1", 0)
+                row = self.op(f"select i1 {is_q.text}, i32 "
+                              f"{self.op(f'add i32 {r0.text}, {origins[j][0]}', 'i32', 0).text},"
+                              f" i32 {row.text}", "i32", 0)
+                col = self.op(f"select i1 {is_q.text}, i32 "
+                              f"{self.op(f'add i32 {c0.text}, {origins[j][1]}', 'i32', 0).text},"
+                              f" i32 {col.text}", "i32", 0)
+            row = self.op(f"add i32 {row.text}, {i.text}", "i32", 0)
+            off = self._lds_addr(region, row, col, (0, 0))
+            out.append((pairs, self.op(f"add i32 {self._smem_addr(0).text}, {off.text}",
+                                       "i32", 0)))
+        return out
+
+    def r_lds_load(self, op):
+        plan = self._matrix_plan(op)
+        if plan is None:
+            return super().r_lds_load(op)
+        trans, origins = plan
+        ety = llty(op.attrs["region"].tile.dtype)
+        elems = [None] * (2 * len(origins))
+        for pairs, addr in self._matrix_addresses(op, origins):
+            n = len(pairs)
+            nr = 4 if n == 3 else n                   # lanes 24-31 re-read the third matrix
+            x = f"x{nr}"
+            rty = "{" + ", ".join(["i32"] * nr) + "}"
+            res = self.fresh()
+            self.ins(f'{res} = call {rty} asm sideeffect "ldmatrix.sync.aligned.m8n8.{x}'
+                     f'{".trans" if trans else ""}.shared.b16 {_asm_operands(0, nr)}, '
+                     f'[${nr}];", "{",".join(["=r"] * nr)},r,~{{memory}}"(i32 {addr.text})')
+            for k, j in enumerate(pairs):
+                w = self.op(f"extractvalue {rty} {res}, {k}", "i32", 0)
+                two = self.op(f"bitcast i32 {w.text} to <2 x {ety}>", ety, 2)
+                elems[2 * j], elems[2 * j + 1] = self.extract(two, 0), self.extract(two, 1)
+        self.write(op.dst, self.build(elems))
+
+    def r_lds_store(self, op):
+        plan = self._matrix_plan(op)
+        if plan is None:
+            return super().r_lds_store(op)
+        trans, origins = plan
+        val = self._norm(op.srcs[-1], op.attrs["layout"].nslots)
+        for pairs, addr in self._matrix_addresses(op, origins):
+            words = [self.op(f"bitcast {self._run_slots(val, 2 * j, 2)} to i32", "i32", 0)
+                     for j in pairs]
+            if len(words) == 3:      # x4: lanes 24-31 point at the third matrix again, so
+                words.append(words[-1])   # the fourth store rewrites it with the same words
+            n = len(words)
+            self.ins(f'call void asm sideeffect "stmatrix.sync.aligned.m8n8.x{n}'
+                     f'{".trans" if trans else ""}.shared.b16 [$0], {_asm_operands(1, n)};", '
+                     f'"r,{",".join(["r"] * n)},~{{memory}}"'
+                     f'(i32 {addr.text}, {", ".join(f"i32 {w.text}" for w in words)})')
 
     # -- mbarriers and register budgets -------------------------------------------------------
     def _smem_addr(self, offset) -> Value:
@@ -165,7 +250,15 @@ class NVPTXRenderer(Renderer):
             f'call void asm sideeffect "mbarrier.init.shared::cta.b64 [$0], $1;", '
             f'"r,r"(i32 {a.text}, i32 {count})'))
 
+    def _async_proxy_fence(self):
+        """Shared memory written by ordinary stores (st.shared, stmatrix) that the tensor
+        cores or the TMA unit read next: each writing thread fences the async proxy before
+        the barrier / arrive that hands the tile over."""
+        if self._uses("wgmma") or self._uses("tma_store"):
+            self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
+
     def r_mbar_arrive(self, op):
+        self._async_proxy_fence()
         # the wave's lanes' earlier writes are ordered before lane 0's release-arrive
         self.ins('call void asm sideeffect "bar.warp.sync -1;", "~{memory}"()')
         a = self._mbar_addr(op.attrs["region"])
@@ -293,9 +386,7 @@ class NVPTXRenderer(Renderer):
         self.write(op.dst, self.build(accs))
 
     def r_barrier(self, op):
-        if self._uses("wgmma"):
-            # shared memory written by ordinary stores is read next by the async proxy
-            self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
+        self._async_proxy_fence()
         # barrier.sync (not .aligned): waves may reach it from different code points, as the
         # ping-pong schedules do.
         self.call("void", "llvm.nvvm.barrier.cta.sync.all", ["i32 0"])

@@ -7,7 +7,6 @@ tile grid on TARGET): the launcher picks it with the cache simulator (chiplet.au
 e.g. XCD chunking with a window on CDNA, L2-grouped rasterisation on Hopper."""
 import pykittens as pk
 from pykittens import chiplet
-from pykittens.ir.types import dtype_of
 
 
 def output_tile(MAP, TM, TN, BM, BN, TARGET):
@@ -73,8 +72,8 @@ def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 @pk.kernel(num_waves=12)
 def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
-            STAGES: pk.const = 4, MAP: pk.const = "row-major", TM: pk.const = 0,
-            TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
+            STAGES: pk.const = 4, TMA_STORE: pk.const = 0, MAP: pk.const = "row-major",
+            TM: pk.const = 0, TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, one 128 x BN output block per workgroup.
 
@@ -83,12 +82,20 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     ring of STAGES 128B-swizzled shared stages, completing on `full[s]`. Warpgroups 1 and
     2 are consumers (232 registers): each multiplies its 64 rows of A by B with wgmma,
     both operands read from shared memory by descriptor, then releases the stage on
-    `empty[s]`. A K step is one 128-byte row of each operand (64 bf16 or 128 fp8)."""
-    bk = 128 // dtype_of(DT).bytes                               # one 128-byte row
+    `empty[s]`. A K step is one 128-byte row of each operand (64 bf16 or 128 fp8).
+
+    TMA_STORE=1 (16-bit C): each consumer writes its block through shared memory (stmatrix
+    into 64 x 64 swizzled tiles, an mbarrier for the warpgroup's 4 waves) and one wave has
+    the TMA unit store it; otherwise every wave stores its rows of C from registers."""
+    bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
     sa = [[pk.empty(pk.st((64, bk), DT, swizzle=8)) for _ in range(2)] for _ in range(STAGES)]
     sb = [pk.empty(pk.st((BN, bk), DT, swizzle=8)) for _ in range(STAGES)]
     full = [pk.mbarrier(3) for _ in range(STAGES)]           # three TMA copies per stage
     empty = [pk.mbarrier(8) for _ in range(STAGES)]          # every consumer wave
+    if TMA_STORE:
+        sc = [[pk.empty(pk.st((64, 64), OUT, swizzle=8)) for _ in range(BN // 64)]
+              for _ in range(2)]
+        stored = [pk.mbarrier(4) for _ in range(2)]          # a consumer warpgroup's waves
     m0, n0 = output_tile(MAP, TM, TN, 128, BN, TARGET)
     steps = (a.shape[1] + bk - 1) // bk
 
@@ -117,4 +124,15 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                     pk.mma_ABt(acc, sa[s][g], sb[s])
                     pk.arrive(empty[s])
                 each_stage(i, consume)
-            pk.store(c, acc, (m0 + 64 * g + (pk.wave_id() % 4) * 16, n0))
+            w = pk.wave_id() % 4
+            if not TMA_STORE:
+                pk.store(c, acc, (m0 + 64 * g + w * 16, n0))
+            else:
+                out = acc.cast(OUT)
+                for j in pk.static_range(BN // 64):
+                    pk.store(sc[g][j], pk.subtile(out, (0, 64 * j), (16, 64)), (w * 16, 0))
+                pk.arrive(stored[g])
+                with pk.if_(w == 0):
+                    pk.wait(stored[g], 0)
+                    for j in pk.static_range(BN // 64):
+                        pk.tma_store(c, sc[g][j], (m0 + 64 * g, n0 + 64 * j))

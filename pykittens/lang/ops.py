@@ -264,7 +264,8 @@ def subtile(t: RT, origin, shape) -> RT:
     """A copy of the static window t[r0:r0+R, c0:c0+C] as a tile of its own: a register-only
     slot selection, valid when the window's elements sit in the same lanes as a fresh
     (R, C) tile would hold them (e.g. column blocks of a row that are multiples of a wave's
-    sweep). How a kernel keeps a whole row in registers and works on it in pieces."""
+    sweep, or whole matrix-instruction tiles of a role tile, which keeps its role). How a
+    kernel keeps a whole row in registers and works on it in pieces."""
     _need_reg(t, "subtile")
     if isinstance(t, RV):
         raise error("subtile takes a 2-D register tile")
@@ -272,7 +273,7 @@ def subtile(t: RT, origin, shape) -> RT:
             all(isinstance(o, int) for o in origin)):
         raise error("subtile origin must be two Python ints (a static window)")
     st_ = t.type
-    sub_t = rt(shape, st_.dtype, st_.layout)
+    sub_t = rt(shape, st_.dtype, st_.layout, role=st_.role, mma=st_.mma, scaled=st_.scaled)
     if any(o < 0 or o + n > m for o, n, m in zip(origin, sub_t.shape, st_.shape)):
         raise error(f"subtile {sub_t.shape} at {tuple(origin)} falls outside the tile "
                     f"{st_.shape}")

@@ -52,6 +52,36 @@ def _mma(ab, k, ptx):
                     "f32", _a(k), _b(k), _C)
 
 
+def matrix_fragments(lay):
+    """How ldmatrix / stmatrix (m8n8, b16) can move a 16-bit register layout: in their
+    fragment, lane t's 32-bit register holds row t // 4, columns 2 (t % 4) and +1 of an 8x8
+    matrix (PTX ISA, "Warp-level matrix load/store: ldmatrix, stmatrix"); with .trans it
+    holds that matrix's column t // 4, rows 2 (t % 4) and +1. Returns (trans, origins): the
+    (row, col) of each slot pair's matrix, every pair the same way round and on 8-column
+    boundaries; None when some pair is not such a fragment (e.g. generic row tiles)."""
+    import numpy as np
+    if lay.lanes != 32 or lay.nslots % 2:
+        return None
+    rows, cols = lay.coords()
+    t = np.arange(32)
+    for trans in (False, True):
+        origins = []
+        for j in range(0, lay.nslots, 2):
+            r, c = rows[:, j], cols[:, j]
+            r0, c0 = int(r[0]), int(c[0])
+            major, minor = (c - c0, r - r0) if trans else (r - r0, c - c0)
+            step = (1, 0) if trans else (0, 1)        # the pair's second element
+            if c0 % 8 or not (np.array_equal(major, t // 4) and
+                              np.array_equal(minor, 2 * (t % 4)) and
+                              np.array_equal(rows[:, j + 1], r + step[0]) and
+                              np.array_equal(cols[:, j + 1], c + step[1])):
+                break
+            origins.append((r0, c0))
+        else:
+            return trans, tuple(origins)
+    return None
+
+
 TARGET = Target(
     name="sm_90a", family="hopper", chips=("H100", "H200"), triple="nvptx64-nvidia-cuda",
     wave_size=32, max_waves_per_workgroup=32,

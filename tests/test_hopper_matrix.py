@@ -1,0 +1,163 @@
+"""Hopper register tiles <-> shared memory through ldmatrix / stmatrix, and the K-major
+wgmma forms (mma_ABt: N up to 256, fp8, a from shared memory) with the gemm_ws kernel
+built on them. The emulator gives the results; the PTX shows the instructions."""
+import re
+
+import numpy as np
+import pytest
+
+import pykittens as pk
+from pykittens import compiler
+from pykittens.ir.types import RegTileType, bf16, e4m3, f16
+from pykittens.kernels import KERNELS
+from pykittens.lower import layouts as L
+from pykittens.targets import get
+from pykittens.targets.sm90a import matrix_fragments
+
+from conftest import rel_err
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+SM90 = get("sm_90a")
+
+
+def _layout(shape, dtype, layout="row", role=None):
+    return L.tile_layout(RegTileType(dtype, shape, layout, role), SM90)
+
+
+def test_matrix_fragments_of_the_mma_tiles():
+    # A (16 x 16 per instruction): 8x8 matrices down then across, lane t: row t//4, cols 2(t%4)
+    trans, origins = matrix_fragments(_layout((16, 32), bf16, role="a"))
+    assert not trans and origins == ((0, 0), (8, 0), (0, 8), (8, 8), (0, 16), (8, 16),
+                                     (0, 24), (8, 24))
+    # B stored K x N, held by column: the transposed fragment
+    trans, origins = matrix_fragments(_layout((32, 16), f16, "col", role="b"))
+    assert trans and origins[:2] == ((0, 0), (8, 0))
+    assert matrix_fragments(_layout((16, 64), bf16, role="acc"))[0] is False
+    # generic row tiles (8 consecutive columns a lane) and fp8 operands are not fragments
+    assert matrix_fragments(_layout((16, 64), bf16)) is None
+    assert matrix_fragments(_layout((16, 32), e4m3, role="a")) is None
+
+
+def _ptx_ops(kernel, **consts):
+    asm = compiler.assembly(kernel, "sm_90a", **consts)
+    return set(re.findall(r"(?:ldmatrix|stmatrix|ld\.shared|st\.shared)[\w.:]*", asm))
+
+
+def test_mma_operands_come_through_ldmatrix():
+    spec = KERNELS["gemm"]
+    ops = _ptx_ops(spec.kernel, **spec.compile_consts)
+    assert {"ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"} <= ops
+    assert not any(o.startswith("ld.shared") for o in ops)
+
+
+@pk.kernel(num_waves=1)
+def shared_round_trip(x: pk.gl[pk.bf16, 2], y: pk.gl[pk.bf16, 2], ROLE: pk.const = "a",
+                      COL: pk.const = 0):
+    """x -> registers (role layout) -> shared at column COL -> registers (generic) -> y."""
+    s = pk.empty(pk.st((16, 128), pk.bf16))
+    t = pk.load(pk.rt((16, 64), pk.bf16, role=ROLE), x)
+    pk.store(s, t, (0, COL))
+    pk.store(y, pk.load(pk.rt((16, 64), pk.bf16), s, (0, COL)))
+
+
+@pytest.mark.parametrize("role", ["a", "acc"])
+def test_stmatrix_when_the_column_origin_allows(role, rng):
+    x = rng.standard_normal((16, 64)).astype(pk.bf16.np)
+    for col in (0, 32):
+        y = pk.emulate(shared_round_trip, x, np.zeros_like(x), grid=1, target="sm_90a",
+                       ROLE=role, COL=col)["y"]
+        assert np.array_equal(y, x)
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in _ptx_ops(shared_round_trip,
+                                                                  ROLE=role, COL=32)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "e4m3"])
+@pytest.mark.parametrize("shape", [(150, 200, 304), (64, 96, 128)])
+def test_gemm_ws_with_a_tma_stored_bf16_c(dt, shape, rng):
+    spec = KERNELS["gemm_ws"]
+    inputs = spec.make_inputs(shape, pk.dtype_of(dt), rng)
+    inputs["c"] = np.full((shape[0], shape[1]), np.nan, pk.bf16.np)
+    grid, consts = spec.launch(inputs, "sm_90a")
+    assert consts["TMA_STORE"] == 1 and consts["STAGES"] == 3
+    out = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs, **consts)["c"]
+    assert rel_err(out, spec.reference(inputs)["c"]) < 1e-2       # bf16 rounding of C
+    ops = _ptx_ops(spec.kernel, DT=dt, OUT="bf16", TMA_STORE=1, STAGES=3)
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ops
+
+
+def test_gemm_ws_rejects_k_rows_tma_cannot_copy():
+    spec = KERNELS["gemm_ws"]
+    bad = {"a": np.zeros((64, 100), pk.bf16.np), "b": np.zeros((64, 100), pk.bf16.np)}
+    with pytest.raises(ValueError, match="multiple of 16 bytes, got K = 100"):
+        spec.launch(bad, "sm_90a")
+
+
+@pytest.mark.parametrize("dt,n", [("bf16", 16), ("bf16", 256), ("f16", 96), ("e4m3", 128),
+                                  ("e5m2", 64)])
+@pytest.mark.parametrize("shared_a", [True, False])
+def test_mma_abt_forms(dt, n, shared_a, rng):
+    bk = 128 // pk.dtype_of(dt).bytes
+
+    @pk.kernel(num_waves=4)
+    def abt(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2], DT: pk.const = None):
+        sa = pk.empty(pk.st((64, bk), DT, swizzle=8))
+        sb = pk.empty(pk.st((n, bk), DT, swizzle=8))
+        landed = pk.mbarrier(2 if shared_a else 1)
+        acc = pk.zeros(pk.rt((16, n), pk.f32, role="acc"))
+        for k in pk.range(a.shape[1] // bk):
+            with pk.if_(pk.wave_id() == 0):
+                if shared_a:
+                    pk.tma_load(sa, a, (0, k * bk), landed)
+                pk.tma_load(sb, b, (0, k * bk), landed)
+            pk.wait(landed, k % 2)
+            ta = sa if shared_a else pk.load(pk.rt((16, bk), DT, role="a"), a,
+                                             (16 * pk.wave_id(), k * bk))
+            pk.mma_ABt(acc, ta, sb)
+            pk.barrier()
+        pk.store(c, acc, (16 * pk.wave_id(), 0))
+
+    if n not in (16, 64, 128, 256):             # register tiles are powers of two
+        with pytest.raises(pk.KernelError, match="powers of two"):
+            compiler.lane_ir(abt, "sm_90a", DT=dt)
+        return
+    a = rng.standard_normal((64, 2 * bk)).astype(pk.dtype_of(dt).np)
+    b = rng.standard_normal((n, 2 * bk)).astype(a.dtype)
+    c = pk.emulate(abt, a, b, np.zeros((64, n), np.float32), grid=1, target="sm_90a")["c"]
+    assert rel_err(c, a.astype(np.float64) @ b.astype(np.float64).T) < 1e-6
+    kstep = 32 if pk.dtype_of(dt).bits == 8 else 16
+    asm = compiler.assembly(abt, "sm_90a", DT=dt)
+    a_operand = r"%rd\d+" if shared_a else r"\{%r\d+, %r\d+, %r\d+, %r\d+\}"
+    trans = "" if kstep == 32 else (", 0, 0" if shared_a else ", 0")
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k{kstep}\.f32\.{dt}\.{dt}\s+"
+                     rf"\{{[^}}]*\}}, {a_operand}, %rd\d+, p, 1, 1{trans};", asm), asm[:0]
+
+
+def test_mma_abt_shape_errors():
+    @pk.kernel(num_waves=4)
+    def wide(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+             K: pk.const = 128, SW: pk.const = 8):
+        sa = pk.empty(pk.st((64, K), pk.bf16, swizzle=SW))
+        sb = pk.empty(pk.st((64, K), pk.bf16, swizzle=SW))
+        pk.load(sa, a)
+        pk.load(sb, b)
+        pk.barrier()
+        acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
+        pk.mma_ABt(acc, sa, sb)
+        pk.store(c, acc)
+
+    with pytest.raises(pk.KernelError, match=r"128-byte rows \(K = 64\)"):
+        compiler.lane_ir(wide, "sm_90a")
+    with pytest.raises(pk.KernelError, match=r"128-byte rows \(K = 64\), swizzle=8"):
+        compiler.lane_ir(wide, "sm_90a", K=64, SW=0)
+    with pytest.raises(pk.NotSupportedYet, match="Hopper's wgmma form"):
+        compiler.lane_ir(wide, "gfx950", K=64)
+
+    @pk.kernel(num_waves=4)
+    def shared_a_ab(a: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2]):
+        s = pk.empty(pk.st((64, 64), pk.bf16, swizzle=8))
+        acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
+        pk.mma_AB(acc, s, s)
+
+    with pytest.raises(pk.KernelError, match="pairs with b stored N x K: use mma_ABt"):
+        compiler.lane_ir(shared_a_ab, "sm_90a")
