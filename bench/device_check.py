@@ -141,6 +141,8 @@ def gemm_performance(rows, details):
                 lambda: pk.launch(ws.kernel, a, bt, c, grid=g_ws, **k_ws),
             "pykittens gemm_ws (bf16, bf16 out, TMA store)":
                 lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws16),
+            "pykittens gemm_ws (bf16, bf16 out, TMA store, IN_FLIGHT=0)":
+                lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws16, IN_FLIGHT=0),
             "pykittens gemm_ws (bf16, bf16 out, register stores)":
                 lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws),
             "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b),

@@ -14,7 +14,7 @@ from .ir.types import (bf16, dtype_of, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e8m0, f16
 from .lang.kernel import Kernel, const, gl, kernel
 from .lang.ops import (abs, add, barrier, cast, col_max, col_sum, copy, div, else_, empty, exp2,
                        fill, full, if_, lane_id, load, log2, log2_e, mask_outside, max, min, mma_AB,
-                       mma_ABt, mma_AtB, mul, num_programs, num_waves, program_id, range,
+                       mma_ABt, mma_AtB, mma_wait, mul, num_programs, num_waves, program_id, range,
                        row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st, static_range,
                        store, sub, subtile, wave_id, workgroup_max, workgroup_sum, zeros)
 from .lang.schedule import interleave, pingpong, sched_barrier, sched_group, waitcnt

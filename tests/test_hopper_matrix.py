@@ -161,3 +161,91 @@ def test_mma_abt_shape_errors():
 
     with pytest.raises(pk.KernelError, match="pairs with b stored N x K: use mma_ABt"):
         compiler.lane_ir(shared_a_ab, "sm_90a")
+
+
+# ---- asynchronous wgmma groups (in_flight=, pk.mma_wait) ----------------------------------
+
+@pk.kernel(num_waves=8)
+def ring_abt(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+             MODE: pk.const = "ok"):
+    """C = A @ B.T through a 2-stage TMA ring (warpgroup 0 produces, warpgroup 1 consumes
+    with one wgmma group left running). MODE breaks it: 'early' releases a stage before
+    the group reading it has retired, 'peek' reads acc before the wait, 'nowait' never
+    retires the last group."""
+    sa = [pk.empty(pk.st((64, 64), pk.bf16, swizzle=8)) for _ in range(2)]
+    sb = [pk.empty(pk.st((64, 64), pk.bf16, swizzle=8)) for _ in range(2)]
+    full = [pk.mbarrier(2) for _ in range(2)]
+    empty = [pk.mbarrier(4) for _ in range(2)]
+    steps = a.shape[1] // 64
+    with pk.role(0, 4):
+        with pk.if_(pk.wave_id() == 0):
+            for i in pk.range(steps):
+                for s in pk.static_range(2):
+                    with pk.if_(i % 2 == s):
+                        with pk.if_(i >= 2):
+                            pk.wait(empty[s], (i // 2 + 1) % 2)
+                        pk.tma_load(sa[s], a, (0, i * 64), full[s])
+                        pk.tma_load(sb[s], b, (0, i * 64), full[s])
+    with pk.role(4, 4):
+        acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
+        for i in pk.range(steps):
+            for s in pk.static_range(2):
+                with pk.if_(i % 2 == s):
+                    pk.wait(full[s], (i // 2) % 2)
+                    pk.mma_ABt(acc, sa[s], sb[s], in_flight=1)
+                    if MODE == "early":
+                        pk.arrive(empty[s])
+                    else:
+                        with pk.if_(i > 0):
+                            pk.arrive(empty[1 - s])
+        if MODE == "peek":
+            pk.store(c, acc, ((pk.wave_id() % 4) * 16, 0))
+        if MODE != "nowait":
+            pk.mma_wait(acc)
+            pk.store(c, acc, ((pk.wave_id() % 4) * 16, 0))
+
+
+def _ring_inputs(rng, k=384):
+    a = rng.standard_normal((64, k)).astype(pk.bf16.np)
+    b = rng.standard_normal((64, k)).astype(pk.bf16.np)
+    return a, b, np.zeros((64, 64), np.float32)
+
+
+def test_groups_left_in_flight_give_the_product(rng):
+    a, b, c = _ring_inputs(rng)
+    out = pk.emulate(ring_abt, a, b, c, grid=1, target="sm_90a")["c"]
+    assert rel_err(out, a.astype(np.float64) @ b.astype(np.float64).T) < 1e-6
+    asm = compiler.assembly(ring_abt, "sm_90a")
+    assert "wgmma.wait_group.sync.aligned 1;" in asm and "wgmma.wait_group.sync.aligned 0;" in asm
+
+
+def test_async_group_misuse_is_reported(rng):
+    from pykittens.emulator import EmulatorError, Race
+    a, b, c = _ring_inputs(rng)
+    with pytest.raises(Race, match="while a wgmma group issued with in_flight= may still"):
+        pk.emulate(ring_abt, a, b, c, grid=1, target="sm_90a", MODE="peek")
+    with pytest.raises(EmulatorError, match="ends with wgmma groups still running"):
+        pk.emulate(ring_abt, a, b, c, grid=1, target="sm_90a", MODE="nowait")
+    # a stage released while its group still reads it: the producer refills it first
+    with pytest.raises(Race):
+        pk.emulate(ring_abt, a, b, c, grid=1, target="sm_90a", MODE="early")
+
+
+def test_mma_wait_errors():
+    @pk.kernel(num_waves=4)
+    def on_cdna(c: pk.gl[pk.f32, 2]):
+        acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
+        pk.mma_wait(acc)
+        pk.store(c, acc)
+
+    with pytest.raises(pk.NotSupportedYet, match="asynchronous wgmma groups"):
+        compiler.lane_ir(on_cdna, "gfx950")
+
+    @pk.kernel(num_waves=4)
+    def reg_b(c: pk.gl[pk.f32, 2]):
+        acc = pk.zeros(pk.rt((16, 16), pk.f32, role="acc"))
+        pk.mma_AB(acc, pk.zeros(pk.rt((16, 16), pk.bf16, role="a")),
+                  pk.zeros(pk.rt((16, 16), pk.bf16, "col", role="b")), in_flight=1)
+
+    with pytest.raises(pk.KernelError, match="in_flight= applies to the warpgroup MMA"):
+        compiler.lane_ir(reg_b, "sm_90a")

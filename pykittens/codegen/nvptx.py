@@ -382,8 +382,26 @@ class NVPTXRenderer(Renderer):
             self.ins(f'{res} = call {rty} asm sideeffect "{text}", "{cons}"({args})')
             accs = [self.op(f"extractvalue {rty} {res}, {i}", "float", 0) for i in range(nd)]
         self.ins('call void asm sideeffect "wgmma.commit_group.sync.aligned;", "~{memory}"()')
-        self.ins('call void asm sideeffect "wgmma.wait_group.sync.aligned 0;", "~{memory}"()')
-        self.write(op.dst, self.build(accs))
+        self.write(op.dst, self.build(self._wgmma_wait(op.attrs["in_flight"], accs)))
+
+    def _wgmma_wait(self, in_flight: int, accs: list) -> list:
+        """wgmma.wait_group with the accumulators passed through it (tied operands), so the
+        compiler reads them only after the wait that retires their groups."""
+        nd = len(accs)
+        rty = "{" + ", ".join(["float"] * nd) + "}"
+        cons = ",".join(["=f"] * nd + [str(i) for i in range(nd)] + ["~{memory}"])
+        res = self.fresh()
+        self.ins(f'{res} = call {rty} asm sideeffect "wgmma.wait_group.sync.aligned '
+                 f'{in_flight};", "{cons}"({", ".join(str(x) for x in accs)})')
+        return [self.op(f"extractvalue {rty} {res}, {i}", "float", 0) for i in range(nd)]
+
+    def r_wgmma_wait(self, op):
+        vals = [self.read(r) for r in op.srcs]
+        flat = [self.extract(v, i) for v in vals for i in range(v.n)]
+        out, at = self._wgmma_wait(op.attrs["in_flight"], flat), 0
+        for r, v in zip(op.srcs, vals):
+            self.write(r, self.build(out[at:at + v.n]))
+            at += v.n
 
     def r_barrier(self, op):
         self._async_proxy_fence()

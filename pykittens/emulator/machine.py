@@ -88,6 +88,7 @@ class _Wave:
         self.barriers = 0
         self.waiting_op = None
         self.prio = 0
+        self.wgmma_groups: list = []    # issued, not yet retired: (op, a registers at issue)
 
 
 class _Machine:
@@ -103,6 +104,8 @@ class _Machine:
 
     # -- registers ----------------------------------------------------------------------
     def get(self, w: _Wave, v):
+        if w.wgmma_groups and any(op.dst is v for op, _ in w.wgmma_groups):
+            raise _Busy(v)
         try:
             return w.regs[v]
         except KeyError:
@@ -161,7 +164,10 @@ class _Machine:
                 yield op                         # wgmma: the warpgroup meets here
                 w.waiting_op = None
                 if k == "wgmma":
-                    self.x_wgmma(w, op)
+                    try:
+                        self.x_wgmma(w, op)
+                    except _Unset as e:
+                        raise self.unset(w, op, e.args[0]) from None
             else:
                 try:
                     getattr(self, "x_" + k)(w, op)
@@ -169,6 +175,10 @@ class _Machine:
                     raise self.fail(EmulatorError, w, op, str(e)) from None
                 except _Unset as e:
                     raise self.unset(w, op, e.args[0]) from None
+                except _Busy as e:
+                    raise self.fail(Race, w, op, f"reads {e.args[0]!r} while a wgmma group "
+                                    "issued with in_flight= may still be writing it; "
+                                    "pk.mma_wait(acc) first") from None
 
     def x_const(self, w, op):
         self.put(w, op.dst, np.asarray(op.attrs["value"]))
@@ -256,9 +266,25 @@ class _Machine:
         w.regs[op.dst] = out
 
     def x_wgmma(self, w, op):
+        """Issue a group: its register operand A is taken now; it runs when retired (at once
+        with in_flight=0, else by a later wgmma or wgmma_wait), reading shared memory then,
+        so a stage released before its group retired shows as a race or a wrong result."""
+        a = None if op.attrs["a_region"] is not None else self.get(w, op.srcs[0])
+        w.wgmma_groups.append((op, a))
+        self._retire_wgmma(w, op.attrs["in_flight"])
+
+    def x_wgmma_wait(self, w, op):
+        self._retire_wgmma(w, op.attrs["in_flight"])
+
+    def _retire_wgmma(self, w, keep: int):
+        while len(w.wgmma_groups) > keep:
+            op, a = w.wgmma_groups.pop(0)
+            self._run_wgmma(w, op, a)
+
+    def _run_wgmma(self, w, op, a_regs):
         """acc += A @ B: B read from its shared tile (K x N, or N x K when K-major), A from
-        this wave's registers or from its 16 rows of the warpgroup's shared 64 x K tile
-        (with swizzle, ordering and initialisation checks); acc in registers."""
+        the registers taken at issue or from this wave's 16 rows of the warpgroup's shared
+        64 x K tile (with swizzle, ordering and initialisation checks); acc in registers."""
         region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
         kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
         idx = _element_bytes(region, nn, kk) if op.attrs["b_kmajor"] else \
@@ -273,8 +299,10 @@ class _Machine:
             A = _lds_values(w.wg.lds, a_idx, a_region.tile.dtype).reshape(16, k)
             A = A.astype(np.float64)
         else:
-            A = _matrix(op.attrs["a_layout"], self.get(w, op.srcs[0]), np.float64)
-        C = _matrix(op.attrs["acc_layout"], self.get(w, op.srcs[-1]), np.float32)
+            A = _matrix(op.attrs["a_layout"], a_regs, np.float64)
+        if op.srcs[-1] not in w.regs:            # (later groups on acc are still pending)
+            raise _Unset(op.srcs[-1])
+        C = _matrix(op.attrs["acc_layout"], w.regs[op.srcs[-1]], np.float32)
         D = (A @ B).astype(np.float32) + C
         r, col = op.attrs["acc_layout"].coords()
         w.regs[op.dst] = D[r, col]
@@ -486,6 +514,10 @@ class _Machine:
                     state[w] = next(gens[w])
                 except StopIteration:
                     state[w] = "done"
+                    if w.wgmma_groups:
+                        raise self.fail(EmulatorError, w, w.wgmma_groups[0][0],
+                                        "the wave ends with wgmma groups still running; "
+                                        "retire them with pk.mma_wait(acc)")
                 progressed = True
             live = [w for w in waves if state[w] != "done"]
             if not live:
@@ -633,6 +665,10 @@ class _BarOp:
 
 class _Unset(Exception):
     """A register read before any op wrote it (turned into UnwrittenRead with the op)."""
+
+
+class _Busy(Exception):
+    """A register read while an unretired wgmma group writes it (turned into a Race)."""
 
 
 def run_program(prog: LaneProgram, args: dict, grid) -> dict:

@@ -72,7 +72,8 @@ def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 @pk.kernel(num_waves=12)
 def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
-            STAGES: pk.const = 4, TMA_STORE: pk.const = 0, MAP: pk.const = "row-major",
+            STAGES: pk.const = 4, TMA_STORE: pk.const = 0, IN_FLIGHT: pk.const = 1,
+            MAP: pk.const = "row-major",
             TM: pk.const = 0, TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, one 128 x BN output block per workgroup.
@@ -81,8 +82,10 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     TMA unit copy each K step's two 64-row blocks of A and the BN-row block of B into a
     ring of STAGES 128B-swizzled shared stages, completing on `full[s]`. Warpgroups 1 and
     2 are consumers (232 registers): each multiplies its 64 rows of A by B with wgmma,
-    both operands read from shared memory by descriptor, then releases the stage on
-    `empty[s]`. A K step is one 128-byte row of each operand (64 bf16 or 128 fp8).
+    both operands read from shared memory by descriptor, leaving IN_FLIGHT (1) groups
+    running, and releases a stage on `empty[s]` once the group reading it has retired (the
+    previous step's, with IN_FLIGHT=1). A K step is one 128-byte row of each operand (64
+    bf16 or 128 fp8).
 
     TMA_STORE=1 (16-bit C): each consumer writes its block through shared memory (stmatrix
     into 64 x 64 swizzled tiles, an mbarrier for the warpgroup's 4 waves) and one wave has
@@ -121,9 +124,14 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             for i in pk.range(steps):
                 def consume(s):
                     pk.wait(full[s], (i // STAGES) % 2)
-                    pk.mma_ABt(acc, sa[s][g], sb[s])
-                    pk.arrive(empty[s])
+                    pk.mma_ABt(acc, sa[s][g], sb[s], in_flight=IN_FLIGHT)
+                    if IN_FLIGHT:                      # step i - 1's group has retired
+                        with pk.if_(i > 0):
+                            pk.arrive(empty[(s - 1) % STAGES])
+                    else:
+                        pk.arrive(empty[s])
                 each_stage(i, consume)
+            pk.mma_wait(acc)
             w = pk.wave_id() % 4
             if not TMA_STORE:
                 pk.store(c, acc, (m0 + 64 * g + w * 16, n0))

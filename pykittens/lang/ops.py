@@ -459,9 +459,12 @@ def workgroup_max(v):
 
 # ---- matrix multiply ----------------------------------------------------------------------
 
-def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None):
+def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None,
+         in_flight=0):
     if isinstance(b, ST):
-        return _mma_shared_b(trans, d, a, b, c)
+        return _mma_shared_b(trans, d, a, b, c, in_flight)
+    if in_flight:
+        raise error("in_flight= applies to the warpgroup MMA (b a shared tile, Hopper)")
     for x, nm in ((d, "d"), (a, "a"), (b, "b")):
         if not isinstance(x, RT) or isinstance(x, RV):
             raise error(f"mma operand {nm} must be a register tile")
@@ -495,7 +498,7 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None):
 WGMMA_DTYPES = ("bf16", "f16", "e4m3", "e5m2")    # wgmma operand types (fp8: k32, K-major)
 
 
-def _mma_shared_b(trans, d: RT, a, b: ST, c):
+def _mma_shared_b(trans, d: RT, a, b: ST, c, in_flight=0):
     """d <- a @ b + c (mma_AB, b stored K x N) or a @ b.T + c (mma_ABt, b stored N x K) with
     b read straight from shared memory: Hopper's warpgroup wgmma. `a` is this wave's
     (16, K) register tile (role 'a'), or a shared tile holding the warpgroup's 64 rows
@@ -529,8 +532,23 @@ def _mma_shared_b(trans, d: RT, a, b: ST, c):
         raise error(f"{name}: wgmma multiplies {', '.join(WGMMA_DTYPES)}, not {b.dtype}")
     c = d if c is None else c
     _same_shape(d, c, "mma accumulator")
-    current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans)
+    if not isinstance(in_flight, int) or not 0 <= in_flight <= 7:
+        raise error("in_flight must be an int in 0..7 (wgmma groups left running)")
+    if in_flight and c is not d:
+        raise error("an mma left in flight accumulates into d: drop c=")
+    current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans, in_flight=in_flight)
     return d
+
+
+def mma_wait(*accs, in_flight: int = 0) -> None:
+    """Hopper: wait until at most `in_flight` of this warpgroup's wgmma groups are still
+    running. `accs` are the accumulator tiles those groups write: they may be read (or
+    stored) only after the wait that retires their last group. See mma_AB's in_flight=."""
+    if not accs or not all(isinstance(a, RT) and a.type.role == "acc" for a in accs):
+        raise error("pk.mma_wait takes the accumulator tiles its groups write")
+    if not isinstance(in_flight, int) or not 0 <= in_flight <= 7:
+        raise error("in_flight must be an int in 0..7 (wgmma groups left running)")
+    current().emit("mma_wait", None, tuple(a.v for a in accs), in_flight=in_flight)
 
 
 def _check_scales(name, a, b, scale_a, scale_b, m, k, n):
@@ -553,20 +571,25 @@ def _check_scales(name, a, b, scale_a, scale_b, m, k, n):
 _TNAME = {"NN": "AB", "NT": "ABt", "TN": "AtB"}
 
 
-def mma_AB(d, a, b, c=None, *, scale_a=None, scale_b=None):
+def mma_AB(d, a, b, c=None, *, scale_a=None, scale_b=None, in_flight=0):
     """d <- a @ b + c (c defaults to d). With scale_a/scale_b (E8M0 per 32 K-elements, the
     MX formats' block scales): d <- (a * 2^(sa-127)) @ (b * 2^(sb-127)) + c.
     `b` may be a shared tile (K x N, 128-byte rows, swizzle=8) on Hopper: warpgroup wgmma
-    with a from registers, each wave contributing its own 16 rows."""
-    return _mma("NN", d, a, b, c, scale_a, scale_b)
+    with a from registers, each wave contributing its own 16 rows. By default the call
+    returns when the product is done; in_flight=n returns once at most n of the
+    warpgroup's wgmma groups (this one included) are still running, so the tensor cores
+    keep working while the waves go on: d and the shared tiles this group reads stay
+    busy until a later mma or pk.mma_wait retires it."""
+    return _mma("NN", d, a, b, c, scale_a, scale_b, in_flight)
 
 
-def mma_ABt(d, a, b, c=None, *, scale_a=None, scale_b=None):
+def mma_ABt(d, a, b, c=None, *, scale_a=None, scale_b=None, in_flight=0):
     """d <- a @ b.T + c: b is stored N x K (as in attention's Q @ K^T, a linear layer's
     weight). `b` may be a shared tile (N x K, N a multiple of 16 up to 256, 128-byte rows,
     swizzle=8) on Hopper: warpgroup wgmma (bf16/f16 k16, fp8 k32), with `a` from this
-    wave's registers or a shared (64, K) tile of the warpgroup's rows."""
-    return _mma("NT", d, a, b, c, scale_a, scale_b)
+    wave's registers or a shared (64, K) tile of the warpgroup's rows (in_flight= as in
+    mma_AB)."""
+    return _mma("NT", d, a, b, c, scale_a, scale_b, in_flight)
 
 
 def mma_AtB(d, a, b, c=None, *, scale_a=None, scale_b=None):

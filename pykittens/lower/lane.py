@@ -38,8 +38,13 @@ Op kinds (attrs in brackets):
                                      completing on mbarrier `bar`
   tma_store(r0, c0)[gl, tmap, region]   Hopper bulk tensor copy of the shared tile to the
                                      box at (r0, c0) of `gl` (outside the tensor: dropped)
-  wgmma(a, acc)[region, a_layout, acc_layout, n, k]   Hopper warpgroup MMA: acc += a @ b,
-                                     b the K x N shared tile in `region` (each wave: 16 rows)
+  wgmma(a?, acc)[region, a_region, b_kmajor, a_layout, acc_layout, n, k, kstep, a_dtype,
+        in_flight]                   Hopper warpgroup MMA: acc += a @ b, b the shared tile in
+                                     `region` (K x N, or N x K when b_kmajor), a this wave's
+                                     registers or `a_region` (64 x K, the warpgroup's rows);
+                                     each wave owns 16 rows of acc. One commit group; returns
+                                     once at most `in_flight` groups are still running
+  wgmma_wait(*accs)[in_flight]       wait until at most `in_flight` groups run; accs readable
 """
 from __future__ import annotations
 

@@ -355,7 +355,15 @@ class _Lowering:
                   a_region=a if a_shared else None, b_kmajor=kmajor,
                   a_layout=None if a_shared else self.layouts[a_v],
                   acc_layout=self.layouts[op.dst], n=n, k=k, kstep=kstep,
-                  a_dtype=a_v.type.dtype.name)
+                  a_dtype=a_v.type.dtype.name, in_flight=op.attrs.get("in_flight", 0))
+
+    def op_mma_wait(self, op):
+        if self.t.family != "hopper":
+            raise self.err(f"pk.mma_wait waits for Hopper's asynchronous wgmma groups; "
+                           f"{self.t.name}'s matrix instructions complete in order",
+                           NotSupportedYet)
+        self.emit("wgmma_wait", None, tuple(self.env[a] for a in op.srcs),
+                  in_flight=op.attrs["in_flight"])
 
     def _accumulator(self, d_v, c_v):
         """d's register, holding c to start with (d <- a @ b + c accumulates in place)."""
