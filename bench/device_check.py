@@ -136,17 +136,19 @@ def gemm_performance(rows, details):
         _, k_ws16 = ws.launch({"a": np.empty((n, n), np.float16),      # TMA-stored C
                                "b": np.empty((n, n), np.float16),
                                "c": np.empty((n, n), np.float16)}, "sm_90a")
+        tiles = k_ws16["TM"] * k_ws16["TN"]
         cands = {
-            "pykittens gemm_ws (bf16, f32 out)":
-                lambda: pk.launch(ws.kernel, a, bt, c, grid=g_ws, **k_ws),
-            "pykittens gemm_ws (bf16, bf16 out, TMA store)":
+            "pykittens gemm_ws (bf16, bf16 out: TMA store, persistent)":
                 lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws16),
-            "pykittens gemm_ws (bf16, bf16 out, TMA store, IN_FLIGHT=0)":
-                lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws16, IN_FLIGHT=0),
-            "pykittens gemm_ws (bf16, bf16 out, register stores)":
-                lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws),
+            "pykittens gemm_ws (bf16, bf16 out: TMA store, a block per workgroup)":
+                lambda: pk.launch(ws.kernel, a, bt, c16, grid=(tiles,),
+                                  **{**k_ws16, "PERSISTENT": 0}),
+            "pykittens gemm_ws (bf16, f32 out, persistent)":
+                lambda: pk.launch(ws.kernel, a, bt, c, grid=g_ws, **k_ws),
             "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b),
-            "pykittens gemm_ws (e4m3, f32 out)":
+            "pykittens gemm_ws (e4m3, bf16 out: TMA store, persistent)":
+                lambda: pk.launch(ws.kernel, a8, bt8, c16, grid=g_ws, **k_ws16),
+            "pykittens gemm_ws (e4m3, f32 out, persistent)":
                 lambda: pk.launch(ws.kernel, a8, bt8, c, grid=g_ws, **k_ws),
             "torch._scaled_mm (cuBLAS, e4m3, bf16 out)":
                 lambda: torch._scaled_mm(a8, bt8.t(), one, one, out_dtype=torch.bfloat16),
@@ -160,8 +162,11 @@ def gemm_performance(rows, details):
             cands["pykittens gemm_wgmma"] = \
                 lambda: pk.launch(wg.kernel, a, b, c, grid=grid, **consts)
         ref = (a.double() @ b.double())
+        ref8 = a8.double() @ bt8.double().t()
         for name, fn in cands.items():
             try:
+                c.fill_(float("nan"))                         # poison: unwritten shows
+                c16.fill_(float("nan"))
                 fn()
                 torch.cuda.synchronize()
                 s = graph_time(fn, reps=5)
@@ -169,9 +174,10 @@ def gemm_performance(rows, details):
                 rows.append(["perf", name, "", f"{n}^3", "ERROR", str(e)[:60]])
                 continue
             check = ""
-            if name.startswith("pykittens gemm_ws (bf16"):
+            if name.startswith("pykittens gemm_ws"):        # against float64
                 out = c if "f32 out" in name else c16
-                err = float((out.double() - ref).norm() / ref.norm())
+                want = ref if "bf16," in name else ref8
+                err = float((out.double() - want).norm() / want.norm())
                 check = f"err {err:.1e}" + ("" if err < 1e-2 else " FAIL")
             res[f"{name} {n}"] = {"seconds": s, "tflops": flops / s / 1e12}
             rows.append(["perf", name, "", f"{n}^3", f"{flops / s / 1e12:.0f} TFLOP/s", check])

@@ -249,3 +249,20 @@ def test_mma_wait_errors():
 
     with pytest.raises(pk.KernelError, match="in_flight= applies to the warpgroup MMA"):
         compiler.lane_ir(reg_b, "sm_90a")
+
+
+@pytest.mark.parametrize("c_dtype", [np.float32, pk.bf16.np])
+def test_persistent_gemm_ws_walks_several_blocks(c_dtype, rng):
+    """9 blocks on grids of 9, 2 and 1 workgroups: the ring (and, for bf16 C, the staging
+    tiles of the TMA-store epilogue) carries on from block to block."""
+    spec = KERNELS["gemm_ws"]
+    inputs = spec.make_inputs((300, 600, 256), pk.bf16, rng)
+    inputs["c"] = np.full((300, 600), np.nan, c_dtype)
+    (grid,), consts = spec.launch(inputs, "sm_90a")
+    assert grid == 9 and consts["PERSISTENT"] == 1 and (consts["TM"], consts["TN"]) == (3, 3)
+    ref = spec.reference(inputs)["c"]
+    for g in (9, 2, 1):
+        out = pk.emulate(spec.kernel, grid=(g,), target="sm_90a", **inputs, **consts)["c"]
+        assert rel_err(out, ref) < (1e-6 if c_dtype == np.float32 else 1e-2)
+    big = {"a": np.empty((4096, 64), pk.bf16.np), "b": np.empty((4096, 64), pk.bf16.np)}
+    assert spec.launch(big, "sm_90a")[0] == (132,)          # one workgroup per SM

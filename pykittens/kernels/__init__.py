@@ -189,13 +189,17 @@ def _gemm_ws_launch(i, target):
     if k * esz % 16:
         raise ValueError(f"gemm_ws copies A and B by TMA: K x element size must be a "
                          f"multiple of 16 bytes, got K = {k} ({k * esz} bytes); pad K")
+    from ..targets import get
     bn = 128 if n <= 128 else 256
-    grid, consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
+    (tiles,), consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
     # 16-bit C leaves through shared memory and TMA stores (rows of 16-byte multiples);
     # its 64 KiB of staging leaves room for 3 ring stages
     c = i.get("c")
     tma_store = c is not None and np.dtype(c.dtype).itemsize == 2 and n * 2 % 16 == 0
-    return grid, {**consts, "BN": bn, **({"TMA_STORE": 1, "STAGES": 3} if tma_store else {})}
+    # persistent: one workgroup per SM walks the blocks
+    return (min(tiles, get(target).num_cus),), {
+        **consts, "BN": bn, "PERSISTENT": 1,
+        **({"TMA_STORE": 1, "STAGES": 3} if tma_store else {})}
 
 
 def _gemm_wgmma_launch(i, target):

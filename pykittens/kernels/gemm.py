@@ -9,13 +9,15 @@ import pykittens as pk
 from pykittens import chiplet
 
 
-def output_tile(MAP, TM, TN, BM, BN, TARGET):
-    """(row, col) of this workgroup's output tile: from the flat launch index through the
-    mapping over a TM x TN tile grid, or, with TM = 0, straight from a 2-D grid."""
+def output_tile(MAP, TM, TN, BM, BN, TARGET, index=None):
+    """(row, col) of an output tile: the flat launch index (or `index`, a persistent
+    workgroup's tile number) through the mapping over a TM x TN tile grid, or, with
+    TM = 0, straight from a 2-D grid."""
     if not TM:
         return pk.program_id(0) * BM, pk.program_id(1) * BN
     grid = chiplet.Gemm(TM * BM, TN * BN, BM, bm=BM, bn=BN, bk=BM)
-    tm, tn = chiplet.tile_of(chiplet.parse_mapping(MAP, grid, TARGET), pk.program_id(0))
+    tm, tn = chiplet.tile_of(chiplet.parse_mapping(MAP, grid, TARGET),
+                             pk.program_id(0) if index is None else index)
     return tm * BM, tn * BN
 
 
@@ -73,10 +75,10 @@ def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, IN_FLIGHT: pk.const = 1,
-            MAP: pk.const = "row-major",
-            TM: pk.const = 0, TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
+            PERSISTENT: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
+            TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
-    (e4m3/e5m2) operands, f32 accumulation, one 128 x BN output block per workgroup.
+    (e4m3/e5m2) operands, f32 accumulation, 128 x BN output blocks.
 
     Warp-specialised: warpgroup 0 is the producer (40 registers a thread): one wave has the
     TMA unit copy each K step's two 64-row blocks of A and the BN-row block of B into a
@@ -86,6 +88,10 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     running, and releases a stage on `empty[s]` once the group reading it has retired (the
     previous step's, with IN_FLIGHT=1). A K step is one 128-byte row of each operand (64
     bf16 or 128 fp8).
+
+    PERSISTENT=1: a grid of at most one workgroup per SM walks the TM x TN blocks (tile
+    pid, pid + grid, ...); the ring runs on across blocks, so the producer loads the next
+    block while the consumers store this one.
 
     TMA_STORE=1 (16-bit C): each consumer writes its block through shared memory (stmatrix
     into 64 x 64 swizzled tiles, an mbarrier for the warpgroup's 4 waves) and one wave has
@@ -99,48 +105,75 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
         sc = [[pk.empty(pk.st((64, 64), OUT, swizzle=8)) for _ in range(BN // 64)]
               for _ in range(2)]
         stored = [pk.mbarrier(4) for _ in range(2)]          # a consumer warpgroup's waves
-    m0, n0 = output_tile(MAP, TM, TN, 128, BN, TARGET)
+        drained = [pk.mbarrier(1) for _ in range(2)]         # its TMA stores read sc
     steps = (a.shape[1] + bk - 1) // bk
+    if PERSISTENT:
+        if not TM:
+            raise ValueError("PERSISTENT=1 walks a TM x TN tile grid: give TM and TN")
+        grid, first = pk.num_programs(0), pk.program_id(0)
+        mine = (TM * TN - first + grid - 1) // grid               # this workgroup's blocks
 
-    def each_stage(i, body):
-        """body(s) for the ring stage s that K step i uses (stages are static tiles)."""
+    def blocks():
+        """The block loop: over this workgroup's blocks, or (not persistent) no loop."""
+        return pk.range(mine) if PERSISTENT else (0,)
+
+    def block_origin(t):
+        if PERSISTENT:
+            return output_tile(MAP, TM, TN, 128, BN, TARGET, index=first + t * grid)
+        return output_tile(MAP, TM, TN, 128, BN, TARGET)
+
+    def each_stage(k, body):
+        """body(s) for the ring stage s that ring step k uses (stages are static tiles)."""
         for s in pk.static_range(STAGES):
-            with pk.if_(i % STAGES == s):
+            with pk.if_(k % STAGES == s):
                 body(s)
 
     with pk.role(0, 4, regs=40):
         with pk.if_(pk.wave_id() == 0):
-            for i in pk.range(steps):
-                def produce(s):
-                    with pk.if_(i >= STAGES):                  # wait for the stage to drain
-                        pk.wait(empty[s], (i // STAGES + 1) % 2)
-                    for g in pk.static_range(2):
-                        pk.tma_load(sa[s][g], a, (m0 + 64 * g, i * bk), full[s])
-                    pk.tma_load(sb[s], b, (n0, i * bk), full[s])
-                each_stage(i, produce)
+            for t in blocks():
+                m0, n0 = block_origin(t)
+                for i in pk.range(steps):
+                    k = t * steps + i if PERSISTENT else i     # the ring's step count
+                    def produce(s):
+                        with pk.if_(k >= STAGES):              # wait for the stage to drain
+                            pk.wait(empty[s], (k // STAGES + 1) % 2)
+                        for g in pk.static_range(2):
+                            pk.tma_load(sa[s][g], a, (m0 + 64 * g, i * bk), full[s])
+                        pk.tma_load(sb[s], b, (n0, i * bk), full[s])
+                    each_stage(k, produce)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=232):
-            acc = pk.zeros(pk.rt((16, BN), pk.f32, role="acc"))
-            for i in pk.range(steps):
-                def consume(s):
-                    pk.wait(full[s], (i // STAGES) % 2)
-                    pk.mma_ABt(acc, sa[s][g], sb[s], in_flight=IN_FLIGHT)
-                    if IN_FLIGHT:                      # step i - 1's group has retired
-                        with pk.if_(i > 0):
-                            pk.arrive(empty[(s - 1) % STAGES])
-                    else:
-                        pk.arrive(empty[s])
-                each_stage(i, consume)
-            pk.mma_wait(acc)
             w = pk.wave_id() % 4
-            if not TMA_STORE:
-                pk.store(c, acc, (m0 + 64 * g + w * 16, n0))
-            else:
-                out = acc.cast(OUT)
-                for j in pk.static_range(BN // 64):
-                    pk.store(sc[g][j], pk.subtile(out, (0, 64 * j), (16, 64)), (w * 16, 0))
-                pk.arrive(stored[g])
-                with pk.if_(w == 0):
-                    pk.wait(stored[g], 0)
+            acc = pk.zeros(pk.rt((16, BN), pk.f32, role="acc"))
+            for t in blocks():
+                m0, n0 = block_origin(t)
+                if PERSISTENT:
+                    pk.fill(acc, 0.0)
+                for i in pk.range(steps):
+                    k = t * steps + i if PERSISTENT else i
+                    def consume(s):
+                        pk.wait(full[s], (k // STAGES) % 2)
+                        pk.mma_ABt(acc, sa[s][g], sb[s], in_flight=IN_FLIGHT)
+                        if IN_FLIGHT:                  # step k - 1's group has retired
+                            with pk.if_(k > 0):
+                                pk.arrive(empty[(s - 1) % STAGES])
+                        else:
+                            pk.arrive(empty[s])
+                    each_stage(k, consume)
+                pk.mma_wait(acc)
+                if TMA_STORE:
+                    out = acc.cast(OUT)
+                    if PERSISTENT:
+                        with pk.if_(t > 0):            # the last block's stores read sc
+                            pk.wait(drained[g], (t - 1) % 2)
                     for j in pk.static_range(BN // 64):
-                        pk.tma_store(c, sc[g][j], (m0 + 64 * g, n0 + 64 * j))
+                        pk.store(sc[g][j], pk.subtile(out, (0, 64 * j), (16, 64)),
+                                 (w * 16, 0))
+                    pk.arrive(stored[g])
+                    with pk.if_(w == 0):
+                        pk.wait(stored[g], t % 2)
+                        for j in pk.static_range(BN // 64):
+                            pk.tma_store(c, sc[g][j], (m0 + 64 * g, n0 + 64 * j))
+                        pk.arrive(drained[g])
+                else:
+                    pk.store(c, acc, (m0 + 64 * g + w * 16, n0))
