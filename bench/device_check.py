@@ -18,7 +18,7 @@ import torch
 import pykittens as pk
 from pykittens.bench import gpu, text_table
 from pykittens.bench.gpu import copy_ceiling, graph_time
-from pykittens.kernels import KERNELS
+from pykittens.kernels import KERNELS, gemm_ws_launch
 
 DEV = "cuda"
 
@@ -137,6 +137,11 @@ def gemm_performance(rows, details):
                                "b": np.empty((n, n), np.float16),
                                "c": np.empty((n, n), np.float16)}, "sm_90a")
         tiles = k_ws16["TM"] * k_ws16["TN"]
+        e4 = {"a": np.empty((n, n), pk.e4m3.np), "b": np.empty((n, n), pk.e4m3.np)}
+        g8 = gemm_ws_launch({**e4, "c": np.empty((n, n), np.float16)}, "sm_90a")
+        f8 = gemm_ws_launch({**e4, "c": np.empty((n, n), np.float16)}, "sm_90a",
+                            promote=False)
+        g8_32 = gemm_ws_launch(e4, "sm_90a")
         cands = {
             "pykittens gemm_ws (bf16, bf16 out: TMA store, persistent)":
                 lambda: pk.launch(ws.kernel, a, bt, c16, grid=g_ws, **k_ws16),
@@ -146,10 +151,12 @@ def gemm_performance(rows, details):
             "pykittens gemm_ws (bf16, f32 out, persistent)":
                 lambda: pk.launch(ws.kernel, a, bt, c, grid=g_ws, **k_ws),
             "torch.matmul (cuBLAS, bf16 out)": lambda: torch.matmul(a, b),
-            "pykittens gemm_ws (e4m3, bf16 out: TMA store, persistent)":
-                lambda: pk.launch(ws.kernel, a8, bt8, c16, grid=g_ws, **k_ws16),
-            "pykittens gemm_ws (e4m3, f32 out, persistent)":
-                lambda: pk.launch(ws.kernel, a8, bt8, c, grid=g_ws, **k_ws),
+            "pykittens gemm_ws (e4m3, bf16 out: promoted, library default)":
+                lambda: pk.launch(ws.kernel, a8, bt8, c16, grid=g8[0], **g8[1]),
+            "pykittens gemm_ws (e4m3, bf16 out: fast accumulation)":
+                lambda: pk.launch(ws.kernel, a8, bt8, c16, grid=f8[0], **f8[1]),
+            "pykittens gemm_ws (e4m3, f32 out: promoted)":
+                lambda: pk.launch(ws.kernel, a8, bt8, c, grid=g8_32[0], **g8_32[1]),
             "torch._scaled_mm (cuBLAS, e4m3, bf16 out)":
                 lambda: torch._scaled_mm(a8, bt8.t(), one, one, out_dtype=torch.bfloat16),
         }

@@ -79,7 +79,8 @@ def test_gemm_ws_with_a_tma_stored_bf16_c(dt, shape, rng):
     inputs = spec.make_inputs(shape, pk.dtype_of(dt), rng)
     inputs["c"] = np.full((shape[0], shape[1]), np.nan, pk.bf16.np)
     grid, consts = spec.launch(inputs, "sm_90a")
-    assert consts["TMA_STORE"] == 1 and consts["STAGES"] == 3
+    assert consts["TMA_STORE"] == 1 and consts["PROMOTE"] == (dt == "e4m3")
+    assert consts["STAGES"] == (3 if consts["BN"] == 256 else 4)   # beside C's staging
     out = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs, **consts)["c"]
     assert rel_err(out, spec.reference(inputs)["c"]) < 1e-2       # bf16 rounding of C
     ops = _ptx_ops(spec.kernel, DT=dt, OUT="bf16", TMA_STORE=1, STAGES=3)
@@ -266,3 +267,17 @@ def test_persistent_gemm_ws_walks_several_blocks(c_dtype, rng):
         assert rel_err(out, ref) < (1e-6 if c_dtype == np.float32 else 1e-2)
     big = {"a": np.empty((4096, 64), pk.bf16.np), "b": np.empty((4096, 64), pk.bf16.np)}
     assert spec.launch(big, "sm_90a")[0] == (132,)          # one workgroup per SM
+
+
+def test_fp8_promotion_adds_each_k_step_in_f32(rng):
+    spec = KERNELS["gemm_ws"]
+    inputs = spec.make_inputs((150, 200, 512), pk.e4m3, rng)
+    grid, consts = spec.launch(inputs, "sm_90a")
+    assert (consts["PROMOTE"], consts["BN"]) == (1, 128)
+    out = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs, **consts)["c"]
+    assert rel_err(out, spec.reference(inputs)["c"]) < 1e-6
+    tile = compiler.tile_ir(spec.kernel, DT="e4m3", OUT="f32", **{
+        k: v for k, v in consts.items() if k not in ("DT", "OUT")})
+    from pykittens.ir.nodes import walk
+    kinds = [op.kind for op in walk(tile.body)]
+    assert "binary" in kinds[kinds.index("mma"):]        # part added to acc after the mma

@@ -181,25 +181,30 @@ def _gemm_nt_torch(t):
     return {"c": t["a"] @ t["b"].T}
 
 
-def _gemm_ws_launch(i, target):
-    """128 x BN blocks (BN = 256, or 128 when N is that small) on the cache simulator's
-    grid order. TMA copies A and B: their rows (K elements) must be multiples of 16 bytes."""
+def gemm_ws_launch(i, target, promote: bool | None = None):
+    """(grid, consts) of gemm_ws for inputs `i`: persistent (one workgroup per SM walks the
+    blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
+    step's products to the f32 accumulator unless promote=False (PROMOTE=1, BN = 128: the
+    tensor cores' fp8 accumulation keeps fewer bits; without it, BN = 256 at their full
+    rate). A 16-bit C leaves through shared memory and TMA stores. TMA copies A and B: their
+    rows (K elements) must be multiples of 16 bytes."""
+    from ..targets import get
     (m, k), (n, _) = i["a"].shape, i["b"].shape
     esz = np.dtype(i["a"].dtype).itemsize
     if k * esz % 16:
         raise ValueError(f"gemm_ws copies A and B by TMA: K x element size must be a "
                          f"multiple of 16 bytes, got K = {k} ({k * esz} bytes); pad K")
-    from ..targets import get
-    bn = 128 if n <= 128 else 256
+    promote = esz == 1 if promote is None else bool(promote and esz == 1)
+    bn = 128 if n <= 128 or promote else 256
     (tiles,), consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
-    # 16-bit C leaves through shared memory and TMA stores (rows of 16-byte multiples);
-    # its 64 KiB of staging leaves room for 3 ring stages
     c = i.get("c")
     tma_store = c is not None and np.dtype(c.dtype).itemsize == 2 and n * 2 % 16 == 0
-    # persistent: one workgroup per SM walks the blocks
+    # shared memory: 4 ring stages, 3 beside the 64 KiB of C staging of 256-wide blocks;
+    # 3 when promoting into f32 C (its registers leave ptxas no room for a fourth branch)
+    stages = 3 if (tma_store and bn == 256) or (promote and not tma_store) else 4
     return (min(tiles, get(target).num_cus),), {
-        **consts, "BN": bn, "PERSISTENT": 1,
-        **({"TMA_STORE": 1, "STAGES": 3} if tma_store else {})}
+        **consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": int(promote),
+        **({"TMA_STORE": 1} if tma_store else {})}
 
 
 def _gemm_wgmma_launch(i, target):
@@ -263,13 +268,13 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                compile_consts={"DT": "bf16", "OUT": "f32"},
                tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_torch,
                targets=("sm_90a",)),          # warpgroup MMA: Hopper
-    KernelSpec("gemm_ws", gemm_ws, _gemm_nt_inputs, _gemm_nt_ref, _gemm_ws_launch, ("c",),
+    KernelSpec("gemm_ws", gemm_ws, _gemm_nt_inputs, _gemm_nt_ref, gemm_ws_launch, ("c",),
                shapes=((128, 128, 128), (150, 200, 304), (64, 272, 96)),
                gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16", "e4m3", "e5m2"),
                compile_consts={"DT": "bf16", "OUT": "f32"},
-               # 16-bit: exact products, f32 sums; fp8: the H200's fp8 wgmma accumulates
-               # with fewer bits (1e-4 from the emulator's exact sums at K ~ 300, 1.3e-3
-               # from float64 at K = 4096: docs/PERF.md), so the default 1e-2
+               # 16-bit: exact products, f32 sums; fp8: the default 1e-2 (without PROMOTE
+               # the H200's fp8 wgmma accumulates with fewer bits: 1.3e-3 from float64 at
+               # K = 4096, docs/PERF.md)
                tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_nt_torch,
                targets=("sm_90a",)),          # TMA + warpgroup MMA, warp-specialised: Hopper
     KernelSpec("tma_scale", tma_scale, _ws_inputs, _ws_ref,
@@ -284,5 +289,5 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                targets=("sm_90a",)),          # mbarriers and warp roles: Hopper
 )}
 
-__all__ = ["KERNELS", "KernelSpec", "check", "ln_tma_consts", "rel_err", "gemm", "layernorm", "scaled_add",
+__all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err", "gemm", "layernorm", "scaled_add",
            "softmax", "tma_scale", "ws_scale", "gemm_wgmma", "gemm_ws"]
