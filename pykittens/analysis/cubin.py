@@ -219,6 +219,17 @@ def _pick(names, kernel, what):
     return names[0]
 
 
+def ptxas_advisories(log: str) -> list[str]:
+    """The numbered advisories and warnings in a ptxas log, e.g. "(C7514) Potential
+    Performance Loss: wgmma.mma_async instructions are serialized ...", one line each."""
+    out = []
+    for line in log.splitlines():
+        m = re.search(r"\((C\d{4})\)\s*(.*)", line)
+        if m:
+            out.append(f"ptxas {m[1]}: {' '.join(m[2].split())}")
+    return out
+
+
 def report(result: dict, *, kernel: str | None = None) -> dict:
     """JSON-ready resource report for one kernel of a `toolchain.nvptx.compile_ir` result.
 
@@ -231,8 +242,12 @@ def report(result: dict, *, kernel: str | None = None) -> dict:
         rep["kernel"] = _pick(result.get("kernels") or [], kernel, "PTX")
         rep["notes"].append("no cubin: " + (result.get("ptxas_log") or install_hint("ptxas")))
         return rep
-    stats = parse_ptxas_log(result.get("ptxas_log") or "")
+    log = result.get("ptxas_log") or ""
+    stats = parse_ptxas_log(log)
     name = _pick(stats, kernel, "ptxas log")
+    # ptxas's advisories (C7xxx: wgmma serialised, setmaxnreg ignored, ...) say why a
+    # kernel is slower than its instructions suggest
+    rep["notes"].extend(ptxas_advisories(log))
     s = stats[name]
     rep.update(kernel=name, registers=s["registers"], smem_bytes=s["smem_bytes"],
                spill_bytes=s["spill_stores"] + s["spill_loads"], stack_bytes=s["stack_bytes"],

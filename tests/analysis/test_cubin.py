@@ -426,6 +426,24 @@ def test_report_without_cuobjdump(monkeypatch):
                            "nvidia-cuda-nvdisasm (or the CUDA toolkit)")
 def test_report_with_sass():
     rep = cubin.report(nvptx.compile_ir(WGMMA_IR), kernel="mma")
-    assert rep["notes"] == []
+    # every tool ran; the notes are ptxas's advisories about this hand-written wgmma (C7519:
+    # warpgroup.arrive injected where the IR has no wgmma.fence; C7511: serialised)
+    assert rep["notes"] and all(n.startswith(("ptxas C7519", "ptxas C7511"))
+                                for n in rep["notes"])
     assert rep["sass_mix"]["HGMMA"] >= 1 and rep["loop_wgmma"] >= 1
     json.dumps(rep)
+
+
+def test_ptxas_advisories_become_notes():
+    log = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions "
+           "are serialized due to non wgmma instructions reading accumulator registers of  a "
+           "wgmma between start and end of the pipeline stage in the function 'k'\n"
+           "ptxas info    : Used 168 registers, used 1 barriers\n"
+           "ptxas warning : (C7508) Potential Performance Loss: setmaxnreg ignored\n")
+    notes = cubin.ptxas_advisories(log)
+    assert notes == ["ptxas C7514: Potential Performance Loss: wgmma.mma_async instructions "
+                     "are serialized due to non wgmma instructions reading accumulator "
+                     "registers of a wgmma between start and end of the pipeline stage in "
+                     "the function 'k'",
+                     "ptxas C7508: Potential Performance Loss: setmaxnreg ignored"]
+    assert cubin.ptxas_advisories("ptxas info    : Used 8 registers") == []
