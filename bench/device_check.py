@@ -23,6 +23,16 @@ from pykittens.kernels import KERNELS, gemm_ws_launch
 DEV = "cuda"
 
 
+def _measure(fn, outputs, reps=20):
+    """(what fn returns, median seconds of a call): `outputs` are poisoned with NaN first,
+    so an unwritten element shows in the check that follows."""
+    for t in outputs:
+        t.fill_(float("nan"))
+    got = fn()
+    torch.cuda.synchronize()
+    return got, graph_time(fn, reps=reps)
+
+
 def _split(n_max, waves, rows=1, chunk=512):
     return {"SPLIT": 1, "N_MAX": n_max, "CHUNK": chunk, "ROWS": rows, "num_waves": waves}
 
@@ -98,12 +108,9 @@ def _ln_shape(rows, spec, m, n, alternatives, copy_bw):
         lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5))
     for name, fn in variants.items():
         try:
-            out.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
+            _, s = _measure(fn, (out,))
             err = float((out.float() - ref).norm() / ref.norm()) if name.startswith("pyk") \
                 else 0.0
-            s = graph_time(fn)
         except Exception as e:  # noqa: BLE001 - one variant failing must not hide the rest
             rows.append(["perf", f"layernorm ({name})", "bf16", f"{m}x{n}", "ERROR",
                          str(e)[:60]])
@@ -175,11 +182,7 @@ def gemm_performance(rows, details):
         ref8 = a8.double() @ bt8.double().t()
         for name, fn in cands.items():
             try:
-                c.fill_(float("nan"))                         # poison: unwritten shows
-                c16.fill_(float("nan"))
-                got = fn()                                    # torch returns, we write c
-                torch.cuda.synchronize()
-                s = graph_time(fn, reps=5)
+                got, s = _measure(fn, (c, c16), reps=5)      # torch returns, we write c
             except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
                 rows.append(["perf", name, "", f"{n}^3", "ERROR", str(e)[:60]])
                 continue

@@ -172,17 +172,18 @@ class NVPTXRenderer(Renderer):
             col = self.op(f"add i32 {c0.text}, {cc}", "i32", 0)
             for j in reversed(pairs[:-1]):               # pick matrix q's origin
                 is_q = self.op(f"icmp eq i32 {q.text}, {j - g0}", "i1", 0)
-                row = self.op(f"select i1 {is_q.text}, i32 "
-                              f"{self.op(f'add i32 {r0.text}, {origins[j][0]}', 'i32', 0).text},"
-                              f" i32 {row.text}", "i32", 0)
-                col = self.op(f"select i1 {is_q.text}, i32 "
-                              f"{self.op(f'add i32 {c0.text}, {origins[j][1]}', 'i32', 0).text},"
-                              f" i32 {col.text}", "i32", 0)
+                row, col = (self._select_plus(is_q, base, off, other) for base, off, other in
+                            ((r0, origins[j][0], row), (c0, origins[j][1], col)))
             row = self.op(f"add i32 {row.text}, {i.text}", "i32", 0)
             off = self._lds_addr(region, row, col, (0, 0))
             out.append((pairs, self.op(f"add i32 {self._smem_addr(0).text}, {off.text}",
                                        "i32", 0)))
         return out
+
+    def _select_plus(self, cond, base, off: int, other) -> Value:
+        """cond ? base + off : other (i32)."""
+        v = self.op(f"add i32 {base.text}, {off}", "i32", 0)
+        return self.op(f"select i1 {cond.text}, i32 {v.text}, i32 {other.text}", "i32", 0)
 
     def r_lds_load(self, op):
         plan = self._matrix_plan(op)
@@ -375,25 +376,24 @@ class NVPTXRenderer(Renderer):
                     f"wgmma.mma_async.sync.aligned.m64n{n}k{kstep}.f32.{aty}.{bty} "
                     f"{_asm_operands(0, nd)}, {a_text}, ${nd + na}, p, 1, 1{trans}; }}")
             cons = ",".join(["=f"] * nd + a_cons + ["l", "n"] + [str(i) for i in range(nd)])
-            rty = "{" + ", ".join(["float"] * nd) + "}"
-            args = ", ".join([str(x) for x in a_ops] + [str(bdesc), "i32 1"] +
-                             [str(x) for x in accs])
-            res = self.fresh()
-            self.ins(f'{res} = call {rty} asm sideeffect "{text}", "{cons}"({args})')
-            accs = [self.op(f"extractvalue {rty} {res}, {i}", "float", 0) for i in range(nd)]
+            accs = self._asm_floats(text, cons, a_ops + [bdesc, "i32 1"] + accs, nd)
         self.ins('call void asm sideeffect "wgmma.commit_group.sync.aligned;", "~{memory}"()')
         self.write(op.dst, self.build(self._wgmma_wait(op.attrs["in_flight"], accs)))
+
+    def _asm_floats(self, text: str, cons: str, args: list, nd: int) -> list:
+        """An inline-asm call returning `nd` floats (the accumulators), as Values."""
+        rty = "{" + ", ".join(["float"] * nd) + "}"
+        res = self.fresh()
+        self.ins(f'{res} = call {rty} asm sideeffect "{text}", "{cons}"'
+                 f'({", ".join(str(x) for x in args)})')
+        return [self.op(f"extractvalue {rty} {res}, {i}", "float", 0) for i in range(nd)]
 
     def _wgmma_wait(self, in_flight: int, accs: list) -> list:
         """wgmma.wait_group with the accumulators passed through it (tied operands), so the
         compiler reads them only after the wait that retires their groups."""
         nd = len(accs)
-        rty = "{" + ", ".join(["float"] * nd) + "}"
         cons = ",".join(["=f"] * nd + [str(i) for i in range(nd)] + ["~{memory}"])
-        res = self.fresh()
-        self.ins(f'{res} = call {rty} asm sideeffect "wgmma.wait_group.sync.aligned '
-                 f'{in_flight};", "{cons}"({", ".join(str(x) for x in accs)})')
-        return [self.op(f"extractvalue {rty} {res}, {i}", "float", 0) for i in range(nd)]
+        return self._asm_floats(f"wgmma.wait_group.sync.aligned {in_flight};", cons, accs, nd)
 
     def r_wgmma_wait(self, op):
         vals = [self.read(r) for r in op.srcs]

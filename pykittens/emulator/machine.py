@@ -287,17 +287,12 @@ class _Machine:
         64 x K tile (with swizzle, ordering and initialisation checks); acc in registers."""
         region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
         kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
-        idx = _element_bytes(region, nn, kk) if op.attrs["b_kmajor"] else \
-            _element_bytes(region, kk, nn)
-        self._check_lds_read(w, op, idx)
-        B = _lds_values(w.wg.lds, idx, region.tile.dtype).reshape(k, n).astype(np.float64)
+        B = self._shared_matrix(w, op, region, *((nn, kk) if op.attrs["b_kmajor"] else
+                                                 (kk, nn)))
         a_region = op.attrs["a_region"]
         if a_region is not None:                     # rows of this wave within its warpgroup
             rows = (w.wave % 4) * 16 + np.arange(16)[:, None]
-            a_idx = _element_bytes(a_region, rows, np.arange(k)[None, :])
-            self._check_lds_read(w, op, a_idx)
-            A = _lds_values(w.wg.lds, a_idx, a_region.tile.dtype).reshape(16, k)
-            A = A.astype(np.float64)
+            A = self._shared_matrix(w, op, a_region, rows, kk.T)
         else:
             A = _matrix(op.attrs["a_layout"], a_regs, np.float64)
         if op.srcs[-1] not in w.regs:            # (later groups on acc are still pending)
@@ -306,6 +301,14 @@ class _Machine:
         D = (A @ B).astype(np.float32) + C
         r, col = op.attrs["acc_layout"].coords()
         w.regs[op.dst] = D[r, col]
+
+    def _shared_matrix(self, w, op, region, rows, cols):
+        """Elements (rows, cols) of a shared tile as a float64 matrix of the broadcast
+        shape, read with the race and initialisation checks of any shared read."""
+        idx = _element_bytes(region, rows, cols)
+        self._check_lds_read(w, op, idx)
+        shape = np.broadcast_shapes(np.shape(rows), np.shape(cols))
+        return _lds_values(w.wg.lds, idx, region.tile.dtype).reshape(shape).astype(np.float64)
 
     def x_setprio(self, w, op):
         w.prio = op.attrs["level"]

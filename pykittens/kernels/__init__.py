@@ -99,7 +99,7 @@ def _ln_launch(i, target):
     longer rows are split across the waves of a workgroup (SPLIT), a power-of-2 share each:
     one share per wave, except that rows needing exactly 4 double shares take 4 waves of
     those (the better of the two at 8192 columns). Measured on the H200 at bf16 (docs/PERF.md):
-    2048-12288 columns reach 72-89% of copy bandwidth, the looped schedule 54-67%. Rows
+    2048-12288 columns reach 71-89% of copy bandwidth, the looped schedule 53-67%. Rows
     longer than a workgroup can hold loop over column blocks (statistics pass + output
     pass, the second mostly from L2)."""
     from ..targets import get
@@ -289,5 +289,6 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                targets=("sm_90a",)),          # mbarriers and warp roles: Hopper
 )}
 
-__all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err", "gemm", "layernorm", "scaled_add",
-           "softmax", "tma_scale", "ws_scale", "gemm_wgmma", "gemm_ws"]
+__all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err",
+           "gemm", "gemm_wgmma", "gemm_ws", "layernorm", "scaled_add", "softmax", "tma_scale",
+           "ws_scale"]

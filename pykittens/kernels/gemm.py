@@ -122,6 +122,10 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
         """The block loop: over this workgroup's blocks, or (not persistent) no loop."""
         return pk.range(mine) if PERSISTENT else (0,)
 
+    def ring_step(t, i):
+        """The ring's step count at K step i of block t (it runs on across blocks)."""
+        return t * steps + i if PERSISTENT else i
+
     def block_origin(t):
         if PERSISTENT:
             return output_tile(MAP, TM, TN, 128, BN, TARGET, index=first + t * grid)
@@ -138,7 +142,7 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             for t in blocks():
                 m0, n0 = block_origin(t)
                 for i in pk.range(steps):
-                    k = t * steps + i if PERSISTENT else i     # the ring's step count
+                    k = ring_step(t, i)
                     def produce(s):
                         with pk.if_(k >= STAGES):              # wait for the stage to drain
                             pk.wait(empty[s], (k // STAGES + 1) % 2)
@@ -157,7 +161,7 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                 if PERSISTENT:
                     pk.fill(acc, 0.0)
                 for i in pk.range(steps):
-                    k = t * steps + i if PERSISTENT else i
+                    k = ring_step(t, i)
                     def consume(s):
                         pk.wait(full[s], (k // STAGES) % 2)
                         if PROMOTE:                    # products of this step, then f32

@@ -40,6 +40,16 @@ def _normalize(block, nblocks, loop, r0, x, w, b, out, eps, tile, c0=0,
         pk.store(out, (block(j) - mean) * rstd * gamma + beta, (r0, c0 + j * cols))
 
 
+def _from_registers(r0, c0, shape, DT, CHUNK, x, w, b, out, eps, combine=lambda v: v):
+    """The `shape` block of x at (r0, c0) read once into registers in its storage type, then
+    normalised CHUNK columns at a time (pk.subtile), converted to f32 on the fly."""
+    rows = shape[0]
+    xr = pk.load(pk.rt(shape, DT), x, (r0, c0))
+    _normalize(lambda j: pk.subtile(xr, (0, j * CHUNK), (rows, CHUNK)).cast(pk.f32),
+               shape[1] // CHUNK, pk.static_range, r0, x, w, b, out, eps,
+               pk.rt((rows, CHUNK), pk.f32), c0=c0, combine=combine)
+
+
 @pk.kernel(num_waves=4)
 def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.gl["DT", 2],
               eps: pk.f32, DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
@@ -48,11 +58,8 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
     m_rows, n = x.shape
     if SPLIT:
         span = N_MAX // pk.num_waves()                       # this wave's share of a row
-        r0, c0 = pk.program_id(0) * ROWS, pk.wave_id() * span
-        xr = pk.load(pk.rt((ROWS, span), DT), x, (r0, c0))     # read once
-        _normalize(lambda j: pk.subtile(xr, (0, j * CHUNK), (ROWS, CHUNK)).cast(pk.f32),
-                   span // CHUNK, pk.static_range, r0, x, w, b, out, eps,
-                   pk.rt((ROWS, CHUNK), pk.f32), c0=c0, combine=pk.workgroup_sum)
+        _from_registers(pk.program_id(0) * ROWS, pk.wave_id() * span, (ROWS, span), DT,
+                        CHUNK, x, w, b, out, eps, combine=pk.workgroup_sum)
         return
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
@@ -73,11 +80,8 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
                    r_first + wave, x, w, b, out, eps, tile)
         return
     if RESIDENT:
-        r0 = pk.program_id(0) * pk.num_waves() + pk.wave_id()
-        xr = pk.load(pk.rt((1, N_MAX), DT), x, (r0, 0))       # the row, read once
-        _normalize(lambda j: pk.subtile(xr, (0, j * CHUNK), (1, CHUNK)).cast(pk.f32),
-                   N_MAX // CHUNK, pk.static_range, r0, x, w, b, out, eps,
-                   pk.rt((1, CHUNK), pk.f32))
+        _from_registers(pk.program_id(0) * pk.num_waves() + pk.wave_id(), 0, (1, N_MAX), DT,
+                        CHUNK, x, w, b, out, eps)
         return
 
     # Statistics in one pass over column blocks: each block's mean and centred sum of

@@ -498,6 +498,11 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None,
 WGMMA_DTYPES = ("bf16", "f16", "e4m3", "e5m2")    # wgmma operand types (fp8: k32, K-major)
 
 
+def _check_in_flight(n):
+    if not isinstance(n, int) or not 0 <= n <= 7:
+        raise error("in_flight must be an int in 0..7 (wgmma groups left running)")
+
+
 def _mma_shared_b(trans, d: RT, a, b: ST, c, in_flight=0):
     """d <- a @ b + c (mma_AB, b stored K x N) or a @ b.T + c (mma_ABt, b stored N x K) with
     b read straight from shared memory: Hopper's warpgroup wgmma. `a` is this wave's
@@ -532,8 +537,7 @@ def _mma_shared_b(trans, d: RT, a, b: ST, c, in_flight=0):
         raise error(f"{name}: wgmma multiplies {', '.join(WGMMA_DTYPES)}, not {b.dtype}")
     c = d if c is None else c
     _same_shape(d, c, "mma accumulator")
-    if not isinstance(in_flight, int) or not 0 <= in_flight <= 7:
-        raise error("in_flight must be an int in 0..7 (wgmma groups left running)")
+    _check_in_flight(in_flight)
     if in_flight and c is not d:
         raise error("an mma left in flight accumulates into d: drop c=")
     current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans, in_flight=in_flight)
@@ -546,8 +550,7 @@ def mma_wait(*accs, in_flight: int = 0) -> None:
     stored) only after the wait that retires their last group. See mma_AB's in_flight=."""
     if not accs or not all(isinstance(a, RT) and a.type.role == "acc" for a in accs):
         raise error("pk.mma_wait takes the accumulator tiles its groups write")
-    if not isinstance(in_flight, int) or not 0 <= in_flight <= 7:
-        raise error("in_flight must be an int in 0..7 (wgmma groups left running)")
+    _check_in_flight(in_flight)
     current().emit("mma_wait", None, tuple(a.v for a in accs), in_flight=in_flight)
 
 

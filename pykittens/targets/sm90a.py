@@ -11,6 +11,8 @@ Matrix instructions: the warp-level `mma.sync.aligned.m16n8k16` (bf16/f16) and `
 mma.m16n8k16 / m16n8k32" (groupID = lane >> 2, threadID_in_group = lane % 4). The
 warpgroup-wide wgmma.mma_async shapes (m64nNk16) are not in this table yet.
 """
+import numpy as np
+
 from .base import MMAInstr, Target, linear
 
 REGISTERS_PER_SM = 65536          # 32-bit registers per SM (H100 white paper)
@@ -59,7 +61,6 @@ def matrix_fragments(lay):
     holds that matrix's column t // 4, rows 2 (t % 4) and +1. Returns (trans, origins): the
     (row, col) of each slot pair's matrix, every pair the same way round and on 8-column
     boundaries; None when some pair is not such a fragment (e.g. generic row tiles)."""
-    import numpy as np
     if lay.lanes != 32 or lay.nslots % 2:
         return None
     rows, cols = lay.coords()
