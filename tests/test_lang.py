@@ -429,9 +429,9 @@ def test_in_place_forms_write_their_destination():
 
 
 @pytest.mark.parametrize("case, msg", [
-    ("vec_other_tile", "vectors broadcast only over tiles of the shape and layout"),
+    ("vec_other_tile", "row vector of length 8 cannot broadcast over the rows of tile"),
     ("dtype_mix", "cast one with pk.cast"),
-    ("layout_mix", "convert with pk.copy"),
+    ("layout_mix", "change one's layout with pk.convert"),
     ("shared_operand", "load them into registers"),
     ("unary_int", "exp2 needs a float tile"),
     ("gl_to_st_convert", "cannot convert bf16 to f32"),

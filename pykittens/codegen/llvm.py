@@ -59,6 +59,9 @@ class Value:
 
 class Renderer:
     dialect_name = "?"
+    # f32 math a dialect renders with its hardware instruction (scalar intrinsic) rather than
+    # LLVM's generic intrinsic and the range handling around it
+    HARDWARE_MATH: dict = {}
 
     def __init__(self, prog: LaneProgram, stride_divisor: int = 1):
         from .divisibility import analyze
@@ -265,7 +268,12 @@ class Renderer:
     def unary(self, op, a: Value, d: T.DType) -> Value:
         x = self.widen(a, d)
         one = Value(literal(1.0, T.f32), "float", 0)
-        if op in ("exp2", "log2", "sqrt", "abs"):
+        if op in self.HARDWARE_MATH:           # the chip's own instruction, element by element
+            name = self.HARDWARE_MATH[op]
+            elems = [Value(self.call("float", name, [str(e)]), "float", 0)
+                     for e in ([self.extract(x, i) for i in range(x.n)] if x.n else [x])]
+            r = self.build(elems) if x.n else elems[0]
+        elif op in ("exp2", "log2", "sqrt", "abs"):
             base = {"abs": "llvm.fabs"}.get(op, f"llvm.{op}")
             r = Value(self.call(x.ty, self.intrinsic_name(base, x), [str(x)]), "float", x.n)
         elif op == "neg":

@@ -14,6 +14,9 @@ def _asm_operands(lo: int, n: int) -> str:
 
 class NVPTXRenderer(Renderer):
     dialect_name = "nvptx"
+    # MUFU.EX2 / MUFU.LG2 (PTX ex2.approx, lg2.approx: about 2 ulp); flushing exp2's
+    # subnormal results to zero saves the instruction that rescales them
+    HARDWARE_MATH = {"exp2": "llvm.nvvm.ex2.approx.ftz.f", "log2": "llvm.nvvm.lg2.approx.f"}
 
     def module_header(self):
         return f'target datalayout = "{DATALAYOUT}"\ntarget triple = "{self.p.target.triple}"'

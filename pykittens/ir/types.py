@@ -110,11 +110,13 @@ class RegTileType:
     pin: tuple[str, int] | None = None        # ('v'|'a', first register) for pinned tiles
     mma: int | None = None                    # matrix-instruction M/N (16 or 32) of a role tile
     scaled: bool = False                      # operand of a block-scaled (MX) instruction
+    krun: int | None = None                   # CDNA operand: K held in runs of krun per lane
 
     def __str__(self) -> str:
         extra = f",{self.role}" if self.role else ""
         extra += f",mma{self.mma}" if self.mma else ""
         extra += ",scaled" if self.scaled else ""
+        extra += f",krun{self.krun}" if self.krun else ""
         pin = f" @{self.pin[0]}{self.pin[1]}" if self.pin else ""
         return f"rt<{self.dtype}>[{self.shape[0]}x{self.shape[1]},{self.layout}{extra}]{pin}"
 

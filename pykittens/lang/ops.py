@@ -21,14 +21,17 @@ def _pow2(n: int) -> bool:
 
 
 def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
-       mma: int | None = None, scaled: bool = False) -> T.RegTileType:
+       mma: int | None = None, scaled: bool = False, krun: int | None = None) -> T.RegTileType:
     """Register tile type: (rows, cols), element type, 'row'/'col' lane layout and an optional
     matrix role ('a', 'b', 'acc') whose lanes follow the matrix instruction's operand layout.
     `mma=16|32` picks the instruction family (its M) of a role tile; by default the target
     picks (CDNA: 32 when the tile's M/N dims allow it, else 16; Hopper: 16).
     `pin="a0"` places the tile on explicit registers (CDNA). `scaled=True` makes an a/b tile
     an operand of the block-scaled (MX) instructions (gfx950), whose E8M0 scales live in
-    tiles of role 'a_scale' (M x K/32) and 'b_scale' (K/32 x N)."""
+    tiles of role 'a_scale' (M x K/32) and 'b_scale' (K/32 x N).
+    `krun=4` (CDNA operands) holds each lane's K values in runs of 4, the row pattern of an
+    accumulator, so an accumulator converts into this operand without moving data between
+    lanes (pk.convert); both operands of an mma must use the same krun."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != 2 or not all(_pow2(s) for s in shape):
         raise error(f"register tile shape {shape} must be two powers of two (rows, cols); "
@@ -44,15 +47,18 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
         pin = (pin[0], int(pin[1:]))
     if mma is not None and (role is None or mma not in (16, 32)):
         raise error("mma=16 or mma=32 applies to tiles with a role ('a', 'b', 'acc')")
-    if role in ("acc", "a_scale", "b_scale") and layout != "row":
+    if role in ("a_scale", "b_scale") and layout != "row":
         raise error(f"{role} tiles use the row layout (the matrix unit's own layout)")
+    if krun is not None and (role not in ("a", "b") or not isinstance(krun, int) or
+                             not _pow2(krun)):
+        raise error("krun= applies to operand tiles (role 'a' or 'b') and is a power of two")
     if scaled and role not in ("a", "b"):
         raise error("scaled=True applies to operand tiles (role 'a' or 'b')")
     if role in ("a_scale", "b_scale"):
         if T.dtype_of(dtype).name != "e8m0":
             raise error(f"{role} tiles hold E8M0 block scales: use pk.e8m0, not {dtype}")
         return T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma)
-    t = T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma, bool(scaled))
+    t = T.RegTileType(T.dtype_of(dtype), shape, layout, role, pin, mma, bool(scaled), krun)
     if role is not None and any(d % (mma or 16) for d in t.mn_dims):
         raise error(f"a {role!r} tile of shape {shape} cannot be built from {mma or 16}-wide "
                     "matrix-instruction tiles; make its M/N dims multiples of 16")
@@ -273,12 +279,103 @@ def subtile(t: RT, origin, shape) -> RT:
             all(isinstance(o, int) for o in origin)):
         raise error("subtile origin must be two Python ints (a static window)")
     st_ = t.type
-    sub_t = rt(shape, st_.dtype, st_.layout, role=st_.role, mma=st_.mma, scaled=st_.scaled)
+    sub_t = rt(shape, st_.dtype, st_.layout, role=st_.role, mma=st_.mma, scaled=st_.scaled,
+               krun=st_.krun)
     if any(o < 0 or o + n > m for o, n, m in zip(origin, sub_t.shape, st_.shape)):
         raise error(f"subtile {sub_t.shape} at {tuple(origin)} falls outside the tile "
                     f"{st_.shape}")
     dst = empty(sub_t)
     current().emit("subtile", dst.v, (t.v,), origin=tuple(origin))
+    return dst
+
+
+def convert(dst, src: RT) -> RT:
+    """dst <- src held in another register layout (and element type): e.g. an accumulator
+    (P = softmax(S)) becoming the A operand of the next mma. Only register slots are picked,
+    so every element must already sit in the lane that holds it in `dst`'s layout, which the
+    compiler checks: on Hopper an accumulator converts to an `a` tile as it is; on CDNA an
+    accumulator converts to operands made with krun=4 (see pk.rt), or to the operand of the
+    transposed product (compute S^T = K Q^T). `dst` is a tile or a tile type."""
+    _need_reg(src, "convert")
+    dst = _dst_of(dst)
+    _need_reg(dst, "convert")
+    ts, td = src.type, dst.type
+    if isinstance(ts, T.RegVecType) != isinstance(td, T.RegVecType):
+        raise error("pk.convert turns a tile into a tile and a vector into a vector")
+    if tuple(src.shape) != tuple(dst.shape) or getattr(ts, "axis", None) != getattr(td, "axis", None):
+        raise error(f"pk.convert keeps the shape: {ts} -> {td}; use pk.transpose to swap "
+                    "rows and columns")
+    current().emit("convert", dst.v, (src.v,))
+    return dst
+
+
+def transpose(t: RT) -> RT:
+    """The tile's transpose as a view of the same registers: the element (r, c) of the result
+    is t's (c, r); a 'row' layout becomes 'col' and the other way round (an accumulator too),
+    a row vector of t becomes a column vector of the transpose. No data moves, so storing
+    pk.transpose(acc) writes a product computed transposed (O^T) the right way round."""
+    _need_reg(t, "transpose")
+    flip = {"row": "col", "col": "row"}
+    if isinstance(t, RV):
+        v = t.type
+        of = v.of
+        new = T.RegVecType(v.dtype, dataclasses.replace(of, shape=of.shape[::-1],
+                                                        layout=flip[of.layout], pin=None),
+                           flip[v.axis])
+    else:
+        if t.type.role in ("a_scale", "b_scale"):
+            raise error("block-scale tiles have one layout; transpose their operands instead")
+        new = dataclasses.replace(t.type, shape=t.shape[::-1], layout=flip[t.type.layout],
+                                  pin=None)
+    dst = empty(new)
+    current().emit("convert", dst.v, (t.v,), transpose=True)
+    return dst
+
+
+def _index(t, dim, start):
+    tt = t.type if isinstance(t, RT) else t
+    if not isinstance(tt, T.RegTileType) or tt.role in ("a", "b", "a_scale", "b_scale"):
+        raise error("index tiles take the layout of a plain or accumulator register tile "
+                    "(operand layouts depend on the element type: convert afterwards)")
+    dst = empty(dataclasses.replace(tt, dtype=T.i32, pin=None))
+    current().emit("index", dst.v, (as_scalar(start, T.i32).v,), dim=dim)
+    return dst
+
+
+def row_index(t, start=0) -> RT:
+    """An i32 tile in the layout of tile (or tile type) `t` whose element (r, c) is
+    start + r: its row in the whole problem, for masks (`pk.where(cols <= rows, s, -inf)`)."""
+    return _index(t, 0, start)
+
+
+def col_index(t, start=0) -> RT:
+    """An i32 tile in the layout of `t` whose element (r, c) is start + c (see row_index)."""
+    return _index(t, 1, start)
+
+
+def select(cond: RT, a, b, out=None) -> RT:
+    """Elementwise cond ? a : b for a boolean tile `cond` (from tile comparisons) and tiles or
+    scalars a, b of its layout; pk.where(cond, a, b) calls this for tiles."""
+    _need_reg(cond, "where")
+    if cond.dtype != T.boolean:
+        raise error(f"pk.where needs a boolean tile (a comparison of tiles), got {cond.type}")
+    tiles = [x for x in (a, b) if isinstance(x, Tile)]
+    if not tiles:
+        raise error("pk.where on a boolean tile needs a tile among its two values")
+    like = tiles[0]
+    _need_reg(like, "where")
+    for x in tiles:
+        _same_shape(like, x, "where")
+        if x.dtype != like.dtype:
+            raise error(f"where: {like.dtype} with {x.dtype}; cast one with pk.cast")
+    if isinstance(like, RV) != isinstance(cond, RV) or (
+            _lay(dataclasses.replace(cond.type, dtype=like.dtype)) != _lay(like.type)
+            if not isinstance(like, RV) else cond.shape != like.shape):
+        raise error(f"where: condition {cond.type} and values {like.type} differ in shape "
+                    "or layout")
+    vals = [x.v if isinstance(x, Tile) else as_scalar(x, like.dtype).v for x in (a, b)]
+    dst = _result_like(like, out)
+    current().emit("select", dst.v, (cond.v, *vals))
     return dst
 
 
@@ -321,26 +418,32 @@ def _same_shape(x: RT, y: RT, what):
     if type(tx) is not type(ty):
         raise error(f"{what}: cannot combine {tx} with {ty}")
     if isinstance(tx, T.RegVecType):
-        if (tx.length, tx.axis) != (ty.length, ty.axis) or _lay(tx.of) != _lay(ty.of):
-            raise error(f"{what}: vectors {tx} and {ty} differ in length, axis or layout")
+        # vectors of different tiles combine when their lanes agree (checked on lowering)
+        if (tx.length, tx.axis) != (ty.length, ty.axis):
+            raise error(f"{what}: vectors {tx} and {ty} differ in length or axis")
     elif _lay(tx) != _lay(ty):
         raise error(f"{what}: tiles {tx} and {ty} differ in shape, layout or role; "
-                    "convert with pk.copy into a tile of the wanted layout")
+                    "change one's layout with pk.convert (or pk.transpose)")
 
 
 def _lay(t: T.RegTileType):
-    return (t.shape, t.layout, t.role, t.mma, t.scaled)
+    return (t.shape, t.layout, t.role, t.mma, t.scaled, t.krun)
+
+
+_CMP = ("lt", "le", "gt", "ge")
 
 
 def _binary(op, a: RT, b, dst=None, reverse=False):
     """a <op> b where b is a tile of the same shape, a vector broadcast along its axis, or a
-    scalar. The result has a's type."""
+    scalar. The result has a's type (a boolean tile of a's layout for comparisons). A vector
+    broadcasts over any tile whose rows (columns) sit in the lanes of the tile it came from:
+    the lowering checks this for the target."""
     _need_reg(a, op)
     if isinstance(b, RV) and not isinstance(a, RV):
-        if _lay(b.type.of) != _lay(a.type):
-            raise error(f"{op}: vector {b.type} was not made for tile {a.type}; "
-                        "vectors broadcast only over tiles of the shape and layout they "
-                        "came from")
+        dim = 0 if b.type.axis == "row" else 1
+        if b.type.length != a.shape[dim]:
+            raise error(f"{op}: a {b.type.axis} vector of length {b.type.length} cannot "
+                        f"broadcast over the {b.type.axis}s of tile {a.type}")
         if b.dtype != a.dtype:
             raise error(f"{op}: {a.dtype} tile with {b.dtype} vector; cast one with pk.cast")
         bcast, bv = b.type.axis, b.v
@@ -353,7 +456,15 @@ def _binary(op, a: RT, b, dst=None, reverse=False):
         raise error(f"{op}: shared tiles are not operands of math; load them into registers")
     else:
         bcast, bv = "scalar", as_scalar(b, a.dtype).v
-    out = _result_like(a, dst)
+    if op in _CMP:
+        if a.type.__class__ is T.RegTileType and a.type.role in ("a", "b"):
+            raise error(f"{op}: compare plain or accumulator tiles (operand layouts depend on "
+                        "the element type)")
+        out = _result_like(a, dst, dtype=T.boolean)
+    else:
+        if op in ("and", "or") and a.dtype != T.boolean:
+            raise error(f"&, | combine boolean tiles (comparisons), not {a.dtype}")
+        out = _result_like(a, dst)
     current().emit("binary", out.v, (a.v, bv), op=op, bcast=bcast, reverse=reverse)
     return out
 
@@ -408,8 +519,11 @@ def _reduce(op, axis, t: RT, into=None):
     if into is None:
         dst, acc = empty(rv(t.type, axis)), False
     else:
-        if not isinstance(into, RV) or into.type.axis != axis or _lay(into.type.of) != _lay(t.type):
-            raise error(f"into= must be a {axis} vector made for tile {t.type}")
+        dim = 0 if axis == "row" else 1
+        if not isinstance(into, RV) or into.type.axis != axis or \
+                into.type.length != t.shape[dim]:
+            raise error(f"into= must be a {axis} vector of length {t.shape[dim]} (made for a "
+                        f"tile whose {axis}s sit in the lanes of {t.type}'s)")
         dst, acc = into, True
     if dst.dtype != t.dtype:
         raise error(f"{axis}_{op}: vector is {dst.dtype} but tile is {t.dtype}")
@@ -479,8 +593,12 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None,
         raise error(f"mma accumulates in f32; make d an f32 tile, not {d.dtype}")
     want = {"a": "row" if trans[0] == "N" else "col", "b": "col" if trans[1] == "N" else "row"}
     name = f"mma_{_TNAME[trans]}"
-    if d.type.role != "acc":
-        raise error(f"{name}: d must be an accumulator tile: pk.rt(..., role='acc')")
+    if d.type.role != "acc" or d.type.layout != "row":
+        raise error(f"{name}: d must be an accumulator tile in the row layout: "
+                    "pk.rt(..., role='acc') (pk.transpose views it the other way afterwards)")
+    if a.type.krun != b.type.krun:
+        raise error(f"{name}: a (krun={a.type.krun}) and b (krun={b.type.krun}) must hold K "
+                    "in the same order: give both the same krun=")
     for x, role in ((a, "a"), (b, "b")):
         if x.type.role != role or x.type.layout != want[role]:
             raise error(f"{name}: operand {role} must be pk.rt({x.shape}, {x.dtype}, "

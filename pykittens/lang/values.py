@@ -98,9 +98,15 @@ class Scalar:
         return f"Scalar({self.v!r}: {self.dtype})"
 
 
-def where(cond, a, b):
+def where(cond, a, b, out=None):
     """Select for scalars; works on traced scalars and on numpy arrays alike, so one
-    function can describe e.g. a grid mapping both in a kernel and in a simulator."""
+    function can describe e.g. a grid mapping both in a kernel and in a simulator. With a
+    boolean tile (a comparison of tiles) it selects elementwise between tiles or scalars
+    (into `out` if given): how index masks are applied, e.g.
+    `pk.where(pk.col_index(s, k0) <= pk.row_index(s, q0), s, -math.inf)`."""
+    if isinstance(cond, Tile):
+        from . import ops
+        return ops.select(cond, a, b, out)
     if isinstance(cond, (bool, np.bool_)):          # decided at trace time
         return a if cond else b
     if any(isinstance(x, Scalar) for x in (cond, a, b)):
@@ -167,6 +173,13 @@ class RT(Tile):
     def __truediv__(self, o): return self._bin("div", o)
     def __rtruediv__(self, o): return self._bin("div", o, reverse=True)
     def __neg__(self): return self._bin("mul", -1.0)
+    # comparisons give boolean tiles (for pk.where); == and != stay Python's identity
+    def __lt__(self, o): return self._bin("lt", o)
+    def __le__(self, o): return self._bin("le", o)
+    def __gt__(self, o): return self._bin("gt", o)
+    def __ge__(self, o): return self._bin("ge", o)
+    def __and__(self, o): return self._bin("and", o)
+    def __or__(self, o): return self._bin("or", o)
     def __iadd__(self, o): return self._bin("add", o, dst=self)
     def __isub__(self, o): return self._bin("sub", o, dst=self)
     def __imul__(self, o): return self._bin("mul", o, dst=self)
@@ -175,6 +188,12 @@ class RT(Tile):
     def cast(self, dtype) -> "RT":
         from . import ops
         return ops.cast(self, dtype)
+
+    @property
+    def T(self) -> "RT":
+        """pk.transpose(self): the same registers viewed transposed."""
+        from . import ops
+        return ops.transpose(self)
 
     def set(self, src) -> "RT":
         """Copy `src` (a tile of the same shape, or a scalar) into this tile."""

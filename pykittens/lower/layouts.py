@@ -56,15 +56,27 @@ def mma_instr(t: RegTileType, target, ab_dtype=None):
 
 def role_base(t: RegTileType, target) -> LaneLayout:
     ins = mma_instr(t, target)
-    if t.role == "acc":
-        return ins.acc_layout
+    if t.role == "acc":                               # 'col': the transposed view
+        return ins.acc_layout if t.layout == "row" else transpose(ins.acc_layout)
     if t.role == "a_scale":
         return ins.scale_a_layout
     if t.role == "b_scale":
         return ins.scale_b_layout
     base = ins.a_layout if t.role == "a" else ins.b_layout
+    if t.krun is not None:
+        base = _krun_base(t, ins, target)
     natural = "row" if t.role == "a" else "col"       # A is (M, K), B is (K, N)
     return base if t.layout == natural else transpose(base)
+
+
+def _krun_base(t: RegTileType, ins, target) -> LaneLayout:
+    """The operand layout of `ins` with K relabelled into runs of t.krun (targets.cdna)."""
+    if target.family != "cdna" or ins.scaled:
+        raise NotSupportedYet(f"krun= is a CDNA operand layout (unscaled MFMAs); "
+                              f"{target.name} has no use for it")
+    from ..targets import cdna
+    return cdna.mfma_a(ins.m, ins.k, t.krun) if t.role == "a" else \
+        cdna.mfma_b(ins.n, ins.k, t.krun)
 
 
 def tile_layout(t: RegTileType, target) -> LaneLayout:

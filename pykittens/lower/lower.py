@@ -176,41 +176,108 @@ class _Lowering:
         self.emit("mov", dst, (self.val(op.srcs[0]),))
 
     def op_copy(self, op):
+        self._same_lanes(op.srcs[0].type, op.dst.type, "copy")
         dst, src = self.env[op.dst], self.val(op.srcs[0])
         self.emit("cvt" if src.type.dtype != dst.type.dtype else "mov", dst, (src,))
+
+    def _same_lanes(self, have, want, what):
+        """Vectors made for different tiles combine when they sit in the same lanes and
+        slots on this target; anything else is an error naming the conversion."""
+        if not isinstance(have, T.RegVecType) or have.of == want.of:
+            return
+        if L.vec_layout(have, self.t) != L.vec_layout(want, self.t):
+            raise self.err(f"{what}: {have} does not sit in the lanes of {want} on "
+                           f"{self.t.name}; pk.convert it first")
+
+    def op_convert(self, op):
+        """A register-only change of layout: every element the destination's layout puts in a
+        lane must already be in that lane (for a transpose: at the swapped position)."""
+        src_v, dst_v = op.srcs[0], op.dst
+        src_l, dst_l = self.layout(src_v), self.layout(dst_v)
+        rows, cols = dst_l.coords()
+        if op.attrs.get("transpose"):
+            rows, cols = cols, rows
+        index = self._slot_map(src_l, rows, cols)
+        if index is None:
+            raise self.err(f"pk.convert: {src_v.type} -> {dst_v.type} moves elements between "
+                           f"lanes on {self.t.name}, which pk.convert does not do; on CDNA "
+                           "give the operand krun=4 or compute the transposed product")
+        src, dst = self.val(src_v), self.env[dst_v]
+        if src.type.dtype == dst.type.dtype:
+            self.emit("slots", dst, (src,), index=index)
+            return
+        picked = self.b.reg(src.type.dtype, len(index))
+        self.emit("slots", picked, (src,), index=index)
+        self.emit("cvt", dst, (picked,))
+
+    @staticmethod
+    def _slot_map(src_lay, rows, cols):
+        """For each slot of a layout whose lanes hold elements (rows, cols) [lanes, slots],
+        the slot of `src_lay` holding the same element in every lane; None if some slot's
+        elements are not all in one source slot of their own lanes."""
+        sr, sc = src_lay.coords()
+        where = {}
+        for p in range(src_lay.nslots):
+            where.setdefault((sr[:, p].tobytes(), sc[:, p].tobytes()), p)
+        index = []
+        for s_ in range(rows.shape[1]):
+            p = where.get((np.ascontiguousarray(rows[:, s_], np.int64).tobytes(),
+                           np.ascontiguousarray(cols[:, s_], np.int64).tobytes()))
+            if p is None:
+                return None
+            index.append(p)
+        return tuple(index)
+
+    def op_index(self, op):
+        c = self.b.reg(T.i32, self.layout(op.dst).nslots)
+        self.emit("coord", c, layout=self.layouts[op.dst], dim=op.attrs["dim"], scope="wave")
+        self.emit("bin", self.env[op.dst], (c, self.val(op.srcs[0])), op="add")
+
+    def op_select(self, op):
+        for v in op.srcs[1:]:
+            self._same_lanes(v.type, op.srcs[0].type, "where")
+        cond, a, b = (self.val(v) for v in op.srcs)
+        self.emit("select", self.env[op.dst], (cond, a, b))
 
     def op_unary(self, op):
         self.emit("un", self.env[op.dst], (self.val(op.srcs[0]),), op=op.attrs["op"])
 
     def op_binary(self, op):
-        a, b = self.val(op.srcs[0]), self.val(op.srcs[1])
-        if op.attrs["bcast"] in ("row", "col") and op.srcs[0].type.__class__ is T.RegTileType:
+        a_v, b_v = op.srcs
+        a, b = self.val(a_v), self.val(b_v)
+        kind, bop = "bin", op.attrs["op"]
+        if bop in ("lt", "le", "gt", "ge"):
+            kind = "cmp"
+        if op.attrs["bcast"] in ("row", "col") and a_v.type.__class__ is T.RegTileType:
+            mine = T.RegVecType(b_v.type.dtype, a_v.type, b_v.type.axis)
+            self._same_lanes(b_v.type, mine, bop)
+            if bop == "div" and not op.attrs["reverse"] and b_v.type.dtype.is_float:
+                r = self.b.reg(b.type.dtype, b.type.nslots)     # one reciprocal per row
+                b = self.emit("un", r, (b,), op="recip")
+                bop = "mul"
             g = self.b.reg(b.type.dtype, a.type.nslots)
-            b = self.emit("slots", g, (b,), index=L.broadcast_index(op.srcs[1].type, self.t))
+            b = self.emit("slots", g, (b,), index=L.broadcast_index(mine, self.t))
+        elif op.attrs["bcast"] == "tile":
+            self._same_lanes(b_v.type, a_v.type, bop)
         if op.attrs["reverse"]:
             a, b = b, a
-        self.emit("bin", self.env[op.dst], (a, b), op=op.attrs["op"])
+        self.emit(kind, self.env[op.dst], (a, b), op=bop)
 
     def op_subtile(self, op):
         """A static slot selection: each slot of the window's own layout must be found, in
         the same lane for every lane, among the parent's slots."""
         src_v = op.srcs[0]
         parent, sub = self.layout(src_v), self.layout(op.dst)
-        pr, pc = parent.coords()
         sr, sc = sub.coords()
         r0, c0 = op.attrs["origin"]
-        where = {(tuple(pr[:, p]), tuple(pc[:, p])): p for p in range(parent.nslots)}
-        index = []
-        for s in range(sub.nslots):
-            p = where.get((tuple(sr[:, s] + r0), tuple(sc[:, s] + c0)))
-            if p is None:
-                sweep = min(parent.shape[1], parent.lanes * L.TILE_VEC)
-                raise self.err(f"subtile {op.dst.type.shape} at {(r0, c0)} does not sit in the "
-                               f"same lanes as a fresh tile of that shape; use a window whose "
-                               f"column offset and width are multiples of the wave's sweep "
-                               f"({sweep} columns on {self.t.name})")
-            index.append(p)
-        self.emit("slots", self.env[op.dst], (self.val(src_v),), index=tuple(index), window=True)
+        index = self._slot_map(parent, sr + r0, sc + c0)
+        if index is None:
+            sweep = min(parent.shape[1], parent.lanes * L.TILE_VEC)
+            raise self.err(f"subtile {op.dst.type.shape} at {(r0, c0)} does not sit in the "
+                           f"same lanes as a fresh tile of that shape; use a window whose "
+                           f"column offset and width are multiples of the wave's sweep "
+                           f"({sweep} columns on {self.t.name})")
+        self.emit("slots", self.env[op.dst], (self.val(src_v),), index=index, window=True)
 
     def op_mask(self, op):
         src = self.val(op.srcs[0])
@@ -237,6 +304,8 @@ class _Lowering:
             self.emit("bfly", part, (part,), op=rop, bits=bits)
         dst = self.env[op.dst]
         if op.attrs["accumulate"]:
+            self._same_lanes(op.dst.type, T.RegVecType(src_t.dtype, src_t, op.attrs["axis"]),
+                             f"{op.attrs['axis']}_{rop} into=")
             self.emit("bin", dst, (dst, part), op=rop)
         else:
             self.emit("mov", dst, (part,))

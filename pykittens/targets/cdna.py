@@ -46,25 +46,31 @@ def ds_swizzle_xor(mask: int) -> int:
 BUFFER_OOB_OFFSET = 0x80000000
 
 
-def _mfma_ab(mn: int, k: int, name_dim: int) -> tuple:
+def _mfma_ab(mn: int, k: int, name_dim: int, krun: int | None = None) -> tuple:
     """A (mn x k) or, transposed, B (k x mn) operand layout: lane l holds row/col l % mn and
-    k-run (l // mn) * (k // (64 // mn)) + s. `name_dim` is the tile dim that mn runs along."""
+    k-run (l // mn) * (k // (64 // mn)) + s. `name_dim` is the tile dim that mn runs along.
+
+    krun=r relabels K (the same relabelling on both operands leaves the product unchanged):
+    lane group g holds K in runs of r, run j of the lane at (j * groups + g) * r, which is
+    where an accumulator's rows sit (mfma_acc: runs of 4 rows per lane group)."""
     groups = WAVE // mn                       # lane groups along k
     per_lane = k // groups                    # consecutive k values a lane holds
+    run = per_lane if krun is None else min(krun, per_lane)
     other = 1 - name_dim
     bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
-    bits += [(other, per_lane << b) for b in range(groups.bit_length() - 1)]
-    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in range(per_lane)]
+    bits += [(other, run << b) for b in range(groups.bit_length() - 1)]
+    ks = [(s // run) * run * groups + s % run for s in range(per_lane)]
+    slots = [((0, kk) if name_dim == 0 else (kk, 0)) for kk in ks]
     shape = (mn, k) if name_dim == 0 else (k, mn)
     return linear(shape, bits, slots)
 
 
-def mfma_a(m: int, k: int):
-    return _mfma_ab(m, k, 0)
+def mfma_a(m: int, k: int, krun: int | None = None):
+    return _mfma_ab(m, k, 0, krun)
 
 
-def mfma_b(n: int, k: int):
-    return _mfma_ab(n, k, 1)
+def mfma_b(n: int, k: int, krun: int | None = None):
+    return _mfma_ab(n, k, 1, krun)
 
 
 def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:
