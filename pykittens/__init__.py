@@ -18,7 +18,9 @@ from .lang.ops import (abs, add, barrier, cast, col_index, col_max, col_sum, con
                        num_programs, num_waves, program_id, range, row_index, row_max, row_sum,
                        rsqrt, rt, rv, setprio, sqrt, st, static_range, store, sub, subtile,
                        transpose, wave_id, workgroup_max, workgroup_sum, zeros)
-from .lang.schedule import interleave, pingpong, sched_barrier, sched_group, waitcnt
+from .lang.pipeline import Ring, StagedStore
+from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, tile_walk,
+                            waitcnt)
 from .lang.sync import arrive, mbarrier, role, tma_load, tma_store, wait
 from .lang.values import maximum, minimum, where
 from .emulator.launch import emulate

@@ -48,8 +48,8 @@ def test_library_kernel_compiles(name, target):
         if name == "gemm_ws":                       # both operands by descriptor, K-major
             assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16\s+"
                              r"\{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, 0, 0;", asm)
-            # A's two 64-row blocks and B's block, for each of the 4 ring stages
-            assert asm.count("cp.async.bulk.tensor.2d.shared::cluster.global") == 3 * 4
+            # A's two 64-row blocks and B's block, once: the ring stage is picked at run time
+            assert asm.count("cp.async.bulk.tensor.2d.shared::cluster.global") == 3
             assert "setmaxnreg.dec.sync.aligned.u32 40" in asm
             assert "setmaxnreg.inc.sync.aligned.u32 232" in asm
     else:

@@ -376,15 +376,21 @@ def test_swizzle_moves_bytes():
         assert len(ops) == 4                     # 2 stores, 2 loads
         return [op.attrs["region"] for op in ops]
 
-    plain, swz = regions(0)[0], regions(8)[0]
-    assert all(r.tile.swizzle == 8 for r in regions(8))
-    assert plain.tile.swizzle == 0 and swz.tile.swizzle == 8
+    plain, swz, atoms = regions(0)[0], regions(4)[0], regions(8)[0]
+    assert all(r.tile.swizzle == 4 for r in regions(4))
+    assert plain.tile.swizzle == 0 and swz.tile.swizzle == 4
     rows = np.arange(8)[:, None]
     cols = np.arange(0, 64, 4)[None, :]          # one f32 per 16-byte chunk
     a, b = plain.byte_offset(rows, cols), swz.byte_offset(rows, cols)
-    assert np.array_equal(a[0], b[0]) and not np.array_equal(a[1:], b[1:])
+    assert np.array_equal(a[0], b[0]) and not np.array_equal(a[1:4], b[1:4])
     # a permutation within each row: same set of chunks, different places
     assert all(sorted(a[r]) == sorted(b[r]) for r in range(8))
+    # swizzle=8 with 256-byte rows: two 128-byte column blocks, each row-major and swizzled
+    assert atoms.tile.atoms == 2
+    r, c = np.meshgrid(np.arange(32), np.arange(64), indexing="ij")
+    flat = atoms.byte_offset(r, c * 1) - atoms.base
+    assert sorted(flat.ravel()) == list(range(0, 32 * 256, 4))
+    assert flat[8, 0] == 8 * 128 and flat[0, 32] == 32 * 128     # row 8; second block
 
 
 def _walk(block):

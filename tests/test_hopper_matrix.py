@@ -147,9 +147,11 @@ def test_mma_abt_shape_errors():
         pk.mma_ABt(acc, sa, sb)
         pk.store(c, acc)
 
-    with pytest.raises(pk.KernelError, match=r"128-byte rows \(K = 64\)"):
-        compiler.lane_ir(wide, "sm_90a")
-    with pytest.raises(pk.KernelError, match=r"128-byte rows \(K = 64\), swizzle=8"):
+    with pytest.raises(pk.KernelError, match=r"multiple of 128 bytes \(K = 64, 128, ...\)"):
+        compiler.lane_ir(wide, "sm_90a", K=32, SW=0)
+    with pytest.raises(pk.KernelError, match="swizzle=8 needs rows of at least 128 bytes"):
+        compiler.lane_ir(wide, "sm_90a", K=32)
+    with pytest.raises(pk.KernelError, match=r"\(K = 64, 128, ...\), swizzle=8"):
         compiler.lane_ir(wide, "sm_90a", K=64, SW=0)
     with pytest.raises(pk.NotSupportedYet, match="Hopper's wgmma form"):
         compiler.lane_ir(wide, "gfx950", K=64)

@@ -364,7 +364,7 @@ class AMDGPURenderer(Renderer):
             pos = self.op(f"mul i32 {r_first.text}, {t.shape[1]}", "i32", 0)
             pos = self.op(f"add i32 {pos.text}, {c_first.text}", "i32", 0)
             base = self.op(f"mul i32 {pos.text}, {esz}", "i32", 0)
-            base = self.op(f"add i32 {base.text}, {region.base}", "i32", 0)
+            base = self.op(f"add i32 {base.text}, {self.region_base(region).text}", "i32", 0)
             base = Value(self.call("i32", "llvm.amdgcn.readfirstlane.i32", [str(base)]), "i32", 0)
             ptr = self.lds_ptr(base)
             self.call("void", "llvm.amdgcn.raw.ptr.buffer.load.lds",

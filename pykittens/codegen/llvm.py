@@ -758,14 +758,33 @@ class Renderer:
         return out
 
     def _lds_addr(self, region, rb, cb, slot) -> Value:
+        """Byte address of element (rb + slot row, cb + slot col): LDSRegion.byte_offset's
+        rule (row-major, XOR swizzle, 128-byte column blocks) on registers."""
         t = region.tile
         esz = t.dtype.bytes
         row = self.op(f"add i32 {rb.text}, {slot[0]}", "i32", 0)
         col = self.op(f"add i32 {cb.text}, {slot[1]}", "i32", 0)
-        b = self.swizzled_byte(t, row, self.op(f"mul i32 {col.text}, {esz}", "i32", 0))
-        rowb = self.op(f"mul i32 {row.text}, {t.shape[1] * esz}", "i32", 0)
+        byte = self.op(f"mul i32 {col.text}, {esz}", "i32", 0)
+        row_bytes = t.shape[1] * esz
+        if t.atoms > 1:
+            atom = self.op(f"lshr i32 {byte.text}, 7", "i32", 0)
+            byte = self.op(f"and i32 {byte.text}, 127", "i32", 0)
+            row_bytes = 128
+        b = self.swizzled_byte(t, row, byte)
+        rowb = self.op(f"mul i32 {row.text}, {row_bytes}", "i32", 0)
         a = self.op(f"add i32 {rowb.text}, {b.text}", "i32", 0)
-        return self.op(f"add i32 {a.text}, {region.base}", "i32", 0)
+        if t.atoms > 1:
+            block = self.op(f"mul i32 {atom.text}, {t.shape[0] * 128}", "i32", 0)
+            a = self.op(f"add i32 {a.text}, {block.text}", "i32", 0)
+        return self.op(f"add i32 {a.text}, {self.region_base(region).text}", "i32", 0)
+
+    def region_base(self, region) -> Value:
+        """Byte offset of a region in LDS / shared memory: static, or base + stage * stride
+        for a stage picked at run time."""
+        if region.stage is None:
+            return Value(str(region.base), "i32", 0)
+        k = self.op(f"mul i32 {self.read(region.stage).text}, {region.stride}", "i32", 0)
+        return self.op(f"add i32 {k.text}, {region.base}", "i32", 0)
 
     def swizzled_byte(self, t, row: Value, byte: Value) -> Value:
         """Byte offset within a row of shared tile type `t` after its XOR swizzle: the

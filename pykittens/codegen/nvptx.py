@@ -235,7 +235,13 @@ class NVPTXRenderer(Renderer):
                        "i32", 0)
 
     def _mbar_addr(self, region) -> Value:
-        return self._smem_addr(region.base)
+        return self._region_addr(region, 0)
+
+    def _region_addr(self, region, offset: int) -> Value:
+        """The 32-bit shared address of byte `offset` of a region (of its runtime stage)."""
+        base = self.op(f"add i32 {self._smem_addr(0).text}, {self.region_base(region).text}",
+                       "i32", 0)
+        return self.op(f"add i32 {base.text}, {offset}", "i32", 0) if offset else base
 
     def _lane0(self, body):
         """Run `body()` on lane 0 of the wave only."""
@@ -278,42 +284,67 @@ class NVPTXRenderer(Renderer):
                "@!P1 bra WAIT; }")
         self.ins(f'call void asm sideeffect "{asm}", "r,r,~{{memory}}"(i32 {a.text}, i32 {p.text})')
 
-    def r_tma_load(self, op):
-        """Lane 0: arrive on the barrier expecting the tile's bytes, then start the bulk
-        tensor copy that completes them (coordinates innermost first)."""
-        region, bar, desc = op.attrs["region"], op.attrs["bar"], op.attrs["tmap"]
-        row_bytes = region.tile.shape[1] * region.tile.dtype.bytes
-        nbytes = desc.box[0] * row_bytes
-        r0, c0, at = (self.read(x) for x in op.srcs)
-        dst = self.op(f"add i32 {self._smem_addr(0).text}, {region.base}", "i32", 0)
-        skip = self.op(f"mul i32 {at.text}, {row_bytes}", "i32", 0)
-        dst = self.op(f"add i32 {dst.text}, {skip.text}", "i32", 0)
-        b = self._mbar_addr(bar)
+    def _tma_coords(self, op, lead_and_origin) -> tuple[list, Value, Value]:
+        """(lead coordinates, row, column) Values of a TMA op's tensor coordinates."""
+        vals = [self.read(x) for x in lead_and_origin]
+        return vals[:-2], vals[-2], vals[-1]
+
+    def _tma_issue(self, op, lead, r0, c0, block_addr) -> None:
+        """One bulk tensor copy per 128-byte column block of the tile (one for an ordinary
+        tile): block j's box starts j box-widths to the right and lands at block_addr(j).
+        Coordinates go innermost first; a box covers one element of the lead dims."""
+        desc, region = op.attrs["tmap"], op.attrs["region"]
+        rank = op.attrs["gl"].type.rank
         tmap = self.op(f"ptrtoint ptr %{desc.name} to i64", "i64", 0)
+        for j in range(region.tile.atoms):
+            col = self.op(f"add i32 {c0.text}, {j * desc.box[1]}", "i32", 0) if j else c0
+            args = ", ".join(f"i32 {v.text}" for v in [col, r0] + lead[::-1])
+            regs = ",".join(["r"] * rank)
+            if op.kind == "tma_load":
+                bar = self._mbar_addr(op.attrs["bar"])
+                self.ins(f'call void asm sideeffect "cp.async.bulk.tensor.{rank}d.shared::cluster.'
+                         f'global.mbarrier::complete_tx::bytes [$0], [$1, '
+                         f'{_asm_operands(2, rank)}], [${2 + rank}];", "r,l,{regs},r,~{{memory}}"'
+                         f'(i32 {block_addr(j).text}, i64 {tmap.text}, {args}, i32 {bar.text})')
+            else:
+                self.ins(f'call void asm sideeffect "cp.async.bulk.tensor.{rank}d.global.'
+                         f'shared::cta.bulk_group [$0, {_asm_operands(1, rank)}], [${1 + rank}];", '
+                         f'"l,{regs},r,~{{memory}}"(i64 {tmap.text}, {args}, '
+                         f'i32 {block_addr(j).text})')
+
+    def r_tma_load(self, op):
+        """Lane 0: arrive on the barrier expecting the box's bytes, then start the bulk
+        tensor copies that complete them, landing at row `at` of the tile."""
+        region, bar, desc = op.attrs["region"], op.attrs["bar"], op.attrs["tmap"]
+        t = region.tile
+        row_bytes = t.shape[1] * t.dtype.bytes // t.atoms     # one column block's row
+        nbytes = desc.box[0] * t.shape[1] * t.dtype.bytes
+        *coords, at = op.srcs
+        lead, r0, c0 = self._tma_coords(op, coords)
+        skip = self.op(f"mul i32 {self.read(at).text}, {row_bytes}", "i32", 0)
+        first = self._region_addr(region, 0)
+        first = self.op(f"add i32 {first.text}, {skip.text}", "i32", 0)
+        b = self._mbar_addr(bar)
 
         def issue():
             self.ins(f'call void asm sideeffect "mbarrier.arrive.expect_tx.shared::cta.b64 _, '
                      f'[$0], $1;", "r,r,~{{memory}}"(i32 {b.text}, i32 {nbytes})')
-            self.ins('call void asm sideeffect "cp.async.bulk.tensor.2d.shared::cluster.global.'
-                     'mbarrier::complete_tx::bytes [$0], [$1, {$2, $3}], [$4];", '
-                     f'"r,l,r,r,r,~{{memory}}"(i32 {dst.text}, i64 {tmap.text}, '
-                     f'i32 {c0.text}, i32 {r0.text}, i32 {b.text})')
+            self._tma_issue(op, lead, r0, c0, lambda j: self.op(
+                f"add i32 {first.text}, {j * t.shape[0] * 128}", "i32", 0) if j else first)
         self._lane0(issue)
 
     def r_tma_store(self, op):
         """Lane 0: make the tile's generic-proxy writes visible to the TMA unit, start the
-        copy, and wait until it has read the tile (so it can be reused)."""
-        region, desc = op.attrs["region"], op.attrs["tmap"]
-        r0, c0 = (self.read(x) for x in op.srcs)
-        src = self.op(f"add i32 {self._smem_addr(0).text}, {region.base}", "i32", 0)
-        tmap = self.op(f"ptrtoint ptr %{desc.name} to i64", "i64", 0)
+        copies, and wait until they have read the tile (so it can be reused)."""
+        region = op.attrs["region"]
+        t = region.tile
+        lead, r0, c0 = self._tma_coords(op, op.srcs)
+        first = self._region_addr(region, 0)
 
         def issue():
             self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
-            self.ins('call void asm sideeffect "cp.async.bulk.tensor.2d.global.shared::cta.'
-                     'bulk_group [$0, {$1, $2}], [$3];", '
-                     f'"l,r,r,r,~{{memory}}"(i64 {tmap.text}, i32 {c0.text}, i32 {r0.text}, '
-                     f'i32 {src.text})')
+            self._tma_issue(op, lead, r0, c0, lambda j: self.op(
+                f"add i32 {first.text}, {j * t.shape[0] * 128}", "i32", 0) if j else first)
             self.ins('call void asm sideeffect "cp.async.bulk.commit_group;", "~{memory}"()')
             self.ins('call void asm sideeffect "cp.async.bulk.wait_group.read 0;", '
                      '"~{memory}"()')
@@ -325,23 +356,27 @@ class NVPTXRenderer(Renderer):
         self.ins(f'call void asm sideeffect "setmaxnreg.{kind}.sync.aligned.u32 {regs};", ""()')
 
     # -- warpgroup MMA -----------------------------------------------------------------------
-    def _wgmma_desc(self, region, byte_offset: int, kmajor: bool) -> Value:
+    def _wgmma_desc(self, region, byte_offset: int, lead: int) -> Value:
         """Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format") of a tile
-        with 128-byte rows in the 128B swizzle, starting `byte_offset` into it: start address
-        >> 4, leading/stride byte offsets >> 4, layout type 1 = 128B swizzle. The stride
-        offset is one 8-row swizzle atom (1024 B) in both majors; a K-major tile steps
-        along K by moving the start address inside the atom (the hardware swizzles the
-        computed addresses), its leading offset is unused (1); an MN-major tile with one
-        atom along N uses the K step (1024 B) for both."""
+        in the 128B swizzle (128-byte rows, in column blocks of 128 bytes when wider),
+        starting `byte_offset` into it: start address >> 4, leading/stride byte offsets
+        >> 4, layout type 1 = 128B swizzle. The stride offset is one 8-row swizzle atom
+        (1024 B); `lead` is the leading offset: the distance between 128-byte column
+        blocks of an MN-major operand (K-major operands step along K by moving the start
+        address, the hardware swizzling the computed addresses)."""
         from ..targets.sm90a import WGMMA_SWIZZLE_128B
-        addr = self.op(f"add i32 {self._smem_addr(0).text}, {region.base + byte_offset}",
-                       "i32", 0)
+        addr = self._region_addr(region, byte_offset)
         lo = self.op(f"lshr i32 {addr.text}, 4", "i32", 0)
         lo = self.op(f"and i32 {lo.text}, 16383", "i32", 0)
         lo64 = self.op(f"zext i32 {lo.text} to i64", "i64", 0)
-        lead = 1 if kmajor else 1024 >> 4
-        const = lead << 16 | (1024 >> 4) << 32 | WGMMA_SWIZZLE_128B << 62
+        const = (lead >> 4) << 16 | (1024 >> 4) << 32 | WGMMA_SWIZZLE_128B << 62
         return self.op(f"or i64 {lo64.text}, {const}", "i64", 0)
+
+    @staticmethod
+    def _kmajor_offset(t, kbyte: int) -> int:
+        """Byte offset of K byte `kbyte` of a K-major tile's row 0: inside its column
+        block (t.atoms blocks of t.shape[0] x 128 bytes)."""
+        return (kbyte // 128) * t.shape[0] * 128 + kbyte % 128
 
     def r_wgmma(self, op):
         """wgmma.fence; one m64nNk16 (k32 for fp8) per K step: A from this wave's registers
@@ -362,17 +397,23 @@ class NVPTXRenderer(Renderer):
             a = self.read(op.srcs[0])
             per = 32 * 4 // region.tile.dtype.bits          # elements in 4 words
         self.ins('call void asm sideeffect "wgmma.fence.sync.aligned;", "~{memory}"()')
+        bt = region.tile
+        # MN-major B: column blocks (N) lie t.shape[0] rows of 128 bytes apart; one block
+        # takes the K step (1024 B) as its unused leading offset
+        lead = 16 if kmajor else (bt.shape[0] * 128 if bt.atoms > 1 else 1024)
         for kk in range(k // kstep):
-            b_off = kk * kstep * region.tile.dtype.bytes if kmajor else kk * kstep * 128
-            bdesc = self._wgmma_desc(region, b_off, kmajor)
+            b_off = self._kmajor_offset(bt, kk * kstep * bt.dtype.bytes) if kmajor else \
+                kk * kstep * 128
+            bdesc = self._wgmma_desc(region, b_off, lead)
             if a_region is None:
                 sub = self.pick(a, range(kk * per, kk * per + per))
                 words = self.op(f"bitcast {sub} to <4 x i32>", "i32", 4)
                 a_ops = [self.extract(words, i) for i in range(4)]
                 a_text, a_cons = _asm_operands(nd, 4), ["r"] * 4
             else:
-                a_ops = [self._wgmma_desc(a_region, kk * kstep * a_region.tile.dtype.bytes,
-                                          True)]
+                at = a_region.tile
+                a_ops = [self._wgmma_desc(
+                    a_region, self._kmajor_offset(at, kk * kstep * at.dtype.bytes), 16)]
                 a_text, a_cons = f"${nd}", ["l"]
             na = len(a_ops)
             text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nd + na + 1}, 0; "

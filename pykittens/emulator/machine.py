@@ -104,7 +104,7 @@ class _Machine:
 
     # -- registers ----------------------------------------------------------------------
     def get(self, w: _Wave, v):
-        if w.wgmma_groups and any(op.dst is v for op, _ in w.wgmma_groups):
+        if w.wgmma_groups and any(g[0].dst is v for g in w.wgmma_groups):
             raise _Busy(v)
         try:
             return w.regs[v]
@@ -159,7 +159,10 @@ class _Machine:
                     yield from self.run_block(w, op.regions[1])
             elif k in ("barrier", "mbar_wait", "wgmma"):
                 if k == "mbar_wait":
-                    self._mbar(w, op)
+                    try:
+                        self._mbar(w, op)
+                    except _StageOutOfRange as e:
+                        raise self._stage_error(w, op, *e.args) from None
                 w.waiting_op = op
                 yield op                         # wgmma: the warpgroup meets here
                 w.waiting_op = None
@@ -175,6 +178,8 @@ class _Machine:
                     raise self.fail(EmulatorError, w, op, str(e)) from None
                 except _Unset as e:
                     raise self.unset(w, op, e.args[0]) from None
+                except _StageOutOfRange as e:
+                    raise self._stage_error(w, op, *e.args) from None
                 except _Busy as e:
                     raise self.fail(Race, w, op, f"reads {e.args[0]!r} while a wgmma group "
                                     "issued with in_flight= may still be writing it; "
@@ -270,7 +275,8 @@ class _Machine:
         with in_flight=0, else by a later wgmma or wgmma_wait), reading shared memory then,
         so a stage released before its group retired shows as a race or a wrong result."""
         a = None if op.attrs["a_region"] is not None else self.get(w, op.srcs[0])
-        w.wgmma_groups.append((op, a))
+        regions = (self.at(w, op.attrs["region"]), self.at(w, op.attrs["a_region"]))
+        w.wgmma_groups.append((op, a, regions))
         self._retire_wgmma(w, op.attrs["in_flight"])
 
     def x_wgmma_wait(self, w, op):
@@ -278,18 +284,17 @@ class _Machine:
 
     def _retire_wgmma(self, w, keep: int):
         while len(w.wgmma_groups) > keep:
-            op, a = w.wgmma_groups.pop(0)
-            self._run_wgmma(w, op, a)
+            self._run_wgmma(w, *w.wgmma_groups.pop(0))
 
-    def _run_wgmma(self, w, op, a_regs):
+    def _run_wgmma(self, w, op, a_regs, regions):
         """acc += A @ B: B read from its shared tile (K x N, or N x K when K-major), A from
         the registers taken at issue or from this wave's 16 rows of the warpgroup's shared
-        64 x K tile (with swizzle, ordering and initialisation checks); acc in registers."""
-        region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
+        64 x K tile (with swizzle, ordering and initialisation checks); acc in registers.
+        The shared tiles are the stages picked when the group was issued."""
+        (region, a_region), n, k = regions, op.attrs["n"], op.attrs["k"]
         kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
         B = self._shared_matrix(w, op, region, *((nn, kk) if op.attrs["b_kmajor"] else
                                                  (kk, nn)))
-        a_region = op.attrs["a_region"]
         if a_region is not None:                     # rows of this wave within its warpgroup
             rows = (w.wave % 4) * 16 + np.arange(16)[:, None]
             A = self._shared_matrix(w, op, a_region, rows, kk.T)
@@ -318,6 +323,19 @@ class _Machine:
         emulator completes every memory operation at once)."""
 
     x_sched_group = x_waitcnt = x_sched_barrier
+
+    def _stage_error(self, w, op, i, region):
+        return self.fail(OutOfBounds, w, op, f"stage index {i} is outside {region.name}, "
+                         f"which has {region.count} stages")
+
+    def at(self, w, region):
+        """A region with its runtime stage resolved to a static one (stage i of n)."""
+        if region is None or region.stage is None:
+            return region
+        i = int(self.get(w, region.stage))
+        if not 0 <= i < region.count:
+            raise _StageOutOfRange(i, region)
+        return region.element(i)
 
     # -- windows --------------------------------------------------------------------------
     def _lane_coords(self, w, op):
@@ -374,7 +392,7 @@ class _Machine:
     # -- LDS ------------------------------------------------------------------------------
     def _lds_bytes(self, w, op, origin=None):
         """Byte indices [W*nslots*esz] of an LDS window, after bounds checks."""
-        region = op.attrs["region"]
+        region = self.at(w, op.attrs["region"])
         t = region.tile
         r0, c0 = origin if origin is not None else (int(self.get(w, s)) for s in op.srcs[:2])
         rows, cols = self._lane_coords(w, op)
@@ -439,16 +457,16 @@ class _Machine:
     def x_tma_load(self, w, op):
         """The whole box lands at once (0 outside the tensor), written by this wave; then the
         wave's arrival with the bytes completes its part of the barrier's phase."""
-        buf, region = self.bufs[op.attrs["gl"].name], op.attrs["region"]
+        buf, region = self.bufs[op.attrs["gl"].name], self.at(w, op.attrs["region"])
         t = region.tile
-        r0, c0, at = (int(self.get(w, s)) for s in op.srcs)
+        *lead, r0, c0, at = (int(self.get(w, s)) for s in op.srcs)
         box_rows = op.attrs["tmap"].box[0]
         if at < 0 or at + box_rows > t.shape[0]:
             raise self.fail(OutOfBounds, w, op, f"TMA box of {box_rows} rows at row {at} falls "
                             f"outside shared tile {region.name} of shape {t.shape}")
         rows = np.arange(box_rows)[:, None]
         cols = np.arange(t.shape[1])[None, :]
-        vals = _masked_read(buf, *_box(buf, rows + r0, cols + c0))
+        vals = _masked_read(buf, *_box(buf, rows + r0, cols + c0, lead))
         idx = _element_bytes(region, rows + at, cols)
         self._store_bytes(w, op, idx, np.ascontiguousarray(vals).view(np.uint8).reshape(-1))
         self.x_mbar_arrive(w, _BarOp(op))
@@ -456,15 +474,15 @@ class _Machine:
     def x_tma_store(self, w, op):
         """The tile is read (ordered after every wave's writes to it, as a barrier would
         order them) and written to the tensor box, clipped to the tensor."""
-        buf, region = self.bufs[op.attrs["gl"].name], op.attrs["region"]
+        buf, region = self.bufs[op.attrs["gl"].name], self.at(w, op.attrs["region"])
         t = region.tile
-        r0, c0 = (int(self.get(w, s)) for s in op.srcs)
+        *lead, r0, c0 = (int(self.get(w, s)) for s in op.srcs)
         rows = np.arange(t.shape[0])[:, None]
         cols = np.arange(t.shape[1])[None, :]
         idx = _element_bytes(region, rows, cols)
         self._check_lds_read(w, op, idx)
         vals = _lds_values(w.wg.lds, idx, t.dtype).reshape(t.shape)
-        off, mask = _box(buf, rows + r0, cols + c0)
+        off, mask = _box(buf, rows + r0, cols + c0, lead)
         buf.flat[off[mask]] = vals[mask]
 
     def _lds_write(self, w, op, value, origin):
@@ -548,11 +566,11 @@ class _Machine:
     def _wait_done(self, w, op) -> bool:
         # PTX try_wait.parity(P): true once the barrier's current phase has parity != P,
         # i.e. the phase with parity P completed.
-        bar = w.wg.mbarriers[op.attrs["region"].name]
+        bar = w.wg.mbarriers[self.at(w, op.attrs["region"]).name]
         return bar.phase % 2 != int(self.get(w, op.srcs[0])) % 2
 
     def _finish_wait(self, w, op):
-        bar = w.wg.mbarriers[op.attrs["region"].name]
+        bar = w.wg.mbarriers[self.at(w, op.attrs["region"]).name]
         done = bar.completed.get(int(self.get(w, op.srcs[0])) % 2)
         if done is not None:
             np.maximum(w.wg.vc[w.wave], done, out=w.wg.vc[w.wave])
@@ -589,7 +607,7 @@ class _Machine:
         w.wg.mbarriers[r.name] = _MBarrier(op.attrs["count"], self.p.num_waves)
 
     def _mbar(self, w, op):
-        r = op.attrs["region"]
+        r = self.at(w, op.attrs["region"])
         if r.name not in w.wg.mbarriers:
             raise self.fail(EmulatorError, w, op, f"mbarrier {r.name} used before its "
                             "initialisation")
@@ -631,10 +649,15 @@ def _lds_values(lds, idx, d) -> np.ndarray:
     return lds[idx].reshape(-1, d.bytes).copy().view(np.dtype(d.np)).reshape(-1)
 
 
-def _box(buf, rows, cols):
-    """Element offsets and in-bounds mask of elements (rows, cols) of a 2-D tensor."""
-    mask = (rows >= 0) & (rows < buf.shape[0]) & (cols >= 0) & (cols < buf.shape[1])
-    return rows * buf.strides[0] + cols * buf.strides[1], mask
+def _box(buf, rows, cols, lead=()):
+    """Element offsets and in-bounds mask of elements (lead..., rows, cols) of a tensor
+    (`lead` indexes the dims before the last two)."""
+    mask = (rows >= 0) & (rows < buf.shape[-2]) & (cols >= 0) & (cols < buf.shape[-1])
+    off = rows * buf.strides[-2] + cols * buf.strides[-1]
+    for i, x in enumerate(lead):
+        mask = mask & (0 <= x < buf.shape[i])
+        off = off + x * buf.strides[i]
+    return off, mask
 
 
 def _masked_read(buf, off, mask, fill=None) -> np.ndarray:
@@ -664,6 +687,10 @@ class _BarOp:
     def __init__(self, op):
         self.kind, self.loc, self.srcs = "tma_load", op.loc, ()
         self.attrs = {"region": op.attrs["bar"]}
+
+
+class _StageOutOfRange(Exception):
+    """A runtime stage index outside its pk.empty(..., count=n) (turned into OutOfBounds)."""
 
 
 class _Unset(Exception):

@@ -160,6 +160,14 @@ class SharedTileType:
     def nbytes(self) -> int:
         return self.shape[0] * self.shape[1] * self.dtype.bytes
 
+    @property
+    def atoms(self) -> int:
+        """128-byte column blocks: a swizzle=8 tile with rows wider than 128 bytes is stored
+        as that many (rows x 128-byte) blocks one after another, the hardware's 128B-swizzle
+        atoms (TMA boxes and wgmma descriptors address them); 1 for any other tile."""
+        row = self.shape[1] * self.dtype.bytes
+        return row // 128 if self.swizzle == 8 and row > 128 and row % 128 == 0 else 1
+
     def __str__(self) -> str:
         sw = f",swz{self.swizzle}" if self.swizzle else ""
         return f"st<{self.dtype}>[{self.shape[0]}x{self.shape[1]}{sw}]"
@@ -177,6 +185,21 @@ class MBarrierType:
 
     def __str__(self) -> str:
         return f"mbarrier[{self.arrivals}]"
+
+
+@dataclass(frozen=True)
+class StagesType:
+    """`count` shared tiles (or mbarriers) of one type, one after another in shared memory,
+    picked by a runtime index: the stages of a producer/consumer pipeline."""
+    of: SharedTileType | MBarrierType
+    count: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.of.nbytes
+
+    def __str__(self) -> str:
+        return f"{self.of}x{self.count}"
 
 
 def is_tile(t) -> bool:

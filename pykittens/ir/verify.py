@@ -6,7 +6,7 @@ from .errors import KernelError
 from .nodes import Block, KernelIR, walk
 from ..targets.cdna import MIN_FREE_VGPRS
 from .types import (GlobalType, MBarrierType, RegTileType, RegVecType, ScalarType,
-                    SharedTileType)
+                    SharedTileType, StagesType)
 
 
 def _regs_per_lane(t, wave: int) -> int:
@@ -43,12 +43,17 @@ def verify(k: KernelIR, target) -> dict:
     lds = 0
     pins: list[tuple] = []
     for op in walk(k.body):
-        if op.kind != "alloc" or isinstance(op.dst.type, MBarrierType):
+        if op.kind != "alloc":
             continue
         t = op.dst.type
+        count = 1
+        if isinstance(t, StagesType):
+            t, count = t.of, t.count
+        if isinstance(t, MBarrierType):
+            continue
         _dtype_ok(target, t.dtype, op.loc, kn, "tile")
         if isinstance(t, SharedTileType):
-            lds += t.nbytes
+            lds += t.nbytes * count
             if lds > target.lds_bytes_per_workgroup:
                 raise KernelError(
                     f"shared tiles need {lds} bytes of LDS/shared memory but {target.name} "

@@ -74,123 +74,68 @@ def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 @pk.kernel(num_waves=12)
 def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
-            STAGES: pk.const = 4, TMA_STORE: pk.const = 0, IN_FLIGHT: pk.const = 1,
-            PERSISTENT: pk.const = 0, PROMOTE: pk.const = 0, MAP: pk.const = "row-major",
-            TM: pk.const = 0,
+            STAGES: pk.const = 4, TMA_STORE: pk.const = 0, PERSISTENT: pk.const = 0,
+            PROMOTE: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
             TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, 128 x BN output blocks.
 
     Warp-specialised: warpgroup 0 is the producer (40 registers a thread): one wave has the
     TMA unit copy each K step's two 64-row blocks of A and the BN-row block of B into a
-    ring of STAGES 128B-swizzled shared stages, completing on `full[s]`. Warpgroups 1 and
-    2 are consumers (232 registers): each multiplies its 64 rows of A by B with wgmma,
-    both operands read from shared memory by descriptor, leaving IN_FLIGHT (1) groups
-    running, and releases a stage on `empty[s]` once the group reading it has retired (the
-    previous step's, with IN_FLIGHT=1). A K step is one 128-byte row of each operand (64
+    ring of STAGES 128B-swizzled shared stages. Warpgroups 1 and 2 are consumers (232
+    registers): each multiplies its 64 rows of A by B with wgmma, both operands read from
+    shared memory, leaving one group running, and releases a stage once the group reading
+    it has retired (the previous step's). A K step is one 128-byte row of each operand (64
     bf16 or 128 fp8).
 
-    PERSISTENT=1: a grid of at most one workgroup per SM walks the TM x TN blocks (tile
-    pid, pid + grid, ...); the ring runs on across blocks, so the producer loads the next
-    block while the consumers store this one.
+    PERSISTENT=1: a grid of at most one workgroup per SM walks the TM x TN blocks; the ring
+    runs on across blocks, so the producer loads the next block while the consumers store
+    this one.
 
     PROMOTE=1 (fp8): Hopper's fp8 wgmma accumulates with fewer bits than f32 (about 1e-3
     relative at K = 4096); each K step's products go to a fresh accumulator instead, added
     to the f32 one in registers (twice the accumulator registers: BN = 128).
 
-    TMA_STORE=1 (16-bit C): each consumer writes its block through shared memory (stmatrix
-    into 64 x 64 swizzled tiles, an mbarrier for the warpgroup's 4 waves) and one wave has
-    the TMA unit store it; otherwise every wave stores its rows of C from registers."""
+    TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
+    (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
+    of C from registers."""
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
-    sa = [[pk.empty(pk.st((64, bk), DT, swizzle=8)) for _ in range(2)] for _ in range(STAGES)]
-    sb = [pk.empty(pk.st((BN, bk), DT, swizzle=8)) for _ in range(STAGES)]
-    full = [pk.mbarrier(3) for _ in range(STAGES)]           # three TMA copies per stage
-    empty = [pk.mbarrier(8) for _ in range(STAGES)]          # every consumer wave
-    if TMA_STORE:
-        sc = [[pk.empty(pk.st((64, 64), OUT, swizzle=8)) for _ in range(BN // 64)]
-              for _ in range(2)]
-        stored = [pk.mbarrier(4) for _ in range(2)]          # a consumer warpgroup's waves
-        drained = [pk.mbarrier(1) for _ in range(2)]         # its TMA stores read sc
+    a_t = pk.st((64, bk), DT, swizzle=8)
+    ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t], b=pk.st((BN, bk), DT, swizzle=8))
+    out = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
     steps = (a.shape[1] + bk - 1) // bk
-    if PERSISTENT:
-        if not TM:
-            raise ValueError("PERSISTENT=1 walks a TM x TN tile grid: give TM and TN")
-        grid, first = pk.num_programs(0), pk.program_id(0)
-        mine = (TM * TN - first + grid - 1) // grid               # this workgroup's blocks
-
-    def blocks():
-        """The block loop: over this workgroup's blocks, or (not persistent) no loop."""
-        return pk.range(mine) if PERSISTENT else (0,)
-
-    def ring_step(t, i):
-        """The ring's step count at K step i of block t (it runs on across blocks)."""
-        return t * steps + i if PERSISTENT else i
-
-    def block_origin(t):
-        if PERSISTENT:
-            return output_tile(MAP, TM, TN, 128, BN, TARGET, index=first + t * grid)
-        return output_tile(MAP, TM, TN, 128, BN, TARGET)
-
-    def each_stage(k, body):
-        """body(s) for the ring stage s that ring step k uses (stages are static tiles)."""
-        for s in pk.static_range(STAGES):
-            with pk.if_(k % STAGES == s):
-                body(s)
-
+    walk = pk.tile_walk(TM * TN, persistent=PERSISTENT)
     with pk.role(0, 4, regs=40):
         with pk.if_(pk.wave_id() == 0):
-            for t in blocks():
-                m0, n0 = block_origin(t)
+            for t in walk:
+                m0, n0 = output_tile(MAP, TM, TN, 128, BN, TARGET, walk.tile(t))
                 for i in pk.range(steps):
-                    k = ring_step(t, i)
-                    def produce(s):
-                        with pk.if_(k >= STAGES):              # wait for the stage to drain
-                            pk.wait(empty[s], (k // STAGES + 1) % 2)
-                        for g in pk.static_range(2):
-                            pk.tma_load(sa[s][g], a, (m0 + 64 * g, i * bk), full[s])
-                        pk.tma_load(sb[s], b, (n0, i * bk), full[s])
-                    each_stage(k, produce)
+                    s = ring.acquire(t * steps + i)
+                    for g in pk.static_range(2):
+                        pk.tma_load(s.a[g], a, (m0 + 64 * g, i * bk), s.full)
+                    pk.tma_load(s.b, b, (n0, i * bk), s.full)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=232):
             w = pk.wave_id() % 4
-            acc = pk.zeros(pk.rt((16, BN), pk.f32, role="acc"))
-            if PROMOTE:
-                part = pk.zeros(acc.type)                      # one K step's products
-            for t in blocks():
-                m0, n0 = block_origin(t)
-                if PERSISTENT:
-                    pk.fill(acc, 0.0)
+            acc = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
+            part = pk.empty(acc.type) if PROMOTE else None      # one K step's products
+            for t in walk:
+                m0, n0 = output_tile(MAP, TM, TN, 128, BN, TARGET, walk.tile(t))
+                pk.fill(acc, 0.0)
                 for i in pk.range(steps):
-                    k = ring_step(t, i)
-                    def consume(s):
-                        pk.wait(full[s], (k // STAGES) % 2)
-                        if PROMOTE:                    # products of this step, then f32
-                            pk.fill(part, 0.0)
-                            pk.mma_ABt(part, sa[s][g], sb[s])
-                            pk.arrive(empty[s])
-                            pk.add(acc, part, out=acc)
-                            return
-                        pk.mma_ABt(acc, sa[s][g], sb[s], in_flight=IN_FLIGHT)
-                        if IN_FLIGHT:                  # step k - 1's group has retired
-                            with pk.if_(k > 0):
-                                pk.arrive(empty[(s - 1) % STAGES])
-                        else:
-                            pk.arrive(empty[s])
-                    each_stage(k, consume)
+                    k = t * steps + i
+                    s = ring.wait(k)
+                    if PROMOTE:
+                        pk.fill(part, 0.0)
+                        pk.mma_ABt(part, s.a[g], s.b)
+                        ring.release(k)
+                        acc += part
+                    else:
+                        pk.mma_ABt(acc, s.a[g], s.b, in_flight=1)
+                        with pk.if_(k > 0):                  # step k - 1's group retired
+                            ring.release(k - 1)
                 pk.mma_wait(acc)
                 if TMA_STORE:
-                    out = acc.cast(OUT)
-                    if PERSISTENT:
-                        with pk.if_(t > 0):            # the last block's stores read sc
-                            pk.wait(drained[g], (t - 1) % 2)
-                    for j in pk.static_range(BN // 64):
-                        pk.store(sc[g][j], pk.subtile(out, (0, 64 * j), (16, 64)),
-                                 (w * 16, 0))
-                    pk.arrive(stored[g])
-                    with pk.if_(w == 0):
-                        pk.wait(stored[g], t % 2)
-                        for j in pk.static_range(BN // 64):
-                            pk.tma_store(c, sc[g][j], (m0 + 64 * g, n0 + 64 * j))
-                        pk.arrive(drained[g])
+                    out[g].store(c, acc, (m0 + 64 * g, n0), use=t)
                 else:
                     pk.store(c, acc, (m0 + 64 * g + w * 16, n0))

@@ -11,7 +11,7 @@ import sys
 from ..ir import types as T
 from ..ir.nodes import Block
 from .trace import current, error, new_value
-from .values import GL, RT, RV, ST, Scalar, Tile, as_scalar
+from .values import GL, RT, RV, ST, Scalar, Stages, Tile, as_scalar
 
 # ---- types --------------------------------------------------------------------------------
 
@@ -94,16 +94,30 @@ def _wrap(v):
     return ST(v)
 
 
-def empty(type_) -> Tile:
-    """Allocate a tile of `type_` (contents undefined until written)."""
+def empty(type_, count: int | None = None):
+    """Allocate a tile of `type_` (contents undefined until written). With count=n, n shared
+    tiles of that type one after another: `tiles[i]` picks one by a runtime index (the
+    stages of a pipeline, see pk.Ring)."""
     if not T.is_tile(type_):
         raise error(f"pk.empty needs a tile type from pk.rt / pk.rv / pk.st, got {type_!r}")
     if isinstance(type_, T.SharedTileType) and len(current().blocks) > 1:
         raise error("shared tiles must be allocated at the top of the kernel, outside loops "
                     "and branches, so their LDS offsets are static")
+    if count is not None:
+        if not isinstance(type_, T.SharedTileType):
+            raise error("count= allocates stages of a shared tile (pk.st)")
+        return _stages(type_, count, ST)
     v = new_value(type_)
     current().emit("alloc", v)
     return _wrap(v)
+
+
+def _stages(type_, count, wrap) -> Stages:
+    if not isinstance(count, int) or count < 1:
+        raise error(f"count={count!r}: the number of stages is a positive int")
+    v = new_value(T.StagesType(type_, count))
+    current().emit("alloc", v)
+    return Stages(v, wrap)
 
 
 def full(type_, value) -> Tile:

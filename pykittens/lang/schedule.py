@@ -104,3 +104,34 @@ def pingpong(priority: int = 1):
     yield pp
     with ops.if_(pp.group == 0):
         ops.barrier()                       # re-align: group 0 passes the missing barrier
+
+
+class TileWalk:
+    """The output tiles a workgroup computes, out of `count`: one per workgroup (tile
+    program_id(0)), or, persistent, a grid of fewer workgroups walking them (tiles pid,
+    pid + grid, ...; pipelines run on from one tile to the next).
+
+        walk = pk.tile_walk(TM * TN, persistent=True)
+        for t in walk:                    # this workgroup's t-th tile (a pk.range loop)
+            tile = walk.tile(t)           # its index in 0..count-1
+    """
+
+    def __init__(self, count, persistent: bool):
+        self.persistent = bool(persistent)
+        if self.persistent and isinstance(count, int) and count < 1:
+            raise error(f"a persistent walk needs the number of tiles, not {count}")
+        if self.persistent:
+            self.grid, self.first = ops.num_programs(0), ops.program_id(0)
+            self.mine = (count - self.first + self.grid - 1) // self.grid
+
+    def __iter__(self):
+        # the pk.range generator itself, so its loop belongs to the caller's frame
+        return iter(ops.range(self.mine)) if self.persistent else iter((0,))
+
+    def tile(self, t):
+        return self.first + t * self.grid if self.persistent else ops.program_id(0)
+
+
+def tile_walk(count, persistent: bool = True) -> TileWalk:
+    """See TileWalk."""
+    return TileWalk(count, persistent)

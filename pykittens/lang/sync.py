@@ -25,15 +25,18 @@ class MBarrier(Tile):
     """An mbarrier in shared memory."""
 
 
-def mbarrier(arrivals: int) -> MBarrier:
+def mbarrier(arrivals: int, count: int | None = None) -> MBarrier:
     """A barrier whose phase completes after `arrivals` arrivals (pk.arrive calls and
     pk.tma_load issues, one each; a wave may arrive several times). Allocate at the top of
-    the kernel (like shared tiles); it starts in phase 0."""
+    the kernel (like shared tiles); it starts in phase 0. count=n makes n of them, indexed
+    by a runtime value (`bars[k % n]`) like stages of shared tiles."""
     if not isinstance(arrivals, int) or arrivals < 1:
         raise error("mbarrier arrivals must be a positive int (a number of waves)")
     if len(current().blocks) > 1:
         raise error("mbarriers must be allocated at the top of the kernel, outside loops "
                     "and branches")
+    if count is not None:
+        return ops._stages(T.MBarrierType(arrivals), count, MBarrier)
     v = new_value(T.MBarrierType(arrivals))
     current().emit("alloc", v)
     return MBarrier(v)
@@ -77,7 +80,7 @@ def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> N
         raise error(f"tma_load rows= must be an int in 1..{min(t.shape[0], 256)}")
     if t.swizzle and box_rows % 8:
         raise error("a 128B-swizzled TMA box covers whole 8-row swizzle atoms: rows % 8 == 0")
-    c = ops._coords(coord, 2, "tma_load")
+    c = ops._coords(coord, src.rank, "tma_load")
     current().emit("tma_load", dst.v, (src.v,) + c + (bar.v, as_scalar(at, T.i32).v),
                    rows=box_rows)
 
@@ -93,23 +96,26 @@ def tma_store(dst, src, coord) -> None:
     t = _check_tma("tma_store", dst, src, "source")
     if t.shape[0] > 256:                     # the box is the whole tile
         raise error("a TMA box has at most 256 elements per dim")
-    c = ops._coords(coord, 2, "tma_store")
+    c = ops._coords(coord, dst.rank, "tma_store")
     current().emit("tma_store", dst.v, (src.v,) + c)
 
 
 def _check_tma(name, gl, st, side):
-    """What every TMA box needs: a 2-D tensor, one element type on both sides, rows of a
-    multiple of 16 bytes and at most 256 elements, and no swizzle or the hardware's 128B
-    one (swizzle=8 with 128-byte rows). Returns the shared tile's type."""
-    if gl.rank != 2:
-        raise error(f"pk.{name} takes a 2-D tensor for now")
+    """What every TMA box needs: a tensor of rank 2 to 5 (the box covers its last two dims,
+    one element of the others), one element type on both sides, rows of a multiple of 16
+    bytes and at most 256 elements, and no swizzle or the hardware's 128B one (swizzle=8
+    with rows of 128 bytes, or a multiple: one box per 128-byte column block). Returns the
+    shared tile's type."""
+    if not 2 <= gl.rank <= 5:
+        raise error(f"pk.{name} takes a tensor of rank 2 to 5, not {gl.rank}")
     if gl.dtype != st.dtype:
         raise error(f"TMA copies bytes: the shared tile must be {gl.dtype}, not {st.dtype}")
     t = st.type
-    if t.swizzle not in (0, 8) or (t.swizzle == 8 and t.shape[1] * t.dtype.bytes != 128):
-        raise error(f"a TMA {side} is unswizzled, or swizzle=8 with 128-byte rows (the "
-                    "hardware's 128B pattern)")
-    if t.shape[1] * t.dtype.bytes % 16 or t.shape[1] > 256:
+    row = t.shape[1] * t.dtype.bytes
+    if t.swizzle not in (0, 8) or (t.swizzle == 8 and row % 128):
+        raise error(f"a TMA {side} is unswizzled, or swizzle=8 with rows of a multiple of "
+                    "128 bytes (the hardware's 128B pattern)")
+    if row % 16 or (t.shape[1] > 256 and t.atoms == 1):
         raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements")
     return t
 

@@ -217,6 +217,32 @@ class ST(Tile):
         return self.type.shape
 
 
+class Stages:
+    """`count` shared tiles or mbarriers allocated together (pk.empty(type, count=n),
+    pk.mbarrier(arrivals, count=n)); `stages[i]` is stage i, for a Python int or a traced
+    scalar (e.g. `k % n` in a pipeline loop), usable wherever one tile or mbarrier is."""
+
+    def __init__(self, v, wrap):
+        self.v, self._wrap = v, wrap
+
+    @property
+    def count(self) -> int:
+        return self.v.type.count
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, i):
+        if isinstance(i, (int, np.integer)) and not 0 <= i < self.count:
+            raise error(f"stage {i} of {self.count}: index out of range")
+        out = new_value(self.v.type.of)
+        current().emit("stage", out, (self.v, as_scalar(i, T.i32).v))
+        return self._wrap(out)
+
+    def __iter__(self):
+        return (self[i] for i in range(self.count))
+
+
 class GL:
     """A global-memory tensor parameter. `shape[i]` is a Python int for static dims and a
     traced scalar for dims known only at launch."""

@@ -79,21 +79,40 @@ class LaneType:
 
 @dataclass(frozen=True)
 class LDSRegion:
-    """One shared tile's slice of the workgroup's LDS."""
+    """One shared tile's (or mbarrier's) slice of the workgroup's LDS. Stages allocated
+    together (pk.empty(..., count=n)) are one region of `count` elements `stride` bytes
+    apart; a stage picked by a runtime index carries that index's lane register in `stage`
+    (its address is base + stage * stride), a static pick is a region of its own."""
     name: str
     base: int
     size: int
-    tile: object = None          # its SharedTileType (shape, dtype, swizzle)
+    tile: object = None          # its SharedTileType (shape, dtype, swizzle) or MBarrierType
+    count: int = 1
+    stride: int = 0
+    stage: object = None         # lane register of a runtime stage index, or None
+
+    def element(self, i: int) -> "LDSRegion":
+        """Stage i as a region of its own (a static address)."""
+        return LDSRegion(f"{self.name}[{i}]", self.base + i * self.stride, self.stride,
+                         self.tile)
 
     def byte_offset(self, row, col):
         """Byte address of element (row, col): row-major, 16-byte chunks of a row XORed with
-        (row % swizzle) to spread LDS banks. Works on ints and numpy arrays alike."""
+        (row % swizzle) to spread LDS banks; a swizzle=8 tile with rows wider than 128 bytes
+        is stored as 128-byte column blocks (SharedTileType.atoms). Works on ints and numpy
+        arrays alike; a runtime stage must be resolved first (element)."""
         t = self.tile
         esz = t.dtype.bytes
         b = col * esz
+        row_bytes = t.shape[1] * esz
+        if t.atoms > 1:
+            atom, b = b >> 7, b & 127
+            row_bytes = 128
         if t.swizzle:
             b = (((b >> 4) ^ (row & (t.swizzle - 1))) << 4) | (b & 15)
-        return self.base + row * (t.shape[1] * esz) + b
+        if t.atoms > 1:
+            b = b + atom * (t.shape[0] * 128)
+        return self.base + row * row_bytes + b
 
 
 @dataclass(eq=False)

@@ -1,6 +1,8 @@
 """Lowering of each tile-IR op into lane-IR ops."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..ir import types as T
@@ -25,6 +27,7 @@ class _Lowering:
         self.reg_budget: dict = {}     # first wave of a Hopper warp role -> its registers
         self.lds = 0
         self.loc = None
+        self.consts: dict = {}         # lane register -> int, for registers holding constants
 
     # -- helpers ------------------------------------------------------------------------
     def err(self, msg, cls=KernelError):
@@ -35,6 +38,8 @@ class _Lowering:
 
     def const(self, value, dtype=T.i32):
         r = self.b.reg(dtype, uniform=True)
+        if isinstance(value, int):
+            self.consts[r] = value
         return self.emit("const", r, value=value)
 
     def bin(self, op, a, b, dtype=None, nslots=None):
@@ -135,41 +140,66 @@ class _Lowering:
     # -- tiles --------------------------------------------------------------------------
     def op_alloc(self, op):
         t = op.dst.type
-        if isinstance(t, T.MBarrierType):
-            if self.t.family != "hopper":
-                raise self.err(f"mbarriers are a Hopper feature; on {self.t.name} synchronise "
-                               "waves with pk.barrier()", NotSupportedYet)
-            reg = self.env[op.dst] = self._lds_region("mbar", t, 8)
-            # wave 0 initialises it; the barrier makes the initialised state visible to all
-            w = self.b.reg(T.i32, uniform=True)
-            self.emit("special", w, name="wave_id", axis=0)
-            first = self.bin("eq", w, self.const(0))
-            with self.b.into(Block()) as init:
-                self.emit("mbar_init", region=reg, count=t.arrivals)
-            self.emit("if", None, (first,), regions=[init])
-            self.emit("barrier")
-            return
-        if isinstance(t, T.SharedTileType):
-            # a 128-byte-swizzled tile starts on a 1024-byte boundary: the hardware's swizzle
-            # (wgmma, TMA) is defined on absolute shared addresses
-            align = 1024 if t.swizzle == 8 and t.shape[1] * t.dtype.bytes == 128 else LDS_ALIGN
-            if t.swizzle and t.shape[1] * t.dtype.bytes < 16 * t.swizzle:
-                raise self.err(f"swizzle={t.swizzle} needs rows of at least "
-                               f"{16 * t.swizzle} bytes; this tile's rows are "
-                               f"{t.shape[1] * t.dtype.bytes}")
-            self.env[op.dst] = self._lds_region("st", t, align)
+        if isinstance(t, (T.MBarrierType, T.SharedTileType, T.StagesType)):
+            count = t.count if isinstance(t, T.StagesType) else 1
+            one = t.of if isinstance(t, T.StagesType) else t
+            self.env[op.dst] = self._shared(one, count)
             return
         lay = self.layout(op.dst)
         pin = getattr(t, "pin", None)
         self.env[op.dst] = self.b.reg(t.dtype, lay.nslots, name=f"t{op.dst.id}", pin=pin)
 
-    def _lds_region(self, prefix, t, align) -> LDSRegion:
-        """The next `align`-aligned piece of LDS / shared memory, t.nbytes long."""
+    def _shared(self, t, count) -> LDSRegion:
+        """LDS for `count` shared tiles or mbarriers of type t (wave 0 initialises
+        mbarriers; the barrier after makes their initial state visible to all waves)."""
+        if isinstance(t, T.MBarrierType):
+            if self.t.family != "hopper":
+                raise self.err(f"mbarriers are a Hopper feature; on {self.t.name} synchronise "
+                               "waves with pk.barrier()", NotSupportedYet)
+            reg = self._lds_region("mbar", t, 8, count)
+            w = self.b.reg(T.i32, uniform=True)
+            self.emit("special", w, name="wave_id", axis=0)
+            first = self.bin("eq", w, self.const(0))
+            with self.b.into(Block()) as init:
+                for i in range(count):
+                    self.emit("mbar_init", region=reg.element(i) if count > 1 else reg,
+                              count=t.arrivals)
+            self.emit("if", None, (first,), regions=[init])
+            self.emit("barrier")
+            return reg
+        # a 128-byte-swizzled tile starts on a 1024-byte boundary: the hardware's swizzle
+        # (wgmma, TMA) is defined on absolute shared addresses
+        row_bytes = t.shape[1] * t.dtype.bytes
+        align = 1024 if t.swizzle == 8 and row_bytes % 128 == 0 else LDS_ALIGN
+        if t.swizzle and row_bytes < 16 * t.swizzle:
+            raise self.err(f"swizzle={t.swizzle} needs rows of at least {16 * t.swizzle} "
+                           f"bytes; this tile's rows are {row_bytes}")
+        return self._lds_region("st", t, align, count)
+
+    def _lds_region(self, prefix, t, align, count=1) -> LDSRegion:
+        """The next `align`-aligned piece of LDS / shared memory for `count` elements of
+        type t, each starting `align`-aligned."""
         base = -(-self.lds // align) * align
-        reg = LDSRegion(f"{prefix}{len(self.regions)}", base, t.nbytes, t)
+        stride = -(-t.nbytes // align) * align
+        size = stride * (count - 1) + t.nbytes
+        reg = LDSRegion(f"{prefix}{len(self.regions)}", base, size, t,
+                        count=count, stride=stride if count > 1 else 0)
         self.regions.append(reg)
-        self.lds = base + t.nbytes
+        self.lds = base + size
         return reg
+
+    def op_stage(self, op):
+        """Stage i of a pk.empty(..., count=n) / pk.mbarrier(..., count=n): a static region
+        for a constant index, else the region with the index register (its address is
+        computed where it is used)."""
+        arr, idx = self.env[op.srcs[0]], self.val(op.srcs[1])
+        c = self.consts.get(idx)
+        if c is not None:
+            if not 0 <= c < arr.count:
+                raise self.err(f"stage {c} of {arr.count}: index out of range")
+            self.env[op.dst] = arr.element(c)
+        else:
+            self.env[op.dst] = dataclasses.replace(arr, stage=idx)
 
     def op_fill(self, op):
         dst = self.env[op.dst]
@@ -395,27 +425,29 @@ class _Lowering:
         n, k = st.shape if kmajor else st.shape[::-1]
         dt = st.dtype
         kstep = 32 if dt.bits == 8 else 16
+        row = st.shape[1] * dt.bytes
         if op.dst.type.shape != (16, n):
             raise self.err("wgmma gives each wave 16 rows: make a (16, K) and d (16, N)")
         if kmajor:
-            if dt.bits == 8 and not dt.is_fp8 or st.swizzle != 8 or k * dt.bytes != 128 \
+            if dt.bits == 8 and not dt.is_fp8 or st.swizzle != 8 or row % 128 \
                     or n % 16 or not 16 <= n <= 256:
-                raise self.err(f"mma_ABt reads b as an N x K {dt} tile with 128-byte rows "
-                               f"(K = {128 // dt.bytes}), swizzle=8 (the 128B pattern) and N a "
-                               f"multiple of 16 up to 256; got {st}")
-        elif dt.name not in ("bf16", "f16") or n * dt.bytes != 128 or st.swizzle != 8 \
+                raise self.err(f"mma_ABt reads b as an N x K {dt} tile with rows of a multiple "
+                               f"of 128 bytes (K = {128 // dt.bytes}, {256 // dt.bytes}, ...), "
+                               f"swizzle=8 (the 128B pattern) and N a multiple of 16 up to "
+                               f"256; got {st}")
+        elif dt.name not in ("bf16", "f16") or row % 128 or n > 256 or st.swizzle != 8 \
                 or k % 16:
-            raise self.err(f"wgmma reads b as a K x N {dt} tile with 128-byte rows "
-                           f"(N = {128 // dt.bytes}), swizzle=8 (the 128B pattern) and K a "
-                           f"multiple of 16; fp8 operands need b stored N x K (mma_ABt); "
-                           f"got {st}")
+            raise self.err(f"wgmma reads b as a K x N {dt} tile with rows of a multiple of "
+                           f"128 bytes (N = {128 // dt.bytes}, {256 // dt.bytes}, ... up to 256), "
+                           f"swizzle=8 (the 128B pattern) and K a multiple of 16; fp8 operands "
+                           f"need b stored N x K (mma_ABt); got {st}")
         if self.k.num_waves % 4:
             raise self.err("wgmma is warpgroup-wide: num_waves must be a multiple of 4")
         a_shared = isinstance(a_v.type, T.SharedTileType)
         if a_shared and (a_v.type.swizzle != 8 or a_v.type.shape[1] * a_v.type.dtype.bytes
-                         != 128):
-            raise self.err(f"a shared a is 64 x K with 128-byte rows and swizzle=8; got "
-                           f"{a_v.type}")
+                         % 128):
+            raise self.err(f"a shared a is 64 x K with rows of a multiple of 128 bytes and "
+                           f"swizzle=8; got {a_v.type}")
         for v in (c_v, op.dst) if a_shared else (a_v, c_v, op.dst):
             self.layout(v)
         d = self._accumulator(op.dst, c_v)
@@ -593,13 +625,15 @@ class _Lowering:
         if self.t.family != "hopper":
             raise self.err(f"TMA is a Hopper feature; on {self.t.name} use pk.load (direct=True "
                            "copies memory straight into LDS on CDNA)", NotSupportedYet)
-        gl_v, r0, c0, bar_v, at = op.srcs
+        gl_v, *coords, bar_v, at = op.srcs
         st = op.dst.type
-        desc = self._tmap(gl_v, (op.attrs["rows"], st.shape[1]), st.swizzle == 8)
-        self.emit("tma_load", None, (self.val(r0), self.val(c0), self.val(at)), gl=gl_v,
+        desc = self._tmap(gl_v, (op.attrs["rows"], st.shape[1] // st.atoms), st.swizzle == 8)
+        self.emit("tma_load", None, (*(self.val(c) for c in coords), self.val(at)), gl=gl_v,
                   tmap=desc, region=self.env[op.dst], bar=self.env[bar_v])
 
     def _tmap(self, gl_v, box, swizzle128):
+        """The tensor map of TMA copies of `box` (rows, columns: the last two dims; 1 in
+        the others) of tensor `gl_v`: one per tensor, box and swizzle."""
         from ..runtime.abi import TMADesc
         for t in self.tmaps:
             if (t.param, t.box, t.swizzle128) == (gl_v.name, box, swizzle128):
@@ -612,10 +646,10 @@ class _Lowering:
         if self.t.family != "hopper":
             raise self.err(f"TMA is a Hopper feature; on {self.t.name} use pk.store",
                            NotSupportedYet)
-        st_v, r0, c0 = op.srcs
+        st_v, *coords = op.srcs
         st = st_v.type
-        desc = self._tmap(op.dst, st.shape, st.swizzle == 8)
-        self.emit("tma_store", None, (self.val(r0), self.val(c0)), gl=op.dst, tmap=desc,
+        desc = self._tmap(op.dst, (st.shape[0], st.shape[1] // st.atoms), st.swizzle == 8)
+        self.emit("tma_store", None, tuple(self.val(c) for c in coords), gl=op.dst, tmap=desc,
                   region=self.env[st_v])
 
     def op_setmaxnreg(self, op):

@@ -474,8 +474,9 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
 
 def encode_tensor_map(t, desc, dtype) -> bytes:
     """The 128-byte CUtensorMap (cuTensorMapEncodeTiled) for TMA copies of `desc.box` tiles
-    of the 2-D tensor `t`: elements outside it read as zero; 128B swizzle when the shared
-    tile is swizzled."""
+    (the last two dims; one element of the others) of tensor `t`, which may be a strided
+    view (e.g. (B, H, N, D) of a (B, N, H, D) tensor): elements outside it read as zero;
+    128B swizzle when the shared tile is swizzled."""
     import ctypes
     d = driver()
     kinds = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
@@ -483,17 +484,20 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
     name = T.dtype_of(dtype).name
     dt = getattr(d.CUtensorMapDataType, kinds.get(name, "CU_TENSOR_MAP_DATA_TYPE_UINT8"))
     esz = T.dtype_of(dtype).bytes
-    rows, cols = int(t.shape[0]), int(t.shape[1])
-    row_bytes = int(t.stride(0)) * esz
-    if row_bytes % 16 or t.data_ptr() % 16:
-        raise ValueError(f"TMA needs a 16-byte aligned tensor with a row stride that is a "
-                         f"multiple of 16 bytes; this one has {row_bytes} bytes per row")
+    rank = t.dim()
+    sizes = [int(x) for x in reversed(t.shape)]                   # innermost first
+    strides = [int(t.stride(i)) * esz for i in reversed(range(rank - 1))]
+    if any(b % 16 for b in strides) or t.data_ptr() % 16 or t.stride(rank - 1) != 1:
+        raise ValueError(f"TMA needs a 16-byte aligned tensor with unit stride in its last "
+                         f"dim and other strides of a multiple of 16 bytes; this one has "
+                         f"strides {tuple(t.stride())} of {esz}-byte elements")
     swz = d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if desc.swizzle128 else \
         d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
     u32, u64 = d.cuuint32_t, d.cuuint64_t      # the bindings want the typed integers
+    box = [desc.box[1], desc.box[0]] + [1] * (rank - 2)
     err, tmap = d.cuTensorMapEncodeTiled(
-        dt, u32(2), t.data_ptr(), [u64(cols), u64(rows)], [u64(row_bytes)],
-        [u32(desc.box[1]), u32(desc.box[0])], [u32(1), u32(1)],
+        dt, u32(rank), t.data_ptr(), [u64(x) for x in sizes], [u64(x) for x in strides],
+        [u32(x) for x in box], [u32(1)] * rank,
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
