@@ -107,10 +107,11 @@ class AMDGPURenderer(Renderer):
         a_txt = self._asm_operand(a_v, op.attrs["a_slots"], ins, inputs)
         b_txt = self._asm_operand(b_v, op.attrs["b_slots"], ins, inputs)
         acc = f"{f}[{lo}:{hi}]"
+        src_c = "0" if op.attrs.get("zero") else acc        # an inline-constant zero C
         clob = ",".join(f"~{{{f}{r}}}" for r in range(lo, hi + 1))
         cons = ",".join(["v"] * len(inputs) + [clob])
         args = ", ".join(str(x) for x in inputs)
-        self.ins(f'call void asm sideeffect "{ins.name} {acc}, {a_txt}, {b_txt}, {acc}", '
+        self.ins(f'call void asm sideeffect "{ins.name} {acc}, {a_txt}, {b_txt}, {src_c}", '
                  f'"{cons}"({args})')
 
     def function_header(self, args):
@@ -271,7 +272,8 @@ class AMDGPURenderer(Renderer):
         av = self._mfma_operand(a, op.attrs["a_slots"], ins)
         bv = self._mfma_operand(b, op.attrs["b_slots"], ins)
         cs = op.attrs["c_slots"]
-        cv = self.pick(c, cs)
+        cv = Value("zeroinitializer", "float", len(cs)) if op.attrs.get("zero") else \
+            self.pick(c, cs)
         if ins.scaled:
             fmt = cdna.F8F6F4_FORMAT[ins.ab_dtype]
             args = [str(av), str(bv), str(cv), f"i32 {fmt}", f"i32 {fmt}", "i32 0",

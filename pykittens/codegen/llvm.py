@@ -351,10 +351,11 @@ class Renderer:
         """Registers a region writes (pinned ones live in physical registers: no phis)."""
         seen, out = set(), []
         for op in walk(block):
-            if op.dst is not None and op.dst not in seen and \
-                    getattr(op.dst.type, "pin", None) is None:
-                seen.add(op.dst)
-                out.append(op.dst)
+            # wgmma_wait hands back the accumulators it waited for: it writes its operands
+            for r in (op.srcs if op.kind == "wgmma_wait" else (op.dst,)):
+                if r is not None and r not in seen and getattr(r.type, "pin", None) is None:
+                    seen.add(r)
+                    out.append(r)
         return out
 
     def r_for(self, op):

@@ -2,6 +2,7 @@
 never dereferenced), dynamic shared memory, and shfl.sync for cross-lane exchange."""
 from __future__ import annotations
 
+from ..ir import types as T
 from .llvm import Renderer, Value, literal, llty
 
 DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
@@ -117,7 +118,8 @@ class NVPTXRenderer(Renderer):
             wv = self.op(f"bitcast {sub} to <{nw} x i32>", "i32", nw)
             words.append([self.extract(wv, i) for i in range(nw)])
         cs = op.attrs["c_slots"]
-        cvals = [self.extract(c, i) for i in cs]
+        cvals = [Value(literal(0.0, T.f32), "float", 0) if op.attrs.get("zero") else
+                 self.extract(c, i) for i in cs]
         na, nb, nc = len(words[0]), len(words[1]), len(cvals)
         text = (f"{ins.name} {_asm_operands(0, nc)}, {_asm_operands(nc, na)}, "
                 f"{_asm_operands(nc + na, nb)}, {_asm_operands(nc + na + nb, nc)};")
@@ -386,9 +388,13 @@ class NVPTXRenderer(Renderer):
         region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
         a_region, kmajor, kstep = op.attrs["a_region"], op.attrs["b_kmajor"], op.attrs["kstep"]
         aty, bty = op.attrs["a_dtype"], region.tile.dtype.name
-        acc = self.read(op.srcs[-1])
-        nd = acc.n
-        accs = [self.extract(acc, i) for i in range(nd)]
+        zero = op.attrs.get("zero", False)
+        nd = op.attrs["acc_layout"].nslots
+        if zero:                       # scale-d = 0 on the first K step: acc is not read
+            accs = [Value("poison", "float", 0)] * nd
+        else:
+            acc = self.read(op.srcs[-1])
+            accs = [self.extract(acc, i) for i in range(nd)]
         fp8 = region.tile.dtype.bits == 8
         # fp8 wgmma has no transpose operands (K-major only); 16-bit ones take imm-trans-b
         # (and imm-trans-a with A in shared memory): 1 = MN-major
@@ -420,7 +426,8 @@ class NVPTXRenderer(Renderer):
                     f"wgmma.mma_async.sync.aligned.m64n{n}k{kstep}.f32.{aty}.{bty} "
                     f"{_asm_operands(0, nd)}, {a_text}, ${nd + na}, p, 1, 1{trans}; }}")
             cons = ",".join(["=f"] * nd + a_cons + ["l", "n"] + [str(i) for i in range(nd)])
-            accs = self._asm_floats(text, cons, a_ops + [bdesc, "i32 1"] + accs, nd)
+            scale_d = "i32 0" if zero and kk == 0 else "i32 1"
+            accs = self._asm_floats(text, cons, a_ops + [bdesc, scale_d] + accs, nd)
         self.ins('call void asm sideeffect "wgmma.commit_group.sync.aligned;", "~{memory}"()')
         self.write(op.dst, self.build(self._wgmma_wait(op.attrs["in_flight"], accs)))
 

@@ -254,10 +254,16 @@ class _Machine:
         """D = A @ B + C for one matrix instruction, operands gathered from the listed slots
         through the instruction's documented lane layouts."""
         ins = op.attrs["instr"]
-        a, b, c = (self.get(w, s) for s in op.srcs[:3])
+        a, b = (self.get(w, s) for s in op.srcs[:2])
+        if op.attrs.get("zero"):             # C = 0: the accumulator is not read
+            c = w.regs.get(op.srcs[2])
+            c = np.zeros((self.W, op.dst.type.nslots), np.float32) if c is None else c
+            C = np.zeros(ins.acc_layout.shape, np.float32)
+        else:
+            c = self.get(w, op.srcs[2])
+            C = _matrix(ins.acc_layout, c[:, list(op.attrs["c_slots"])], np.float32)
         A = _matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.float32)
         B = _matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.float32)
-        C = _matrix(ins.acc_layout, c[:, list(op.attrs["c_slots"])], np.float32)
         if ins.scaled:                      # E8M0 block scales: 2^(e - 127) per 32 K-elements
             sa, sb = (self.get(w, s) for s in op.srcs[3:5])
             SA = _matrix(ins.scale_a_layout, sa[:, list(op.attrs["sa_slots"])], np.float64)
@@ -300,9 +306,12 @@ class _Machine:
             A = self._shared_matrix(w, op, a_region, rows, kk.T)
         else:
             A = _matrix(op.attrs["a_layout"], a_regs, np.float64)
-        if op.srcs[-1] not in w.regs:            # (later groups on acc are still pending)
+        if op.attrs.get("zero"):                 # scale-d = 0: acc is not read
+            C = np.zeros(op.attrs["acc_layout"].shape, np.float32)
+        elif op.srcs[-1] not in w.regs:          # (later groups on acc are still pending)
             raise _Unset(op.srcs[-1])
-        C = _matrix(op.attrs["acc_layout"], w.regs[op.srcs[-1]], np.float32)
+        else:
+            C = _matrix(op.attrs["acc_layout"], w.regs[op.srcs[-1]], np.float32)
         D = (A @ B).astype(np.float32) + C
         r, col = op.attrs["acc_layout"].coords()
         w.regs[op.dst] = D[r, col]

@@ -122,10 +122,22 @@ def _peak_registers(body: Block, wave: int) -> int:
     loop_end: dict = {}
     flat(body, [])
     first, last = {}, {}
+    # Index tiles are lane id plus constants, and an elementwise result read once by the
+    # next elementwise op is a temporary: the code generator folds both into their uses.
+    elementwise = ("unary", "binary", "select", "index")
+    uses: dict = {}
+    for op, _ in order:
+        for v in op.srcs:
+            uses.setdefault(v, []).append(op)
+    free = {op.dst for op, _ in order if op.kind == "index"}
+    for i, (op, _) in enumerate(order):
+        u = uses.get(op.dst, [])
+        if op.kind in elementwise and len(u) == 1 and u[0].kind in elementwise:
+            free.add(op.dst)
     for i, (op, loops) in enumerate(order):
         vals = ([op.dst] if op.dst is not None else []) + list(op.srcs)
         for v in vals:
-            if isinstance(v.type, (RegTileType, RegVecType)):
+            if isinstance(v.type, (RegTileType, RegVecType)) and v not in free:
                 first.setdefault(v, i)
                 end = i
                 for lp in loops:

@@ -620,11 +620,22 @@ def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None,
     if len({d.type.mma, a.type.mma, b.type.mma} - {None}) > 1:
         raise error(f"{name}: d, a and b use different matrix-instruction sizes "
                     f"({d.type.mma}, {a.type.mma}, {b.type.mma}); give them the same mma=")
+    c, zero = _addend(d, c)
+    scales = _check_scales(name, a, b, scale_a, scale_b, am, ak, bn)
+    current().emit("mma", d.v, (a.v, b.v, c.v) + scales, trans=trans, zero=zero)
+    return d
+
+
+def _addend(d, c):
+    """(c tile, zero): c defaults to d (accumulate); c=0 starts d from zero without reading
+    it (the matrix unit's own zero: MFMA's C = 0, wgmma's scale-d = 0)."""
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        if c != 0:
+            raise error("mma c= is a tile, or 0 to start from zero")
+        return d, True
     c = d if c is None else c
     _same_shape(d, c, "mma accumulator")
-    scales = _check_scales(name, a, b, scale_a, scale_b, am, ak, bn)
-    current().emit("mma", d.v, (a.v, b.v, c.v) + scales, trans=trans)
-    return d
+    return c, False
 
 
 WGMMA_DTYPES = ("bf16", "f16", "e4m3", "e5m2")    # wgmma operand types (fp8: k32, K-major)
@@ -667,12 +678,11 @@ def _mma_shared_b(trans, d: RT, a, b: ST, c, in_flight=0):
         raise error(f"mma: a is {a.dtype} but b is {b.dtype}")
     if b.dtype.name not in WGMMA_DTYPES:
         raise error(f"{name}: wgmma multiplies {', '.join(WGMMA_DTYPES)}, not {b.dtype}")
-    c = d if c is None else c
-    _same_shape(d, c, "mma accumulator")
+    c, zero = _addend(d, c)
     _check_in_flight(in_flight)
     if in_flight and c is not d:
-        raise error("an mma left in flight accumulates into d: drop c=")
-    current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans, in_flight=in_flight)
+        raise error("an mma left in flight accumulates into d: drop c= (or give c=0)")
+    current().emit("mma", d.v, (a.v, b.v, c.v), trans=trans, in_flight=in_flight, zero=zero)
     return d
 
 
@@ -707,7 +717,7 @@ _TNAME = {"NN": "AB", "NT": "ABt", "TN": "AtB"}
 
 
 def mma_AB(d, a, b, c=None, *, scale_a=None, scale_b=None, in_flight=0):
-    """d <- a @ b + c (c defaults to d). With scale_a/scale_b (E8M0 per 32 K-elements, the
+    """d <- a @ b + c (c defaults to d; c=0 starts from zero, d's old contents unread). With scale_a/scale_b (E8M0 per 32 K-elements, the
     MX formats' block scales): d <- (a * 2^(sa-127)) @ (b * 2^(sb-127)) + c.
     `b` may be a shared tile (K x N, 128-byte rows, swizzle=8) on Hopper: warpgroup wgmma
     with a from registers, each wave contributing its own 16 rows. By default the call

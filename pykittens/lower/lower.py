@@ -81,6 +81,9 @@ class _Lowering:
 
     # -- driver -------------------------------------------------------------------------
     def run(self) -> LaneProgram:
+        for p in self.k.params:          # scalar arguments once, where every path sees them
+            if p.kind == "scalar":
+                self.val(self.k.param_values[p.name])
         self.block(self.k.body)
         return LaneProgram(self.k.name, self.t, self.k.params, self.k.param_values,
                            self.k.num_waves, self.lds, self.regions, self.b.blocks[0],
@@ -394,13 +397,18 @@ class _Lowering:
         if k % ins.k:
             raise self.err(f"mma: K={k} is not a multiple of {ins.name}'s K={ins.k}; use a "
                            f"K of {ins.k}, {2 * ins.k}, ...")
-        d = self._accumulator(op.dst, c_v)
+        zero = op.attrs.get("zero", False)
+        d = self.env[op.dst] if zero else self._accumulator(op.dst, c_v)
         a, b = self.val(a_v), self.val(b_v)
         extra = tuple(self.val(s) for s in scales)
         for i in range(m // ins.m):
             for j in range(n // ins.n):
                 cs = self._base_slots(op.dst, i, j)
                 for kk in range(k // ins.k):
+                    if zero and kk == 0:
+                        attrs0 = {"zero": True}
+                    else:
+                        attrs0 = {}
                     ai, aj = (i, kk) if trans[0] == "N" else (kk, i)
                     bi, bj = (kk, j) if trans[1] == "N" else (j, kk)
                     attrs = {}
@@ -409,7 +417,8 @@ class _Lowering:
                                  "sb_slots": self._base_slots(scales[1], kk, j)}
                     self.emit("mma", d, (a, b, d) + extra, instr=ins,
                               a_slots=self._base_slots(a_v, ai, aj),
-                              b_slots=self._base_slots(b_v, bi, bj), c_slots=cs, **attrs)
+                              b_slots=self._base_slots(b_v, bi, bj), c_slots=cs, **attrs,
+                              **attrs0)
 
     def _mma_shared_b(self, op):
         """Hopper warpgroup MMA (wgmma): b from a 128B-swizzled shared tile, K x N (mma_AB,
@@ -450,13 +459,15 @@ class _Lowering:
                            f"swizzle=8; got {a_v.type}")
         for v in (c_v, op.dst) if a_shared else (a_v, c_v, op.dst):
             self.layout(v)
-        d = self._accumulator(op.dst, c_v)
+        zero = op.attrs.get("zero", False)
+        d = self.env[op.dst] if zero else self._accumulator(op.dst, c_v)
         a = self.env[a_v] if a_shared else self.val(a_v)
         self.emit("wgmma", d, (a, d) if not a_shared else (d,), region=self.env[b_v],
                   a_region=a if a_shared else None, b_kmajor=kmajor,
                   a_layout=None if a_shared else self.layouts[a_v],
                   acc_layout=self.layouts[op.dst], n=n, k=k, kstep=kstep,
-                  a_dtype=a_v.type.dtype.name, in_flight=op.attrs.get("in_flight", 0))
+                  a_dtype=a_v.type.dtype.name, in_flight=op.attrs.get("in_flight", 0),
+                  zero=zero)
 
     def op_mma_wait(self, op):
         if self.t.family != "hopper":

@@ -1,0 +1,200 @@
+"""Attention forward on a CUDA GPU (H200): correctness of the library kernel against a float64
+torch reference (and against the emulator at small shapes), then TFLOP/s against torch SDPA
+(cuDNN and flash backends) and FlashAttention-4's CuTe-DSL kernels when importable, all in one
+run. TFLOP/s = 4 B Hq Nq Nk D / time, halved for causal.
+
+    PYTHONPATH=. python3 bench/attention.py                 # everything
+    PYTHONPATH=. python3 bench/attention.py correctness     # only the named steps
+    PYTHONPATH=. python3 bench/attention.py performance --variants   # + kernel variants
+Details go to $OUT/attention.json when OUT is set; a table is printed last.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import pykittens as pk
+from pykittens.bench import text_table
+from pykittens.bench.gpu import graph_time
+from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
+
+DEV = "cuda"
+# (B, Hq, Hkv, N, D, causal): the shapes the library is judged on
+SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1), (16, 32, 32, 4096, 64, 0),
+          (4, 16, 16, 16384, 128, 0), (16, 32, 8, 4096, 128, 0), (16, 32, 8, 4096, 128, 1)]
+VARIANTS = {"overlap+pingpong": {}, "overlap": {"PINGPONG": 0}, "pingpong": {"OVERLAP": 0},
+            "plain": {"OVERLAP": 0, "PINGPONG": 0}}
+
+
+def pk_attention(q, k, v, causal, scale=None, **over):
+    """pykittens attention_fwd on (B, N, H, D) tensors: (O, LSE (B, H, N))."""
+    b, nq, hq, d = q.shape
+    qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))        # (B, H, N, D) views
+    o = torch.empty_like(q)
+    lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
+    grid, consts = attention_fwd_launch({"q": qv, "k": kv, "v": vv}, "sm_90a",
+                                        CAUSAL=int(causal), **over)
+    pk.launch(attention_fwd, qv, kv, vv, o.transpose(1, 2), lse,
+              scale if scale is not None else 1 / math.sqrt(d), grid=grid, **consts)
+    return o, lse
+
+
+def reference(q, k, v, causal, scale=None):
+    """float64 attention on (B, N, H, D) tensors (GQA by repeating K/V heads), and LSE."""
+    b, nq, hq, d = q.shape
+    nk, hkv = k.shape[1], k.shape[2]
+    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
+    kd, vd = (x.repeat_interleave(hq // hkv, dim=1) for x in (kd, vd))
+    s = qd @ kd.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(d))
+    if causal:
+        keep = torch.arange(nk, device=q.device)[None, :] <= \
+            torch.arange(nq, device=q.device)[:, None] + (nk - nq)
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return (p @ vd).transpose(1, 2), lse
+
+
+def _rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device=DEV, dtype=dtype)
+
+
+def correctness(rows, details):
+    """The library kernel (each variant) against float64 at ragged shapes, causal or not,
+    MHA and GQA, both head dims, bf16 and f16."""
+    cases = [(2, 4, 4, 1000, 1000, 128, 0), (2, 4, 4, 1000, 1000, 128, 1),
+             (1, 8, 2, 777, 1300, 64, 1), (1, 8, 2, 1300, 777, 64, 1),
+             (2, 6, 3, 512, 512, 64, 0), (1, 2, 1, 129, 4000, 128, 0)]
+    for dt in (torch.bfloat16, torch.float16):
+        for b, hq, hkv, nq, nk, d, causal in cases:
+            q, k, v = _rand(b, nq, hq, d, dtype=dt), _rand(b, nk, hkv, d, dtype=dt), \
+                _rand(b, nk, hkv, d, dtype=dt)
+            ref_o, ref_lse = reference(q, k, v, causal)
+            for name, over in VARIANTS.items():
+                try:
+                    o, lse = pk_attention(q, k, v, causal, **over)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - report, go on
+                    rows.append(["attention", name, str(dt)[6:], f"{(b, hq, hkv, nq, nk, d)}",
+                                 "ERROR", str(e)[:60]])
+                    continue
+                err = float((o.double() - ref_o).norm() / ref_o.norm())
+                finite = torch.isfinite(ref_lse)
+                lse_err = float((lse.double() - ref_lse)[finite].abs().max())
+                ok = err < 1e-2 and lse_err < 1e-3 and bool(torch.isfinite(o).all()) and \
+                    bool(torch.equal(torch.isinf(lse), ~finite))
+                details.append({"check": "attention_vs_float64", "variant": name,
+                                "dtype": str(dt), "shape": (b, hq, hkv, nq, nk, d),
+                                "causal": causal, "rel_err": err, "lse_max_abs_err": lse_err,
+                                "ok": ok})
+                if name == "overlap+pingpong" or not ok:
+                    rows.append(["attention", name, str(dt)[6:],
+                                 f"{(b, hq, hkv, nq, nk, d)}{' causal' if causal else ''}",
+                                 f"{err:.1e} / lse {lse_err:.1e}", "ok" if ok else "FAIL"])
+    # the hardware against the emulator on one small ragged case
+    q, k, v = _rand(1, 130, 2, 64), _rand(1, 200, 1, 64), _rand(1, 200, 1, 64)
+    o, lse = pk_attention(q, k, v, 1)
+    qv, kv, vv = (x.transpose(1, 2).float().cpu().numpy().astype(pk.bf16.np) for x in (q, k, v))
+    grid, consts = attention_fwd_launch({"q": qv, "k": kv, "v": vv}, "sm_90a", CAUSAL=1)
+    emu = pk.emulate(attention_fwd, qv, kv, vv, np.zeros_like(qv),
+                     np.zeros((1, 2, 130), np.float32), 1 / 8, grid=grid, target="sm_90a",
+                     **consts)
+    hw = o.transpose(1, 2).double().cpu().numpy()
+    diff = float(np.linalg.norm(hw - emu["o"].astype(np.float64)) / np.linalg.norm(hw))
+    ok = diff < 1e-2
+    rows.append(["attention", "gpu vs emulator", "bf16", "(1,2,1,130,200,64) causal",
+                 f"{diff:.1e}", "ok" if ok else "FAIL"])
+    details.append({"check": "attention_gpu_vs_emulator", "rel_diff": diff, "ok": ok})
+
+
+def _peers():
+    """name -> fn(q, k, v, causal) on (B, N, H, D) tensors, for the peers importable here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    peers = {}
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=bool(causal), enable_gqa=kt.shape[1] != qt.shape[1])
+        return run
+
+    peers["torch SDPA (cuDNN)"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    peers["torch SDPA (flash)"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    try:
+        from flash_attn.cute import flash_attn_func
+        peers["FA4 (flash_attn.cute)"] = lambda q, k, v, c: flash_attn_func(
+            q, k, v, causal=bool(c))
+    except Exception as e:  # noqa: BLE001 - the peer is optional here
+        peers["FA4 (flash_attn.cute)"] = f"not importable: {type(e).__name__}: {e}"[:80]
+    return peers
+
+
+def performance(rows, details, variants=False):
+    peers = _peers()
+    for b, hq, hkv, n, d, causal in SHAPES:
+        q, k, v = _rand(b, n, hq, d), _rand(b, n, hkv, d), _rand(b, n, hkv, d)
+        flops = 4 * b * hq * n * n * d / (2 if causal else 1)
+        shape = f"({b},{hq},{hkv},{n},{d}){' causal' if causal else ''}"
+        cands = {f"pykittens {name}": (lambda o=over: pk_attention(q, k, v, causal, **o))
+                 for name, over in (VARIANTS.items() if variants else
+                                    [("overlap+pingpong", {})])}
+        for name, fn in peers.items():
+            if isinstance(fn, str):
+                rows.append(["perf", name, "bf16", shape, "-", fn])
+                continue
+            cands[name] = (lambda f=fn: f(q, k, v, causal))
+        res = {}
+        for name, fn in cands.items():
+            try:
+                fn()
+                torch.cuda.synchronize()
+                s = graph_time(fn, reps=10)
+            except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
+                rows.append(["perf", name, "bf16", shape, "ERROR", str(e)[:60]])
+                continue
+            res[name] = {"seconds": s, "tflops": flops / s / 1e12}
+        base = res.get("torch SDPA (cuDNN)", {}).get("tflops")
+        for name, r in res.items():
+            rel = f"{r['tflops'] / base:.2f}x cuDNN" if base else ""
+            rows.append(["perf", name, "bf16", shape, f"{r['tflops']:.0f} TFLOP/s", rel])
+        details.append({"check": "attention_throughput", "shape": (b, hq, hkv, n, d),
+                        "causal": causal, **res})
+
+
+def main() -> int:
+    t0 = time.time()
+    props = torch.cuda.get_device_properties(0)
+    env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rows, details = [], []
+    for step in (correctness, performance):
+        if args and step.__name__ not in args:
+            continue
+        try:
+            if step is performance:
+                step(rows, details, variants="--variants" in sys.argv)
+            else:
+                step(rows, details)
+        except Exception as e:  # noqa: BLE001 - report and continue
+            import traceback
+            traceback.print_exc()
+            rows.append([step.__name__, "ERROR", "", "", type(e).__name__, str(e)[:80]])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "attention.json"), "w") as f:
+            json.dump({"env": env, "results": details}, f, indent=2, default=str)
+    print(f"\n{env}  ({time.time() - t0:.0f}s)")
+    print(text_table(rows))
+    return 1 if any(str(r[-1]).endswith("FAIL") or "ERROR" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
