@@ -22,14 +22,12 @@ import torch
 import pykittens as pk
 from pykittens.bench import text_table
 from pykittens.bench.gpu import graph_time
-from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
+from pykittens.kernels.attention import attention_fwd, attention_fwd_launch, hopper_schedules
 
 DEV = "cuda"
 # (B, Hq, Hkv, N, D, causal): the shapes the library is judged on
 SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1), (16, 32, 32, 4096, 64, 0),
           (4, 16, 16, 16384, 128, 0), (16, 32, 8, 4096, 128, 0), (16, 32, 8, 4096, 128, 1)]
-VARIANTS = {"overlap+pingpong": {}, "overlap": {"PINGPONG": 0}, "pingpong": {"OVERLAP": 0},
-            "plain": {"OVERLAP": 0, "PINGPONG": 0}}
 
 
 def pk_attention(q, k, v, causal, scale=None, **over):
@@ -76,7 +74,7 @@ def correctness(rows, details):
             q, k, v = _rand(b, nq, hq, d, dtype=dt), _rand(b, nk, hkv, d, dtype=dt), \
                 _rand(b, nk, hkv, d, dtype=dt)
             ref_o, ref_lse = reference(q, k, v, causal)
-            for name, over in VARIANTS.items():
+            for name, over in hopper_schedules(d).items():
                 try:
                     o, lse = pk_attention(q, k, v, causal, **over)
                     torch.cuda.synchronize()
@@ -144,8 +142,8 @@ def performance(rows, details, variants=False):
         flops = 4 * b * hq * n * n * d / (2 if causal else 1)
         shape = f"({b},{hq},{hkv},{n},{d}){' causal' if causal else ''}"
         cands = {f"pykittens {name}": (lambda o=over: pk_attention(q, k, v, causal, **o))
-                 for name, over in (VARIANTS.items() if variants else
-                                    [("overlap+pingpong", {})])}
+                 for name, over in (hopper_schedules(d).items() if variants else
+                                    [("library default", {})])}
         for name, fn in peers.items():
             if isinstance(fn, str):
                 rows.append(["perf", name, "bf16", shape, "-", fn])

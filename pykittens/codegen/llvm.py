@@ -490,6 +490,14 @@ class Renderer:
         (a, b), n = self.operands(op.dst, op.srcs)
         self.write(op.dst, self.binary(op.attrs["op"], a, b, op.dst.type.dtype))
 
+    def r_fma(self, op):
+        (a, b, c), n = self.operands(op.dst, op.srcs)
+        d = op.dst.type.dtype
+        a, b, c = (self.widen(x, d) for x in (a, b, c))
+        name = self.intrinsic_name("llvm.fma", a)
+        r = Value(self.call(a.ty, name, [str(a), str(b), str(c)]), "float", a.n)
+        self.write(op.dst, self.narrow(r, d))
+
     def r_cmp(self, op):
         (a, b), n = self.operands(op.dst, op.srcs)
         d = op.srcs[0].type.dtype

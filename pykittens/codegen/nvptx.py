@@ -262,15 +262,43 @@ class NVPTXRenderer(Renderer):
             f'call void asm sideeffect "mbarrier.init.shared::cta.b64 [$0], $1;", '
             f'"r,r"(i32 {a.text}, i32 {count})'))
 
-    def _async_proxy_fence(self):
+    def _async_proxy_fence(self, op):
         """Shared memory written by ordinary stores (st.shared, stmatrix) that the tensor
         cores or the TMA unit read next: each writing thread fences the async proxy before
-        the barrier / arrive that hands the tile over."""
-        if self._uses("wgmma") or self._uses("tma_store"):
+        the barrier / arrive that hands the tile over. Only where this wave may have written
+        shared memory since its last fence (a consumer releasing a stage it only read
+        through wgmma needs none)."""
+        if (self._uses("wgmma") or self._uses("tma_store")) and self._dirty_before(op):
             self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
 
+    def _dirty_before(self, op) -> bool:
+        """Whether ordinary shared-memory stores may run between the last fence and `op`
+        (a barrier or an arrive) on some path: a forward pass over the lane program, loops
+        taken twice so a store late in a body reaches the fences at its top."""
+        if not hasattr(self, "_dirty"):
+            self._dirty = {}
+            writes = ("lds_store", "gload_lds")
+
+            def walk(block, dirty):
+                for o in block.ops:
+                    if o.kind in writes:
+                        dirty = True
+                    elif o.kind in ("barrier", "mbar_arrive"):
+                        self._dirty[o] = self._dirty.get(o, False) or dirty
+                        dirty = False
+                    elif o.kind == "if":
+                        outs = [walk(r, dirty) for r in o.regions]
+                        dirty = any(outs) or len(o.regions) < 2 and dirty
+                    elif o.kind == "for":
+                        dirty = dirty or walk(o.regions[0], dirty)
+                        dirty = walk(o.regions[0], dirty) or dirty
+                return dirty
+
+            walk(self.p.body, False)
+        return self._dirty.get(op, True)
+
     def r_mbar_arrive(self, op):
-        self._async_proxy_fence()
+        self._async_proxy_fence(op)
         # the wave's lanes' earlier writes are ordered before lane 0's release-arrive
         self.ins('call void asm sideeffect "bar.warp.sync -1;", "~{memory}"()')
         a = self._mbar_addr(op.attrs["region"])
@@ -367,9 +395,14 @@ class NVPTXRenderer(Renderer):
         blocks of an MN-major operand (K-major operands step along K by moving the start
         address, the hardware swizzling the computed addresses)."""
         from ..targets.sm90a import WGMMA_SWIZZLE_128B
-        addr = self._region_addr(region, byte_offset)
-        lo = self.op(f"lshr i32 {addr.text}, 4", "i32", 0)
-        lo = self.op(f"and i32 {lo.text}, 16383", "i32", 0)
+        # in 16-byte units, each term exact (tiles and stages are 1024-byte aligned), so the
+        # K steps of one operand differ by a constant; shared addresses stay below 2^18
+        lo = self.op(f"lshr i32 {self._smem_addr(0).text}, 4", "i32", 0)
+        if region.stage is not None:
+            st = self.op(f"mul i32 {self.read(region.stage).text}, {region.stride >> 4}",
+                         "i32", 0)
+            lo = self.op(f"add i32 {lo.text}, {st.text}", "i32", 0)
+        lo = self.op(f"add i32 {lo.text}, {(region.base + byte_offset) >> 4}", "i32", 0)
         lo64 = self.op(f"zext i32 {lo.text} to i64", "i64", 0)
         const = (lead >> 4) << 16 | (1024 >> 4) << 32 | WGMMA_SWIZZLE_128B << 62
         return self.op(f"or i64 {lo64.text}, {const}", "i64", 0)
@@ -455,7 +488,7 @@ class NVPTXRenderer(Renderer):
             at += v.n
 
     def r_barrier(self, op):
-        self._async_proxy_fence()
+        self._async_proxy_fence(op)
         # barrier.sync (not .aligned): waves may reach it from different code points, as the
         # ping-pong schedules do.
         self.call("void", "llvm.nvvm.barrier.cta.sync.all", ["i32 0"])

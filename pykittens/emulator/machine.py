@@ -218,6 +218,10 @@ class _Machine:
         a, b = (self.get(w, s) for s in op.srcs)
         self.put(w, op.dst, V.binary(op.attrs["op"], a, b, op.dst.type.dtype))
 
+    def x_fma(self, w, op):
+        a, b, c = (np.asarray(self.get(w, s), np.float64) for s in op.srcs)
+        self.put(w, op.dst, V.to_dtype((a * b + c).astype(np.float32), op.dst.type.dtype))
+
     def x_cmp(self, w, op):
         a, b = (self.get(w, s) for s in op.srcs)
         self.put(w, op.dst, V.compare(op.attrs["op"], a, b))

@@ -124,7 +124,7 @@ def _peak_registers(body: Block, wave: int) -> int:
     first, last = {}, {}
     # Index tiles are lane id plus constants, and an elementwise result read once by the
     # next elementwise op is a temporary: the code generator folds both into their uses.
-    elementwise = ("unary", "binary", "select", "index")
+    elementwise = ("unary", "binary", "select", "index", "fma")
     uses: dict = {}
     for op, _ in order:
         for v in op.srcs:

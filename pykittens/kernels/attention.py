@@ -24,20 +24,19 @@ def _causal_blocks(blocks, q_end, offset, bn):
 
 
 def _online_softmax(s, m, l_, scale2, row0, col0, nk, offset, masked, CAUSAL):
-    """One key block of the online softmax on this wave's rows: scale the scores into the
-    base-2 domain, mask the ragged tail (and the causal diagonal) where `masked`, update the
-    running max m and sum l_. Returns P = exp2(s - m) and the factor alpha that rescales
-    what was accumulated before."""
-    s *= scale2
+    """One key block of the online softmax on this wave's rows: mask the ragged tail (and
+    the causal diagonal) where `masked`, update the running max m (in the base-2 domain:
+    scores times scale2 = scale * log2 e) and sum l_. Returns P = exp2(s * scale2 - m) and
+    the factor alpha that rescales what was accumulated before."""
     with pk.if_(masked):
         cols = pk.col_index(s, col0)
         keep = cols < nk
         if CAUSAL:
             keep = keep & (cols <= pk.row_index(s, row0 + offset))
         pk.where(keep, s, -math.inf, out=s)
-    m_new = pk.max(m, pk.row_max(s))
+    m_new = pk.max(m, pk.row_max(s) * scale2)                # the scale is positive
     base = pk.where(m_new > -math.inf, m_new, 0.0)          # rows with no key so far
-    p = pk.exp2(s - base)
+    p = pk.exp2(pk.fma(s, scale2, -base))                   # one fused multiply-add each
     alpha = pk.exp2(m - base)
     l_.set(l_ * alpha)
     pk.row_sum(p, into=l_)
@@ -54,42 +53,45 @@ def _finish(acc, m, l_):
     return out, lse
 
 
-def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG):
-    """FlashAttention-3 form: 3 warpgroups. Warpgroup 0 (24 registers) has one wave issue
-    TMA copies: the block's 128 query rows once, then K and V blocks into two rings of
-    STAGES stages. Warpgroups 1 and 2 (240 registers) each own 64 query rows: S = Q K^T by
-    wgmma from shared memory, the online softmax in registers, P converted in registers into
-    wgmma's A operand for O += P V, and O out through shared memory and TMA.
+def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG, WG):
+    """FlashAttention-3 form: a producer warpgroup and WG consumer warpgroups. The producer
+    (24 registers) has one wave issue TMA copies: the block's 64 * WG query rows once, then K
+    and V blocks into two rings of STAGES stages. Each consumer (the rest of the SM's
+    registers) owns 64 query rows: S = Q K^T by wgmma from shared memory, the online softmax
+    in registers, P converted in registers into wgmma's A operand for O += P V, and O out
+    through shared memory and TMA.
 
     OVERLAP=1: the softmax of block j runs while the tensor cores compute block j - 1's
-    P V (issued right after block j's Q K^T). PINGPONG=1: the two consumer warpgroups take
-    turns issuing their matrix products, so one's softmax runs under the other's."""
+    P V (issued right after block j's Q K^T). PINGPONG=1: the consumers take turns issuing
+    their matrix products, so one's softmax runs under another's."""
     nq, nk = q.shape[2], k.shape[2]
     group = q.shape[1] // k.shape[1]
+    bm = 64 * WG
     qb, h, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
     if CAUSAL:
         qb = pk.num_programs(0) - 1 - qb                 # the longest rows start first
-    q0, hk, offset = qb * 128, h // group, nk - nq
+    q0, hk, offset = qb * bm, h // group, nk - nq
     blocks = (nk + BN - 1) // BN
     if CAUSAL:
-        blocks = _causal_blocks(blocks, q0 + 128, offset, BN)
-    sq = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
-    q_full = pk.mbarrier(2)
+        blocks = _causal_blocks(blocks, q0 + bm, offset, BN)
+    sq = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(WG)]
+    q_full = pk.mbarrier(WG)
     kv = pk.st((BN, D), DT, swizzle=8)
-    ks = pk.Ring(STAGES, fill=1, drain=8, t=kv)
-    vs = pk.Ring(STAGES, fill=1, drain=8, t=kv)
-    out = [pk.StagedStore((64, D), DT) for _ in range(2)]
-    turn = pk.mbarrier(4, count=2) if PINGPONG else None
+    ks = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
+    vs = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
+    out = [pk.StagedStore((64, D), DT) for _ in range(WG)]
+    turn = pk.mbarrier(4, count=WG) if PINGPONG else None
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
-            for g in pk.static_range(2):
+            for g in pk.static_range(WG):
                 pk.tma_load(sq[g], q, (b, h, q0 + 64 * g, 0), q_full)
             for j in pk.range(blocks):
                 for ring, src in ((ks, k), (vs, v)):
                     st = ring.acquire(j)
                     pk.tma_load(st.t, src, (b, hk, j * BN, 0), st.full)
-    for g in pk.static_range(2):
-        with pk.role(4 + 4 * g, 4, regs=240):
+    for g in pk.static_range(WG):
+        # the SM's 64K registers: 24 a thread for the producer, the rest shared out
+        with pk.role(4 + 4 * g, 4, regs={2: 240, 3: 160}[WG]):
             row0 = q0 + 64 * g + 16 * (pk.wave_id() % 4)
             acc = pk.zeros(pk.rt((16, D), pk.f32, role="acc"))
             m = pk.full(pk.rv(acc, "row"), -math.inf)
@@ -105,9 +107,9 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG
                 return _online_softmax(s, m, l_, scale2, row0, col0, nk, offset, masked,
                                        CAUSAL)
 
-            def my_turn(r):                   # PINGPONG: wait for the other's issue round
-                if PINGPONG and g == 1:
-                    pk.wait(turn[1], r % 2)
+            def my_turn(r):      # PINGPONG: wait until the previous consumer issued round r
+                if PINGPONG and g > 0:            # (consumer 0: the last one's round r - 1)
+                    pk.wait(turn[g], r % 2)
                 elif PINGPONG and isinstance(r, int):
                     if r > 0:
                         pk.wait(turn[0], (r - 1) % 2)
@@ -117,14 +119,15 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG
 
             def your_turn():
                 if PINGPONG:
-                    pk.arrive(turn[1 - g])
+                    pk.arrive(turn[(g + 1) % WG])
 
             pk.wait(q_full, 0)
             if not OVERLAP:
                 for j in pk.range(blocks):
                     my_turn(j)
-                    pk.mma_ABt(s, sq[g], ks.wait(j).t, c=0)
+                    pk.mma_ABt(s, sq[g], ks.wait(j).t, c=0, in_flight=1)
                     your_turn()
+                    pk.mma_wait(s)
                     ks.release(j)
                     p, alpha = softmax(j)
                     acc *= alpha
@@ -142,8 +145,9 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG
                     for j in pk.range(1, blocks):   # Q K_j^T, then P_{j-1} V_{j-1}
                         my_turn(j)
                         pk.mma_ABt(s, sq[g], ks.wait(j).t, c=0, in_flight=1)
-                        pk.mma_AB(acc, pa, vs.wait(j - 1).t, in_flight=1)
+                        pk.mma_AB(acc, pa, vs.wait(j - 1).t, in_flight=2)
                         your_turn()
+                        pk.mma_wait(s, in_flight=1)
                         ks.release(j)           # Q K_j^T has retired
                         p, alpha = softmax(j)   # under P_{j-1} V_{j-1}
                         pk.mma_wait(acc)
@@ -164,13 +168,27 @@ def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   o: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], scale: pk.f32,
                   DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
                   BN: pk.const = 128, STAGES: pk.const = 2, OVERLAP: pk.const = 1,
-                  PINGPONG: pk.const = 1, TARGET: pk.const = "sm_90a"):
+                  PINGPONG: pk.const = 1, WG: pk.const = 2, TARGET: pk.const = "sm_90a"):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
-    (ceil(Nq / 128), Hq, B)."""
+    (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper."""
     if TARGET == "sm_90a":
-        _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG)
+        _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG, WG)
     else:
         raise pk.NotSupportedYet(f"attention_fwd has no schedule for {TARGET} yet")
+
+
+def hopper_schedules(d: int) -> dict:
+    """Named alternatives to the Hopper launch defaults for head dim d (what bench/attention.py
+    compares): the intra-warpgroup overlap and inter-warpgroup ping-pong on and off, and the
+    key block size."""
+    out = {"overlap+pingpong": {}, "overlap": {"PINGPONG": 0}, "pingpong": {"OVERLAP": 0},
+           "plain": {"OVERLAP": 0, "PINGPONG": 0}}
+    if d == 64:
+        out["3 consumers, overlap+pingpong"] = {"WG": 3, "num_waves": 16}
+        out["3 consumers, overlap"] = {"WG": 3, "num_waves": 16, "PINGPONG": 0}
+        out["3 consumers, overlap, 3 stages"] = {"WG": 3, "num_waves": 16, "PINGPONG": 0,
+                                                 "STAGES": 3}
+    return out
 
 
 def attention_fwd_launch(i: dict, target, **overrides):
@@ -194,5 +212,5 @@ def attention_fwd_launch(i: dict, target, **overrides):
     if t.family != "hopper":
         raise NotImplementedError(f"attention_fwd has no schedule for {t.name} yet")
     consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "OVERLAP": 1,
-              "PINGPONG": 1, "TARGET": t.name, **overrides}
-    return (-(-nq // 128), hq, b), consts
+              "PINGPONG": 1, "WG": 2, "num_waves": 12, "TARGET": t.name, **overrides}
+    return (-(-nq // (64 * consts["WG"])), hq, b), consts

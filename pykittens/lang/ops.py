@@ -483,6 +483,35 @@ def _binary(op, a: RT, b, dst=None, reverse=False):
     return out
 
 
+def fma(a: RT, b, c, out=None) -> RT:
+    """a * b + c rounded once (a fused multiply-add): a is a float tile; b and c are tiles of
+    its layout, vectors broadcast along their axis, or scalars. How a kernel asks for the
+    hardware's FFMA / v_fma where a product feeds a sum, e.g. exp2(fma(s, scale, -max))."""
+    _need_reg(a, "fma")
+    if not a.dtype.is_float:
+        raise error(f"fma needs a float tile, got {a.dtype}")
+    ops_ = []
+    for x in (b, c):
+        if isinstance(x, RV) and not isinstance(a, RV):
+            dim = 0 if x.type.axis == "row" else 1
+            if x.type.length != a.shape[dim] or x.dtype != a.dtype:
+                raise error(f"fma: {x.type} does not broadcast over tile {a.type}")
+            ops_.append((x.type.axis, x.v))
+        elif isinstance(x, RT):
+            _same_shape(a, x, "fma")
+            if x.dtype != a.dtype:
+                raise error(f"fma: {a.dtype} with {x.dtype}; cast one with pk.cast")
+            ops_.append(("tile", x.v))
+        elif isinstance(x, Tile):
+            raise error("fma: shared tiles are not operands of math; load them into registers")
+        else:
+            ops_.append(("scalar", as_scalar(x, a.dtype).v))
+    dst = _result_like(a, out)
+    current().emit("fma", dst.v, (a.v, ops_[0][1], ops_[1][1]),
+                   bcast=(ops_[0][0], ops_[1][0]))
+    return dst
+
+
 def add(a, b, out=None): return _binary("add", a, b, out)
 def sub(a, b, out=None): return _binary("sub", a, b, out)
 def mul(a, b, out=None): return _binary("mul", a, b, out)

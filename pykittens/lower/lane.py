@@ -9,6 +9,7 @@ Op kinds (attrs in brackets):
   const[value] special[name, axis] dim(gl)[axis] stride(gl)[axis]
   coord[layout, dim, scope]          element row/col each (lane, slot) holds under a layout
   mov(a)  bin(a, b)[op]  un(a)[op]  cmp(a, b)[op]  select(c, a, b)  cvt(a)
+  fma(a, b, c)                       a * b + c, rounded once
   slots(a)[index]                    static gather of slots
   slot_reduce(a)[op, groups]         reduce groups of slots, left to right
   bfly(a)[op, bits]                  butterfly across lanes, one lane bit at a time

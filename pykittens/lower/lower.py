@@ -275,6 +275,22 @@ class _Lowering:
     def op_unary(self, op):
         self.emit("un", self.env[op.dst], (self.val(op.srcs[0]),), op=op.attrs["op"])
 
+    def op_fma(self, op):
+        a_v = op.srcs[0]
+        a = self.val(a_v)
+        args = [a]
+        for v, how in zip(op.srcs[1:], op.attrs["bcast"]):
+            x = self.val(v)
+            if how in ("row", "col") and a_v.type.__class__ is T.RegTileType:
+                mine = T.RegVecType(v.type.dtype, a_v.type, how)
+                self._same_lanes(v.type, mine, "fma")
+                g = self.b.reg(x.type.dtype, a.type.nslots)
+                x = self.emit("slots", g, (x,), index=L.broadcast_index(mine, self.t))
+            elif how == "tile":
+                self._same_lanes(v.type, a_v.type, "fma")
+            args.append(x)
+        self.emit("fma", self.env[op.dst], tuple(args))
+
     def op_binary(self, op):
         a_v, b_v = op.srcs
         a, b = self.val(a_v), self.val(b_v)

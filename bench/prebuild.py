@@ -1,0 +1,36 @@
+"""Fill the code-object cache ($PYKITTENS_CACHE) with the PTX of every build a GPU script will
+launch, on a machine without a GPU, so a short GPU session spends its time on the GPU:
+
+    PYKITTENS_CACHE=$PWD/.pkcache python3 bench/prebuild.py attention
+then carry .pkcache to the GPU machine and run with the same PYKITTENS_CACHE."""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+
+from pykittens import compiler
+from pykittens.toolchain import nvptx
+
+
+def attention():
+    from pykittens.kernels.attention import attention_fwd, hopper_schedules
+    for dt, d, causal in itertools.product(("bf16", "f16"), (64, 128), (0, 1)):
+        for over in hopper_schedules(d).values():
+            consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "OVERLAP": 1,
+                      "PINGPONG": 1, "WG": 2, "num_waves": 12, "TARGET": "sm_90a", **over}
+            yield attention_fwd, {"DT": dt, **consts}
+
+
+def main() -> int:
+    t0, n = time.time(), 0
+    for family in sys.argv[1:] or ["attention"]:
+        for kernel, consts in globals()[family]():
+            nvptx.compile_ptx(compiler.llvm_ir(kernel, "sm_90a", **consts), "sm_90a")
+            n += 1
+    print(f"{n} builds in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
