@@ -79,7 +79,8 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG
     kv = pk.st((BN, D), DT, swizzle=8)
     ks = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
     vs = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
-    out = [pk.StagedStore((64, D), DT) for _ in range(WG)]
+    # O leaves through each consumer's Q tile, free once its last Q K^T has retired
+    out = [pk.StagedStore((64, D), DT, tile=sq[g]) for g in range(WG)]
     turn = pk.mbarrier(4, count=WG) if PINGPONG else None
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
@@ -136,25 +137,30 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG
                     vs.release(j)
             else:
                 pa = pk.empty(pk.rt((16, BN), DT, role="a"))     # P of the previous block
+                alpha = pk.empty(m.type)                          # ... and its rescale
                 with pk.if_(blocks > 0):
                     my_turn(0)
                     pk.mma_ABt(s, sq[g], ks.wait(0).t, c=0)
                     your_turn()
                     ks.release(0)
-                    pk.convert(pa, softmax(0)[0])
+                    p, _ = softmax(0)
+                    pk.convert(pa, p)
+                    pk.fill(alpha, 1.0)
                     for j in pk.range(1, blocks):   # Q K_j^T, then P_{j-1} V_{j-1}
                         my_turn(j)
                         pk.mma_ABt(s, sq[g], ks.wait(j).t, c=0, in_flight=1)
+                        acc *= alpha                # under Q K_j^T
                         pk.mma_AB(acc, pa, vs.wait(j - 1).t, in_flight=2)
                         your_turn()
                         pk.mma_wait(s, in_flight=1)
                         ks.release(j)           # Q K_j^T has retired
-                        p, alpha = softmax(j)   # under P_{j-1} V_{j-1}
+                        p, a_j = softmax(j)     # under P_{j-1} V_{j-1}
+                        alpha.set(a_j)
                         pk.mma_wait(acc)
                         vs.release(j - 1)
-                        acc *= alpha
                         pk.convert(pa, p)
                     my_turn(blocks)
+                    acc *= alpha
                     pk.mma_AB(acc, pa, vs.wait(blocks - 1).t)
                     your_turn()
                     vs.release(blocks - 1)
@@ -182,7 +188,9 @@ def hopper_schedules(d: int) -> dict:
     compares): the intra-warpgroup overlap and inter-warpgroup ping-pong on and off, and the
     key block size."""
     out = {"overlap+pingpong": {}, "overlap": {"PINGPONG": 0}, "pingpong": {"OVERLAP": 0},
-           "plain": {"OVERLAP": 0, "PINGPONG": 0}}
+           "plain": {"OVERLAP": 0, "PINGPONG": 0},
+           "overlap+pingpong, 3 stages": {"STAGES": 3},
+           "overlap, 3 stages": {"PINGPONG": 0, "STAGES": 3}}
     if d == 64:
         out["3 consumers, overlap+pingpong"] = {"WG": 3, "num_waves": 16}
         out["3 consumers, overlap"] = {"WG": 3, "num_waves": 16, "PINGPONG": 0}

@@ -89,10 +89,15 @@ class StagedStore:
         out.store(c, acc, (m0, n0), use=t)                 # every wave of the group
     """
 
-    def __init__(self, shape, dtype, waves: int = 4):
+    def __init__(self, shape, dtype, waves: int = 4, tile=None):
+        """`tile`: a shared tile of that shape and type to stage through (e.g. one whose
+        contents are no longer needed when the stores begin) instead of a new one."""
         d = T.dtype_of(dtype)
         swizzle = 8 if shape[1] * d.bytes % 128 == 0 else 0
-        self.tile = ops.empty(ops.st(shape, d, swizzle=swizzle))
+        if tile is not None and (tuple(tile.shape) != tuple(shape) or tile.dtype != d):
+            raise error(f"StagedStore(tile=...) must be a {tuple(shape)} {d} shared tile, "
+                        f"not {tile.type}")
+        self.tile = tile if tile is not None else ops.empty(ops.st(shape, d, swizzle=swizzle))
         self.waves = waves
         self.stored = mbarrier(waves)            # every wave of the group wrote its rows
         self.drained = mbarrier(1)               # the TMA copy has read the tile
