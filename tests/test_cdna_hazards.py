@@ -229,6 +229,16 @@ def test_pinned_kernels_leave_the_documented_wait_states(name, target):
     assert violations(kernel, target, **consts) == []
 
 
+@pytest.mark.parametrize("target,consts", [("gfx942", {"DT": "bf16"}), ("gfx950", {"DT": "bf16"}),
+                                           ("gfx950", {"DT": "e4m3", "MMA": 16, "BK": 128}),
+                                           ("gfx950", {"DT": "e5m2", "MMA": 32, "BK": 64})])
+def test_llvm_meets_the_same_rules_around_its_own_mfmas(target, consts):
+    """Cross-check of the scanner: the MFMAs LLVM generates (no pins, its hazard recognizer
+    places the wait states) pass the rules as written here."""
+    from test_mma import gemm
+    assert violations(gemm, target, **consts) == []
+
+
 @pytest.mark.parametrize("name,target,consumer", [
     ("pinned_fp8_32", "gfx950", "-> v_accvgpr_read_b32"),      # acc read after its MFMA
     ("pinned_fnuz", "gfx942", "-> v_accvgpr_read_b32"),
