@@ -335,7 +335,8 @@ def interior_path(insts: list[tuple[str, str]], labels: dict[str, int], loop: Lo
     reachable through it. The last tag decides because LLVM sinks main-side values into the
     edge blocks that use them (to their start) and hoists edge-side ones into the block that
     branches (before its branch). Without the tags (another compiler's code object) this is
-    the whole loop. It undercounts where an edge-only instruction was hoisted (speculated)."""
+    the whole loop. It undercounts where an edge-only instruction was hoisted (speculated),
+    and counts both sides of the kernel's own branches (`pk.if_`), which are not edge code."""
     from ..codegen.amdgpu import AMDGPURenderer as R
     blocks, succs = basic_blocks(insts, labels)
     in_loop = set(loop.body)
