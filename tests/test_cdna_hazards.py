@@ -210,6 +210,24 @@ def pinned_operands(a: pk.gl[pk.bf16, 2], bt: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32
     pk.store(c, out)
 
 
+@pk.kernel(num_waves=1)
+def pinned_branch(a: pk.gl[pk.bf16, 2], bt: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+                  d: pk.gl[pk.f32, 2]):
+    """Pinned asm on one side of a branch only: the instructions it issues are no distance
+    on the other path, so the accumulator read after the join must still wait."""
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", pin="a0"))
+    other = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", pin="a16"))
+    ta = pk.empty(pk.rt((32, 32), pk.bf16, role="a", pin="v200"))
+    tb = pk.empty(pk.rt((32, 32), pk.bf16, role="b", layout="row", pin="v216"))
+    pk.load(ta, a, (0, 0))
+    pk.load(tb, bt, (0, 0))
+    pk.mma_ABt(acc, ta, tb)
+    with pk.if_(a.shape[1] > 32):
+        pk.fill(other, 1.0)
+    pk.store(c, acc)
+    pk.store(d, other)
+
+
 KERNELS = {
     "doc_pinned_gemm": (doc_pinned_gemm, {}, CDNA),
     "static_pinned_gemm": (static_pinned_gemm, {}, CDNA),
@@ -219,6 +237,7 @@ KERNELS = {
     "pinned_fnuz": (pinned_fp8, {"DT": "e4m3fnuz", "BK": 32}, ("gfx942",)),
     "pinned_mx": (pinned_mx, {}, ("gfx950",)),
     "pinned_operands": (pinned_operands, {}, CDNA),
+    "pinned_branch": (pinned_branch, {}, CDNA),
 }
 CASES = [(name, t) for name, (_, _, ts) in KERNELS.items() for t in ts]
 
