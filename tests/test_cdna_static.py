@@ -5,6 +5,7 @@ ISA, ping-pong priorities and barriers in the loop, and clear errors before LLVM
 Code objects come from the toolchain's disk cache after the first run."""
 import os
 
+import numpy as np
 import pytest
 
 import pykittens as pk
@@ -95,6 +96,29 @@ def test_pinned_gemm_runs_its_mfmas_on_the_pinned_registers(target):
     assert rep["agpr"] == 16
     assert rep["vgpr"] == 224                          # v0..v223: the highest pin is v216..v223
     assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0
+
+
+# ---- plain fp8 on gfx950: the f8f6f4 MFMAs without scales -----------------------------------
+
+from test_mma import gemm as wave_gemm  # noqa: E402  (64x64 per workgroup, 32x32 per wave)
+
+
+@pytest.mark.parametrize("dt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("mma,bk,instr,per_step", [
+    (32, 64, "v_mfma_f32_32x32x64_f8f6f4", 1), (16, 128, "v_mfma_f32_16x16x128_f8f6f4", 4)])
+def test_plain_fp8_gemm_on_gfx950_uses_f8f6f4(dt, mma, bk, instr, per_step, rng):
+    obj, rep, insts, loop = build(wave_gemm, "gfx950", DT=dt, MMA=mma, BK=bk)
+    assert rep["scratch_bytes"] == 0 and (rep["vgpr_spill"], rep["sgpr_spill"]) == (0, 0)
+    assert [op for op, _ in loop.instructions(insts) if op.startswith("v_mfma")] == \
+        [instr] * per_step                        # 32x32 per wave: (32 / mma)^2 * bk / K
+    assert rep["loop_executed"]["mfma"] == per_step
+    d = getattr(pk, dt)
+    a = rng.standard_normal((64, 2 * bk)).astype(d.np)
+    b = rng.standard_normal((2 * bk, 64)).astype(d.np)
+    out = pk.emulate(wave_gemm, a, b, np.zeros((64, 64), np.float32), grid=(1, 1),
+                     target="gfx950", MMA=mma, BK=bk)["c"]
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.linalg.norm(out - ref) <= 1e-6 * np.linalg.norm(ref)
 
 
 # ---- 8-wave ping-pong (the kernel of tests/test_schedule.py) -----------------------------------

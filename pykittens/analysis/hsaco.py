@@ -8,7 +8,9 @@ reads to build the kernel-argument buffer, so checking against it is checking th
 """
 from __future__ import annotations
 
+import bisect
 import re
+import struct
 from collections import Counter
 from dataclasses import dataclass
 
@@ -97,6 +99,111 @@ def kernel(hsaco: bytes, name: str | None = None) -> KernelInfo:
     return ks[name]
 
 
+# ----------------------------------------------------------------------------- line table
+
+def _uleb(data: bytes, i: int) -> tuple[int, int]:
+    val = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        val |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return val, i
+
+
+def _sleb(data: bytes, i: int) -> tuple[int, int]:
+    val = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        val |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return (val - (1 << shift) if b & 0x40 else val), i
+
+
+def line_rows(hsaco: bytes) -> list[tuple[int, int, bool]]:
+    """(address, line, end of sequence) rows of the code object's .debug_line (DWARF 2-5
+    line-number programs, DWARF5 section 6.2), [] without one. Only addresses and lines are
+    decoded: the header is skipped through its header_length."""
+    sec = next((x for x in amdgpu.elf_sections(hsaco) if x.name == ".debug_line"), None)
+    if sec is None:
+        return []
+    data, end, rows = hsaco[sec.offset:sec.offset + sec.size], sec.size, []
+    off = 0
+    while off + 4 <= end:
+        length, = struct.unpack_from("<I", data, off)
+        if length == 0xFFFFFFFF:
+            raise ValueError(".debug_line: 64-bit DWARF is not supported")
+        unit_end, i = off + 4 + length, off + 4
+        version, = struct.unpack_from("<H", data, i)
+        i += 2
+        if version >= 5:
+            i += 2                                   # address_size, segment_selector_size
+        header_length, = struct.unpack_from("<I", data, i)
+        i += 4
+        program = i + header_length
+        min_inst = data[i]
+        i += 2 if version >= 4 else 1                # maximum_operations_per_instruction
+        i += 1                                       # default_is_stmt
+        line_base = struct.unpack_from("<b", data, i)[0]
+        line_range, opcode_base = data[i + 1], data[i + 2]
+        std_lengths = data[i + 3:i + 3 + opcode_base - 1]
+        i, addr, line = program, 0, 1
+        while i < unit_end:
+            op = data[i]
+            i += 1
+            if op >= opcode_base:                    # special opcode: advance both, a row
+                adj = op - opcode_base
+                addr += adj // line_range * min_inst
+                line += line_base + adj % line_range
+                rows.append((addr, line, False))
+            elif op == 0:                            # extended opcode
+                n, i = _uleb(data, i)
+                sub, body = data[i], data[i + 1:i + n]
+                if sub == 1:                         # end_sequence
+                    rows.append((addr, line, True))
+                    addr, line = 0, 1
+                elif sub == 2:                       # set_address
+                    addr = int.from_bytes(body, "little")
+                i += n
+            elif op == 1:                            # copy
+                rows.append((addr, line, False))
+            elif op == 2:                            # advance_pc
+                n, i = _uleb(data, i)
+                addr += n * min_inst
+            elif op == 3:                            # advance_line
+                n, i = _sleb(data, i)
+                line += n
+            elif op == 8:                            # const_add_pc
+                addr += (255 - opcode_base) // line_range * min_inst
+            elif op == 9:                            # fixed_advance_pc
+                addr += struct.unpack_from("<H", data, i)[0]
+                i += 2
+            else:                                    # other standard opcodes: skip operands
+                for _ in range(std_lengths[op - 1]):
+                    _, i = _uleb(data, i)
+        off = unit_end
+    return rows
+
+
+def line_of_addresses(hsaco: bytes, addresses: list[int]) -> list[int | None]:
+    """The source line of each instruction address (None where the table has no row)."""
+    spans = []                                       # (start, end, line)
+    rows = line_rows(hsaco)
+    for (a, ln, last), nxt in zip(rows, rows[1:]):
+        if not last and nxt[0] > a:
+            spans.append((a, nxt[0], ln))
+    spans.sort()
+    starts = [s for s, _, _ in spans]
+    out = []
+    for addr in addresses:
+        k = bisect.bisect_right(starts, addr) - 1
+        out.append(spans[k][2] if k >= 0 and addr < spans[k][1] else None)
+    return out
+
+
 # ----------------------------------------------------------------------------- loops
 
 _LINE = re.compile(r"^\t(\S+)(.*?)\s*(?://\s*([0-9a-f]+))?$")
@@ -107,7 +214,17 @@ _FUNC = re.compile(r"^([^\s.][^\s]*):$")
 def instructions(asm: str, kernel_name: str) -> tuple[list[tuple[str, str]], dict[str, int]]:
     """([(mnemonic, operands)], {label: index of the instruction it precedes}) of one
     function in `amdgpu.disassemble` text."""
-    insts, labels, inside = [], {}, False
+    insts, labels, _ = _parse(asm, kernel_name)
+    return insts, labels
+
+
+def addresses(asm: str, kernel_name: str) -> list[int]:
+    """The address of each instruction `instructions` lists."""
+    return _parse(asm, kernel_name)[2]
+
+
+def _parse(asm: str, kernel_name: str):
+    insts, labels, addrs, inside = [], {}, [], False
     for line in asm.splitlines():
         f = _FUNC.match(line)
         if f:
@@ -122,9 +239,10 @@ def instructions(asm: str, kernel_name: str) -> tuple[list[tuple[str, str]], dic
         m = _LINE.match(line)
         if m:
             insts.append((m.group(1), m.group(2).strip()))
+            addrs.append(int(m.group(3), 16) if m.group(3) else -1)
     if not insts:
         raise ValueError(f"no function {kernel_name!r} in the disassembly")
-    return insts, labels
+    return insts, labels, addrs
 
 
 def is_branch(mnemonic: str) -> bool:
@@ -202,6 +320,43 @@ def main_loop(insts: list[tuple[str, str]], labels: dict[str, int],
     return max(cands, key=lambda lp: (lp.mfma(insts), len(lp.body), -lp.header))
 
 
+def interior_path(insts: list[tuple[str, str]], labels: dict[str, int], loop: Loop,
+                  lines: list[int | None]) -> list[int]:
+    """The instructions (indices, in address order) an iteration of `loop` runs for an
+    interior tile: the loop's blocks reachable from its header without entering edge code,
+    less edge-tagged instructions LLVM moved into shared blocks.
+
+    `lines` are the instructions' source lines from the code object's line table; the
+    renderer gives the code of the lowering's ragged-edge sides (ld_edge, st_edge, run_elem,
+    lds_copy and what is nested in them) its EDGE_LINE, everything else MAIN_LINE, and LLVM
+    gives the exec-mask code it adds no line. A block whose last tagged instruction is edge
+    code belongs to the edge side: for an interior tile no lane takes it, so a uniform branch
+    jumps past it and an exec-masked one skips it (s_cbranch_execz), with everything only
+    reachable through it. The last tag decides because LLVM sinks main-side values into the
+    edge blocks that use them (to their start) and hoists edge-side ones into the block that
+    branches (before its branch). Without the tags (another compiler's code object) this is
+    the whole loop. It undercounts where an edge-only instruction was hoisted (speculated),
+    and counts both sides of the kernel's own branches (`pk.if_`), which are not edge code."""
+    from ..codegen.amdgpu import AMDGPURenderer as R
+    blocks, succs = basic_blocks(insts, labels)
+    in_loop = set(loop.body)
+    block_at = {blk.start: b for b, blk in enumerate(blocks)}
+
+    def is_edge(b):
+        tags = [lines[i] for i in blocks[b] if lines[i] in (R.MAIN_LINE, R.EDGE_LINE)]
+        return bool(tags) and tags[-1] == R.EDGE_LINE
+
+    head = block_at[loop.header]
+    seen, work = {head}, [head]
+    while work:
+        b = work.pop()
+        for nb in succs[b]:
+            if nb not in seen and nb != head and blocks[nb].start in in_loop and not is_edge(nb):
+                seen.add(nb)
+                work.append(nb)
+    return sorted(i for b in seen for i in blocks[b] if lines[i] != R.EDGE_LINE)
+
+
 INSTRUCTION_CLASSES = ("mfma", "vmem", "ds", "valu", "smem", "salu", "branch", "other")
 
 
@@ -240,18 +395,27 @@ def report(hsaco: bytes, target, *, num_waves: int | None = None,
     `num_waves` is the workgroup size in waves (default: the code object's
     max_flat_workgroup_size / wavefront size). `loops` counts the natural loops; `loop_mfma`
     and `loop_instructions` describe the main loop (`main_loop`: the innermost loop with the
-    most MFMAs), and are 0 and empty when the kernel has no loop.
+    most MFMAs), all of its code, and are 0 and empty when the kernel has no loop;
+    `loop_executed` is the mix of one iteration of it for an interior tile, without the
+    ragged-edge code (`interior_path`). `occupancy_limits` gives the waves per SIMD each
+    resource allows; `hbm_bytes_per_s` the peak memory bandwidth of each chip of the target
+    (data sheets), for models over the report.
     """
     t = targets.get(target)
     k = kernel(hsaco, kernel_name)
     if num_waves is None:
         num_waves = max(k.max_flat_workgroup_size // k.wavefront_size, 1)
     occ = waves_per_simd(t, registers=k.vgpr_count, lds_bytes=k.group_segment_fixed_size,
-                         waves_per_workgroup=num_waves)
-    insts, labels = instructions(amdgpu.disassemble(hsaco, t.name), k.name)
+                         waves_per_workgroup=num_waves, sgprs=k.sgpr_count)
+    asm = amdgpu.disassemble(hsaco, t.name)
+    insts, labels = instructions(asm, k.name)
     found = loops(insts, labels)
     main = main_loop(insts, labels, found)
     inner = instruction_mix(main.instructions(insts)) if main else {}
+    executed = {}
+    if main:
+        lines = line_of_addresses(hsaco, addresses(asm, k.name))
+        executed = instruction_mix([insts[i] for i in interior_path(insts, labels, main, lines)])
     return {
         "kernel": k.name,
         "target": t.name,
@@ -268,8 +432,12 @@ def report(hsaco: bytes, target, *, num_waves: int | None = None,
         "num_waves": num_waves,
         "occupancy_waves_per_simd": occ.waves_per_simd,
         "occupancy_limited_by": occ.limited_by,
+        "occupancy_limits": {"registers": occ.by_registers, "sgprs": occ.by_sgprs,
+                             "lds": occ.by_lds, "wave slots": t.max_waves_per_simd},
         "instructions": len(insts),
         "loops": len(found),
         "loop_mfma": inner.get("mfma", 0),
         "loop_instructions": inner,
+        "loop_executed": executed,
+        "hbm_bytes_per_s": dict(t.hbm_bytes_per_s_by_chip) or {t.chips[0]: t.hbm_bytes_per_s},
     }

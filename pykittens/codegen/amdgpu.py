@@ -33,8 +33,47 @@ class AMDGPURenderer(Renderer):
         if vlow is not None:
             # Cap the allocator below the lowest pinned VGPR.
             extra += f' "amdgpu-num-vgpr"="{vlow}"'
-        return (f'attributes #0 = {{ "amdgpu-flat-work-group-size"="{threads},{threads}" '
-                f'"target-cpu"="{self.p.target.name}" "uniform-work-group-size"="true"{extra} }}')
+        attrs = (f'attributes #0 = {{ "amdgpu-flat-work-group-size"="{threads},{threads}" '
+                 f'"target-cpu"="{self.p.target.name}" "uniform-work-group-size"="true"{extra} }}')
+        return attrs + "\n\n" + self._line_table_metadata()
+
+    # -- edge code, marked in the line table ------------------------------------------------
+    # The report counts the main loop's instructions that an interior tile runs apart from
+    # the ragged-edge code it never reaches. The fast/edge splits are lane-IR decisions,
+    # rendered as branches whose "edge" side is a block (and everything nested in it) until
+    # its join; instructions rendered there get source line EDGE_LINE, all others MAIN_LINE,
+    # in line-only debug info: no instruction is added, and the code object's .debug_line maps
+    # every instruction address back to its side (analysis/hsaco.py). The exec-mask code LLVM
+    # adds where divergent sides meet carries no line (0): it runs on every path.
+    MAIN_LINE, EDGE_LINE = 1, 2
+    LOCATION = {MAIN_LINE: "!7", EDGE_LINE: "!8"}      # their DILocation nodes below
+    FAST_SIDES = ("ld_full", "st_full", "run_vec", "lds_dma")
+
+    def branch(self, cond, yes, no, join):
+        labels = super().branch(cond, yes, no, join)
+        if yes in self.FAST_SIDES:
+            self.edge_starts[labels[1]] = labels[2]
+        return labels
+
+    def ins(self, text: str):
+        edge = self.edge_stack and self.lines is not getattr(self, "entry_lines", None)
+        super().ins(f"{text}, !dbg {self.LOCATION[self.EDGE_LINE if edge else self.MAIN_LINE]}")
+
+    def _line_table_metadata(self) -> str:
+        return "\n".join((
+            "!llvm.dbg.cu = !{!0}",
+            "!llvm.module.flags = !{!4, !5}",
+            '!0 = distinct !DICompileUnit(language: DW_LANG_C99, file: !1, producer: '
+            '"pykittens", isOptimized: true, runtimeVersion: 0, emissionKind: LineTablesOnly)',
+            f'!1 = !DIFile(filename: "{self.p.name}.pykittens", directory: "")',
+            f'!2 = distinct !DISubprogram(name: "{self.p.name}", scope: !1, file: !1, line: 1, '
+            "type: !3, scopeLine: 1, spFlags: DISPFlagDefinition | DISPFlagOptimized, unit: !0)",
+            "!3 = !DISubroutineType(types: !6)",
+            '!4 = !{i32 2, !"Debug Info Version", i32 3}',
+            '!5 = !{i32 7, !"Dwarf Version", i32 5}',
+            "!6 = !{}",
+            *(f"{node} = !DILocation(line: {line}, scope: !2)"
+              for line, node in self.LOCATION.items())))
 
     def _pins(self):
         from ..ir.nodes import walk
@@ -52,9 +91,15 @@ class AMDGPURenderer(Renderer):
         if pin is None:
             return super().read(reg)
         f, first = pin
+        n_words = reg.type.dwords
         words = []
-        for i in range(reg.type.dwords):
+        for i in range(n_words):
             asm = f"v_accvgpr_read_b32 $0, a{first + i}" if f == "a" else f"v_mov_b32 $0, v{first + i}"
+            # The words land in VGPRs LLVM picked, written by inline asm, which LLVM does not
+            # count as VALU writes: an MFMA intrinsic reading them next needs the wait states
+            # after the last word (kernels with intrinsic MFMAs only).
+            after = self.ws.valu_write_mfma_read if self.hz_intrinsic and i == n_words - 1 else 0
+            asm = self._guarded(asm, reads=[(f, first + i)], after=after)
             r = self.fresh()
             self.ins(f'{r} = call i32 asm sideeffect "{asm}", "=v"()')
             words.append(Value(r, "i32", 0))
@@ -76,17 +121,147 @@ class AMDGPURenderer(Renderer):
             w = self.extract(words, i)
             r = first + i
             asm = f"v_accvgpr_write_b32 a{r}, $0" if f == "a" else f"v_mov_b32 v{r}, $0"
+            # An f32 value may come straight from an MFMA intrinsic's result registers, and
+            # LLVM does not see this asm as the VALU read that must wait for them.
+            before = self.hz_intrinsic_after_write if i == 0 and reg.type.dtype == T.f32 else 0
+            asm = self._guarded(asm, writes=[(f, r)], before=before)
             self.ins(f'call void asm sideeffect "{asm}", "v,~{{{f}{r}}}"({w})')
 
-    def _asm_operand(self, reg_v, slots, ins, inputs: list):
-        """Register text for an MFMA operand in inline asm: the pinned range itself, or an
-        input operand ($n) passed as dword-typed VGPRs."""
+    # -- wait states around the inline asm --------------------------------------------------
+    # LLVM's hazard recognizer does not look inside inline asm, and LLVM never touches pinned
+    # registers, so every dependency on a pinned register runs between two of our asm
+    # statements. The hardware does not interlock the MFMA ones (targets/cdna.py,
+    # WAIT_STATES_*): each asm statement that consumes such a dependency carries the s_nops
+    # it needs *in its own string*, in front of the instruction, so nothing LLVM schedules
+    # can separate the nops from the consumer (a separate s_nop statement, or a
+    # sched_barrier, would still let LLVM place the consumer elsewhere relative to the
+    # producer). How many: the count of instructions our asm issued since the producer is a
+    # lower bound on the distance only within one LLVM basic block (asm statements with side
+    # effects keep their order and are never dropped; LLVM may only add instructions between
+    # them). At every block start the tracker therefore assumes that every producer the
+    # kernel has for a register (its MFMAs, its pinned writes) ran just before.
+    def _hazard_setup(self):
+        from ..ir.nodes import walk
+        self.edge_starts, self.edge_stack = {}, []
+        self.ws = self.p.target.mfma_wait_states
+        self.hz_pos = 0            # instructions our inline asm has issued so far
+        self.hz = {}               # (file, reg) -> {"valu": pos, "xdl": (pos, passes, rng),
+        seed = {}                  #                 "srcc": (pos, passes)}
+        intrinsic = 0
+        for op in walk(self.p.body):
+            pin = getattr(getattr(op.dst, "type", None), "pin", None)
+            if op.kind == "mma" and self._pinned_mma(op):
+                ins = op.attrs["instr"]
+                rng = self._acc_range(op)
+                for r in self._regs(rng):
+                    e = seed.setdefault(r, {})
+                    old = e.get("xdl")
+                    same = old is None or old[2] == rng
+                    e["xdl"] = (0, max(ins.passes, old[1] if old else 0), rng if same else None)
+                    e["srcc"] = (0, max(ins.passes, e.get("srcc", (0, 0))[1]))
+            elif op.kind == "mma":
+                intrinsic = max(intrinsic, op.attrs["instr"].passes)
+                if pin is not None:
+                    self._seed_valu(seed, op.dst)
+            elif pin is not None:
+                self._seed_valu(seed, op.dst)
+        self.hz_seed = seed
+        self.hz_intrinsic = intrinsic > 0
+        self.hz_intrinsic_after_write = self.ws.after_write(intrinsic) if intrinsic else 0
+
+    @staticmethod
+    def _seed_valu(seed, reg):
+        f, first = reg.type.pin
+        for i in range(reg.type.dwords):
+            seed.setdefault((f, first + i), {})["valu"] = 0
+
+    @staticmethod
+    def _regs(rng):
+        f, lo, hi = rng
+        return [(f, r) for r in range(lo, hi + 1)]
+
+    def _acc_range(self, op):
+        f, first = op.srcs[2].type.pin
+        cs = op.attrs["c_slots"]
+        return f, first + cs[0], first + cs[-1]
+
+    @staticmethod
+    def _pinned_mma(op) -> bool:
+        return getattr(op.srcs[2].type, "pin", None) is not None and op.srcs[2] is op.dst
+
+    def start_block(self, name):
+        super().start_block(name)
+        if name in self.edge_starts:
+            self.edge_stack.append(self.edge_starts.pop(name))
+        elif self.edge_stack and name == self.edge_stack[-1]:
+            self.edge_stack.pop()
+        at = self.hz_pos - 1       # a producer may have issued right before this block
+        self.hz = {r: {k: (at, *v[1:]) if isinstance(v, tuple) else at for k, v in e.items()}
+                   for r, e in self.hz_seed.items()}
+
+    def _guarded(self, asm: str, reads=(), writes=(), mfma=None, before=0, after=0) -> str:
+        """`asm` (one instruction) with the s_nops its pinned-register dependencies need in
+        front (and `after` more behind it), the tracker updated. reads/writes: registers a
+        VALU instruction reads / writes; mfma: (A and B registers, C = D range, passes)."""
+        ws = self.ws
+        need = before
+
+        def gap(pos):              # wait states between a producer at pos and this one
+            return self.hz_pos - pos - 1
+
+        for r in reads:
+            e = self.hz.get(r, {})
+            if "xdl" in e:
+                need = max(need, ws.after_write(e["xdl"][1]) - gap(e["xdl"][0]))
+        for r in writes:
+            e = self.hz.get(r, {})
+            if "xdl" in e:
+                need = max(need, ws.after_write(e["xdl"][1]) - gap(e["xdl"][0]))
+            if "srcc" in e:
+                need = max(need, ws.after_srcc_read(e["srcc"][1]) - gap(e["srcc"][0]))
+        if mfma is not None:
+            ab, crng, _ = mfma
+            for r in ab:
+                e = self.hz.get(r, {})
+                if "valu" in e:
+                    need = max(need, ws.valu_write_mfma_read - gap(e["valu"]))
+                if "xdl" in e:
+                    need = max(need, ws.after_write(e["xdl"][1]) - gap(e["xdl"][0]))
+            for r in self._regs(crng):
+                e = self.hz.get(r, {})
+                if "valu" in e:
+                    need = max(need, ws.valu_write_mfma_read - gap(e["valu"]))
+                if "xdl" in e and e["xdl"][2] != crng:
+                    need = max(need, ws.after_write_srcc_overlap(e["xdl"][1]) - gap(e["xdl"][0]))
+        need = max(need, 0)
+        at = self.hz_pos + need    # where the instruction issues
+        for r in writes:
+            self.hz[r] = {"valu": at}
+        if mfma is not None:
+            _, crng, passes = mfma
+            for r in self._regs(crng):
+                self.hz[r] = {"xdl": (at, passes, crng), "srcc": (at, passes)}
+        self.hz_pos = at + 1 + after
+        return "\\0A".join(self._nops(need) + [asm] + self._nops(after))
+
+    def _nops(self, n: int) -> list[str]:
+        out = []
+        while n > 0:
+            k = min(n, self.ws.nop_max)
+            out.append(f"s_nop {k - 1}")
+            n -= k
+        return out
+
+    def _asm_operand(self, reg_v, slots, ins, inputs: list, regs: list):
+        """Register text for an MFMA operand in inline asm: the pinned range itself (its
+        registers added to `regs`), or an input operand ($n) passed as dword-typed VGPRs."""
         pin = getattr(reg_v.type, "pin", None)
         per = reg_v.type.dtype.bytes
         if pin is not None:
             f, first = pin
             lo = first + slots[0] * per // 4
             hi = first + (slots[-1] + 1) * per // 4 - 1
+            regs += self._regs((f, lo, hi))
             return f"{f}[{lo}:{hi}]"
         v = self.read(reg_v)
         k = len(slots)
@@ -97,31 +272,44 @@ class AMDGPURenderer(Renderer):
 
     def _mfma_pinned(self, op):
         """An MFMA whose accumulator is pinned: one inline-asm instruction on the physical
-        registers, so no copies in or out of the accumulation registers."""
+        registers, so no copies in or out of the accumulation registers. Plain fp8 on the
+        f8f6f4 instructions is their unscaled form; block-scaled ones take their E8M0 scale
+        registers as VGPR inputs (byte 0: op_sel 0)."""
         ins = op.attrs["instr"]
-        a_v, b_v, c_v = op.srcs
-        f, first = c_v.type.pin
-        cs = op.attrs["c_slots"]
-        lo, hi = first + cs[0], first + cs[-1]
+        a_v, b_v, c_v = op.srcs[:3]
+        f, lo, hi = rng = self._acc_range(op)
         inputs: list = []
-        a_txt = self._asm_operand(a_v, op.attrs["a_slots"], ins, inputs)
-        b_txt = self._asm_operand(b_v, op.attrs["b_slots"], ins, inputs)
+        ab: list = []
+        a_txt = self._asm_operand(a_v, op.attrs["a_slots"], ins, inputs, ab)
+        b_txt = self._asm_operand(b_v, op.attrs["b_slots"], ins, inputs, ab)
         acc = f"{f}[{lo}:{hi}]"
         src_c = "0" if op.attrs.get("zero") else acc        # an inline-constant zero C
+        text = f"{ins.name} {acc}, {a_txt}, {b_txt}, {src_c}"
+        if ins.scaled:
+            for s, key in zip(op.srcs[3:5], ("sa_slots", "sb_slots")):
+                inputs.append(self._scale_operand(s, op.attrs[key]))
+            text += f", ${len(inputs) - 2}, ${len(inputs) - 1} op_sel_hi:[0,0,0]"
+        if ins.scaled or ins.no_scale:
+            fmt = cdna.F8F6F4_FORMAT[ins.ab_dtype]
+            text += f" cbsz:{fmt} blgp:{fmt}" if fmt else ""
+        # Inputs ($n) are VGPRs LLVM's own VALU code may have written just before: it does not
+        # know this asm reads them as MFMA operands.
+        before = self.ws.valu_write_mfma_read if inputs else 0
+        asm = self._guarded(text, mfma=(ab, rng, ins.passes), before=before)
         clob = ",".join(f"~{{{f}{r}}}" for r in range(lo, hi + 1))
         cons = ",".join(["v"] * len(inputs) + [clob])
         args = ", ".join(str(x) for x in inputs)
-        self.ins(f'call void asm sideeffect "{ins.name} {acc}, {a_txt}, {b_txt}, {src_c}", '
-                 f'"{cons}"({args})')
+        self.ins(f'call void asm sideeffect "{asm}", "{cons}"({args})')
 
     def function_header(self, args):
-        return f"define amdgpu_kernel void @{self.p.name}({args}) #0"
+        return f"define amdgpu_kernel void @{self.p.name}({args}) #0 !dbg !2"
 
     def arg_type(self, a):
         return {"ptr": "ptr addrspace(1)", "i32": "i32", "f32": "float"}[a.dtype]
 
     def prologue(self):
         self.rsrc = {}
+        self._hazard_setup()
         self.entry_lines = self.lines
         self.lines = []
         tid = self.call("i32", "llvm.amdgcn.workitem.id.x", [])
@@ -258,14 +446,14 @@ class AMDGPURenderer(Renderer):
             return self.op(f"bitcast {v} to <{k // 4} x i32>", "i32", k // 4)
         return v
 
-    def _scale_operand(self, reg_v, slots) -> str:
+    def _scale_operand(self, reg_v, slots) -> Value:
         """An E8M0 scale register: the byte in bits 7:0 of an i32 (op_sel 0)."""
         v = self.read(reg_v)
         e = self.extract(v, slots[0])
-        return str(self.op(f"zext {e} to i32", "i32", 0))
+        return self.op(f"zext {e} to i32", "i32", 0)
 
     def r_mma(self, op):
-        if getattr(op.srcs[2].type, "pin", None) is not None and op.srcs[2] is op.dst:
+        if self._pinned_mma(op):
             return self._mfma_pinned(op)
         ins = op.attrs["instr"]
         a, b, c = (self.read(s) for s in op.srcs[:3])
@@ -277,8 +465,14 @@ class AMDGPURenderer(Renderer):
         if ins.scaled:
             fmt = cdna.F8F6F4_FORMAT[ins.ab_dtype]
             args = [str(av), str(bv), str(cv), f"i32 {fmt}", f"i32 {fmt}", "i32 0",
-                    self._scale_operand(op.srcs[3], op.attrs["sa_slots"]), "i32 0",
-                    self._scale_operand(op.srcs[4], op.attrs["sb_slots"])]
+                    str(self._scale_operand(op.srcs[3], op.attrs["sa_slots"])), "i32 0",
+                    str(self._scale_operand(op.srcs[4], op.attrs["sb_slots"]))]
+        elif ins.no_scale:
+            # Constant-zero scale operands: LLVM selects the f8f6f4 instruction without
+            # scales (unit scale), no v_mfma_ld_scale and no scale registers.
+            fmt = cdna.F8F6F4_FORMAT[ins.ab_dtype]
+            args = [str(av), str(bv), str(cv), f"i32 {fmt}", f"i32 {fmt}", "i32 0", "i32 0",
+                    "i32 0", "i32 0"]
         else:
             args = [str(av), str(bv), str(cv), "i32 0", "i32 0", "i32 0"]
         dv = Value(self.call(cv.ty, ins.intrinsic, args), "float", len(cs))

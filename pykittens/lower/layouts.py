@@ -45,7 +45,10 @@ def mma_instr(t: RegTileType, target, ab_dtype=None):
                 return ins
         raise NotSupportedYet(f"{target.name} has no block-scaled matrix instruction "
                               "(the MX formats' f8f6f4 MFMAs are CDNA4, gfx950)")
+    k = t.shape[1] if t.layout == "row" else t.shape[0]       # a (M x K) or b (N x K / K x N)
     for ins in target.mma:
+        if ins.no_scale and (t.role == "acc" or k % ins.k):
+            continue             # the f8f6f4 form of plain fp8 needs K a multiple of its K
         if ins.m == m and ins.scaled == t.scaled and \
                 (t.role == "acc" or ins.ab_dtype == d.name):
             return ins

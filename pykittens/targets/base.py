@@ -67,6 +67,44 @@ class MMAInstr:
     scale_a_layout: LaneLayout | None = None    # (m, k/32) E8M0 scales of A, scaled only
     scale_b_layout: LaneLayout | None = None    # (k/32, n) E8M0 scales of B
     scale_block: int = 32     # K elements sharing one scale
+    # CDNA: the f8f6f4 instruction without scales (LLVM selects it from the scale intrinsic
+    # called with constant-zero scale operands), used for plain fp8 operands
+    no_scale: bool = False
+    # CDNA: passes of the MFMA through the matrix core (4 cycles each), the index of the
+    # ISA's wait-state tables; 0 where not a CDNA MFMA
+    passes: int = 0
+
+
+@dataclass(frozen=True)
+class MFMAWaitStates:
+    """Wait states software must leave between dependent instructions around an XDL MFMA
+    (the hardware does not interlock them). A wait state is one issued instruction, `s_nop N`
+    counting N + 1. The tables are (passes of the producing MFMA, wait states) pairs."""
+    valu_write_mfma_read: int       # a VALU (v_mov, v_accvgpr_write, ...) writes a VGPR/AGPR
+                                    # that an MFMA then reads as A, B or C
+    xdl_write_read: tuple[tuple[int, int], ...]   # an MFMA writes D; then a VALU/VMEM/DS
+                                    # reads or a VALU writes it, or an MFMA reads it as A or B
+    xdl_write_srcc_overlap: tuple[tuple[int, int], ...]   # an MFMA writes D; an MFMA reads
+                                    # an overlapping, different range as C (the same: none)
+    xdl_srcc_read_valu_write: tuple[tuple[int, int], ...]  # an MFMA reads C; a VALU then
+                                    # overwrites it
+    nop_max: int                    # most wait states one s_nop is written with
+
+    @staticmethod
+    def _at(table, passes: int) -> int:
+        for p, w in table:
+            if p == passes:
+                return w
+        raise KeyError(f"no wait-state entry for a {passes}-pass MFMA")
+
+    def after_write(self, passes: int) -> int:
+        return self._at(self.xdl_write_read, passes)
+
+    def after_write_srcc_overlap(self, passes: int) -> int:
+        return self._at(self.xdl_write_srcc_overlap, passes)
+
+    def after_srcc_read(self, passes: int) -> int:
+        return self._at(self.xdl_srcc_read_valu_write, passes)
 
 
 @dataclass(frozen=True)
@@ -101,6 +139,17 @@ class Target:
     lds_dma_bytes: int = 0
     # LDS transpose reads of 16-bit data (gfx950 ds_read_b64_tr_b16)
     lds_read_tr16: bool = False
+    # CDNA: wait states around MFMAs that software (here: the renderer, for inline asm)
+    # must insert; None where the hardware interlocks or the target has no MFMA
+    mfma_wait_states: MFMAWaitStates | None = None
+    # LDS is allocated to a workgroup in granules of this many bytes (0: not modelled)
+    lds_granule: int = 0
+    # Scalar register file per SIMD and its allocation granule (0: not modelled)
+    sgprs_per_simd: int = 0
+    sgpr_granule: int = 0
+    # Peak memory bandwidth of each chip of the target, where the chips differ (data
+    # sheets); hbm_bytes_per_s is the first chip's
+    hbm_bytes_per_s_by_chip: tuple[tuple[str, float], ...] = ()
 
     @property
     def num_cus(self) -> int:

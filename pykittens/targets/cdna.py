@@ -9,7 +9,7 @@ Sources:
 - LLVM AMDGPUUsage ("Memory Model", "Register usage"): 512 unified VGPR+AGPR per lane for
   gfx90a/gfx942/gfx950, allocated in granules of 8; 8 wave slots per SIMD.
 """
-from .base import linear
+from .base import MFMAWaitStates, linear
 
 WAVE = 64
 SIMDS_PER_CU = 4
@@ -20,6 +20,14 @@ UNIFIED_REGS = 512                # VGPR + AGPR per lane at one wave per SIMD
 REG_GRANULE = 8
 SGPRS = 102                       # s0..s101 addressable by a kernel (ISA guide, "SGPRs")
 MAX_WAVES_PER_WORKGROUP = 16      # 1024 work-items / 64
+# The scalar register file: 800 SGPRs per SIMD, allocated to a wave in granules of 16
+# (LLVM AMDGPUBaseInfo getTotalNumSGPRs / getSGPRAllocGranule for GFX8-GFX9; AMDGPUUsage,
+# COMPUTE_PGM_RSRC1 GRANULATED_WAVEFRONT_SGPR_COUNT: "GFX6-GFX9: roundup(.. / 16)").
+SGPRS_PER_SIMD = 800
+SGPR_GRANULE = 16
+# LDS is given to a workgroup in blocks of 128 dwords on GFX7-GFX9 incl. gfx942 (AMDGPUUsage,
+# COMPUTE_PGM_RSRC2 LDS_SIZE: "roundup(lds-size / (128 * 4))"); gfx950 in its own file.
+LDS_GRANULE = 128 * 4
 # VGPRs kept below the lowest pinned VGPR for the compiler's own values (addresses, loop
 # counters, temporaries); fewer and the allocator fails or spills. A pykittens choice,
 # not a hardware fact: HipKittens-style kernels pin in the upper half of the file.
@@ -73,6 +81,34 @@ def mfma_b(n: int, k: int, krun: int | None = None):
     return _mfma_ab(n, k, 1, krun)
 
 
+def _f8f6f4_ab(mn: int, k: int, name_dim: int):
+    """A or B operand of V_MFMA_[SCALE_]F32_{32X32X64,16X16X128}_F8F6F4 with fp8 data: lane l
+    holds row/col l % mn and 32 K values in two runs of 16 that are K/2 apart: K = 16 * g + s
+    for slots s = 0..15 and K/2 + 16 * g + (s - 16) for s = 16..31, g = l // mn (registers
+    0-3 hold the first run, 4-7 the second). CDNA4 ISA, "Matrix multiply operand layouts"
+    of the F8F6F4 MFMAs; the same in AMD's ROCm blog "Matrix Core Programming on AMD CDNA3
+    and CDNA4" (fp8 32x32x64 example: lane l loads A[l % 32][(l / 32) * 16 + i * 32 + j],
+    i = 0..1, j = 0..15) and in Triton's AMD backend (LinearLayoutConversions.cpp: "for
+    mxfp6/mxfp8, there are 2 16-consecutive elements blocks"). fp4 data (not used here)
+    instead packs 32 consecutive K per lane."""
+    groups = WAVE // mn
+    other = 1 - name_dim
+    bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
+    bits += [(other, 16 << b) for b in range(groups.bit_length() - 1)]
+    runs = [r * (k // 2) + s for r in range(2) for s in range(16)]
+    slots = [((0, kk) if name_dim == 0 else (kk, 0)) for kk in runs]
+    shape = (mn, k) if name_dim == 0 else (k, mn)
+    return linear(shape, bits, slots)
+
+
+def f8f6f4_a(m: int, k: int):
+    return _f8f6f4_ab(m, k, 0)
+
+
+def f8f6f4_b(n: int, k: int):
+    return _f8f6f4_ab(n, k, 1)
+
+
 def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:
     """gfx950 ds_read_b64_tr_b16: each lane of a 16-lane group reads 8 bytes (4 x 16-bit)
     and the group exchanges them as a 16 x 4 -> 4 x 16 transpose, so that, when lane i
@@ -89,8 +125,12 @@ F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1}
 
 def mfma_scales(mn: int, k: int, name_dim: int):
     """E8M0 scales of a scaled f8f6f4 MFMA (CDNA4 ISA, V_MFMA_SCALE_F32_*_F8F6F4): one scale
-    per lane, for the lane's row (A) / column (B) and the 32-element K block its operand
-    registers hold, i.e. the A/B operand layout with K counted in blocks of 32."""
+    per lane (byte 0 of its scale register): lane l gives the scale of row (A) / column (B)
+    l % mn for the 32-element K block l // mn, so 32x32x64 has blocks 0-1 in lanes 0-31 and
+    32-63, 16x16x128 blocks 0-3 in lanes 0-15, ..., 48-63 (Triton's AMD backend,
+    chooseScaledMfmaScaleLayout). With fp8 data a lane's operand registers hold K values
+    of two blocks (`_f8f6f4_ab`): the hardware pairs each product with its block's scale,
+    not with the lane's."""
     groups = WAVE // mn
     other = 1 - name_dim
     bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
@@ -107,6 +147,32 @@ def mfma_acc(m: int, n: int):
     bits += [(0, 4 << b) for b in range(groups.bit_length() - 1)]
     slots = [(4 * groups * (s // 4) + s % 4, 0) for s in range(m * n // WAVE)]
     return linear((m, n), bits, slots)
+
+
+# Wait states around XDL MFMAs that software must insert (the hardware does not check
+# these dependencies): AMD Instinct MI300 (CDNA3) ISA, section 4.5 "Manually Inserted Wait
+# States (NOPs)" and section 7.6 "Dependency Resolution: Required Independent Instructions"
+# (the XDL rows); the CDNA4 ISA's same table adds one wait state for 4-, 8- and 16-pass
+# MFMAs where a later instruction reads or rewrites their result, and to the overlapping-C
+# case. The same numbers are transcribed in LLVM's GCNHazardRecognizer.cpp
+# (GFX940_XDL_N_PassWriteVgprVALUMemExpReadWaitStates / ..WawWaitStates /
+# ..WritesVGPROverlappedSrcABWaitStates / ..SrcCWaitStates, with their IsGFX950 term;
+# GFX940_XDL4PassReadVgprVALUWarWaitStates; LegacyVALUNotDotWritesVGPRWaitStates = 2) and in
+# AMD's rocRoller (Scheduling/Observers/WaitState/MFMA: XDLWrite94x, XDLReadSrcC94x,
+# VALUWrite). An s_nop's SIMM16[3:0] gives 1..16 wait states (CDNA3 ISA, S_NOP); LLVM writes
+# at most 8 per s_nop (SIInstrInfo::insertNoops), and so do we.
+def _xdl_wait_states(extra_after_write: int) -> MFMAWaitStates:
+    return MFMAWaitStates(
+        valu_write_mfma_read=2,
+        xdl_write_read=tuple((p, p + 3 + (extra_after_write if p > 2 else 0))
+                             for p in (2, 4, 8, 16)),
+        xdl_write_srcc_overlap=tuple((p, p + 1 + extra_after_write) for p in (2, 4, 8, 16)),
+        xdl_srcc_read_valu_write=((2, 1), (4, 3), (8, 7), (16, 15)),
+        nop_max=8)
+
+
+WAIT_STATES_CDNA3 = _xdl_wait_states(0)    # 2/4/8/16 passes: 5/7/11/19 after a write
+WAIT_STATES_CDNA4 = _xdl_wait_states(1)    # 5/8/12/20
 
 
 # llvm.amdgcn.sched.group.barrier / sched.barrier instruction-class masks (LLVM AMDGPUUsage,
