@@ -50,8 +50,10 @@ def aligned(tensors: dict[str, np.ndarray], pad_rows: bool) -> bool:
 
 
 def _view(data: np.ndarray, dtype, shape, strides):
+    """The tensor's elements in `data`, as unsigned integers of the element's size (numpy
+    cannot stride the ml_dtypes float types directly)."""
     esz = np.dtype(dtype).itemsize
-    return np.lib.stride_tricks.as_strided(data.view(dtype), shape,
+    return np.lib.stride_tricks.as_strided(data.view(f"<u{esz}"), shape,
                                            tuple(s * esz for s in strides))
 
 
@@ -110,7 +112,8 @@ def run(hsaco: bytes, target: str, params, args: dict, grid, num_waves: int, *,
         addr = mem.alloc(extent * a.dtype.itemsize, p.name)
         if a.size:
             data = mem.region(addr)[1]
-            _view(data[:extent * a.dtype.itemsize], a.dtype, a.shape, strides)[...] = a
+            _view(data[:extent * a.dtype.itemsize], a.dtype, a.shape, strides)[...] = \
+                np.ascontiguousarray(a).view(f"<u{a.dtype.itemsize}")
         tensors[p.name] = (addr, a.dtype, a.shape, strides, extent)
         values[p.name] = _Tensor(addr, a.shape, strides)
     info = prog.info
@@ -138,7 +141,7 @@ def run(hsaco: bytes, target: str, params, args: dict, grid, num_waves: int, *,
     for name, (addr, dtype, shape, strides, extent) in tensors.items():
         data = mem.region(addr)[1]
         out[name] = (np.array(_view(data[:extent * np.dtype(dtype).itemsize], dtype, shape,
-                                    strides)) if extent else np.zeros(shape, dtype))
+                                    strides)).view(dtype) if extent else np.zeros(shape, dtype))
     return out
 
 

@@ -405,3 +405,65 @@ class Run:
         if f"at 0x{inst.addr:x}" not in msg:
             msg = f"{inst.where()} ({inst.text}): {msg}"
         return f"{tag} workgroup {tuple(w.wg.id)} wave {w.id}: {msg}"
+
+
+# ----------------------------------------------------------------------------- snippets
+
+def lane_bits(val) -> np.ndarray:
+    """32-bit register contents of a value: floats as float32 bits, integers two's
+    complement."""
+    a = np.asarray(val)
+    if a.dtype.kind == "f":
+        return a.astype(np.float32).view(np.uint32)
+    return a.astype(np.int64).astype(np.uint32)
+
+
+class Snippet(Program):
+    """A few instructions given as text (LLVM's syntax, branch operands as the encoded
+    word offset) run as a kernel of their own: for testing instruction semantics without
+    a code object."""
+
+    def __init__(self, asm, target: str, lds_bytes: int = 0):
+        lines = [x.strip() for x in (asm.splitlines() if isinstance(asm, str) else asm)]
+        lines = [x for x in lines if x and not x.startswith(";")]
+        if not lines or not lines[-1].startswith("s_endpgm"):
+            lines.append("s_endpgm")
+        self.target, self.name = target, "snippet"
+        self.kd = KernelDescriptor(lds_bytes, 0, 0, 0, 0, 0, 0, 0, 0)
+        self.insts = [parse(4 * i, 4, t) for i, t in enumerate(lines)]
+        self.index = {x.addr: i for i, x in enumerate(self.insts)}
+        self.fns = [self._compile(x) for x in self.insts]
+        self.hz = [hazards.info(x, i) for i, x in enumerate(self.insts)]
+
+
+def execute(asm, target: str = "gfx950", *, v: dict | None = None, s: dict | None = None,
+            exec_mask: int | None = None, scc: int = 0, lds: np.ndarray | None = None,
+            mem: Memory | None = None, check_hazards: bool = True,
+            check_waits: bool = True) -> Wave:
+    """Run the instructions `asm` on one wave of one workgroup and return the wave (its
+    `v` file, a0 = row 256, `s` list, `scc`, `wg.lds`). `v` maps a vector register
+    (unified index) to a value or a 64-lane array, `s` an SGPR to an int; `lds` is the
+    workgroup's initial LDS, `mem` global memory for buffer and scalar loads."""
+    prog = Snippet(asm, target, 0 if lds is None else len(lds))
+    run = Run(prog, mem or Memory(), 0, (1, 1, 1), 1, 0, check_hazards, check_waits)
+    wg = Workgroup(run, (0, 0, 0), 1)
+    if lds is not None:
+        wg.lds[:] = np.asarray(lds, np.uint8)
+    w = wg.waves[0]
+    run.waits.start(w)
+    if run.tracker:
+        run.tracker.start(w)
+    for r, val in (v or {}).items():
+        w.v[r] = np.broadcast_to(lane_bits(val), (LANES,))
+    for r, val in (s or {}).items():
+        w.s[r] = int(val) & 0xFFFFFFFF
+    if exec_mask is not None:
+        w.set_exec(exec_mask)
+    else:
+        w.exec_changed()
+    w.scc = scc
+    with np.errstate(all="ignore"):
+        while not w.done:
+            run.run_wave(w)
+            w.at_barrier = False
+    return w

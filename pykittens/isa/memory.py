@@ -286,6 +286,12 @@ def tr16_sources() -> tuple[np.ndarray, np.ndarray]:
     return (lane & ~15) + 4 * j + i // 4, i % 4
 
 
+def _lds_addr(vaddr, offset) -> np.ndarray:
+    """11.1 LDS addressing: the 32-bit sum of the address VGPR and the instruction's
+    unsigned offset (it wraps: code may put a negative base in the VGPR)."""
+    return (np.broadcast_to(np.asarray(vaddr, np.int64), (LANES,)) + int(offset)) & 0xFFFFFFFF
+
+
 def compile_ds(inst, ctx):
     op, ops = inst.op, inst.ops
     off = inst.mods.get("offset", 0)
@@ -321,7 +327,7 @@ def compile_ds(inst, ctx):
         d, addr = ops[0].reg, vsrc(ops[1])
 
         def ds_read_tr(w):
-            a = np.broadcast_to(np.asarray(addr(w), np.int64), (LANES,)) + int(off)
+            a = _lds_addr(addr(w), off)
             raw = w.wg.lds_read(w, a, 8, inst)                     # (lanes, 8) bytes
             h = np.ascontiguousarray(raw).view("<u2")              # (lanes, 4) halves
             t = h[src_lane, src_elem]                              # (lanes, 4)
@@ -345,10 +351,9 @@ def compile_ds(inst, ctx):
         regs = tuple(range(d, d + n_words * len(offs)))
 
         def ds_read(w):
-            a = np.broadcast_to(np.asarray(addr(w), np.int64), (LANES,))
             reg = d
             for o in offs:
-                raw = w.wg.lds_read(w, a + o, size, inst)
+                raw = w.wg.lds_read(w, _lds_addr(addr(w), o), size, inst)
                 if size >= 4:
                     for k, dw in enumerate(_to_dwords(raw)):
                         w.write_v(reg + k, dw)
@@ -363,14 +368,12 @@ def compile_ds(inst, ctx):
             w.wg.waits.issue(w, "lgkm", regs, inst=inst)
         return ds_read
     addr = vsrc(ops[0])
-    datas = ops[1:]
     n_words = max(1, size // 4)
+    datas = [[vsrc(data, part=k) for k in range(n_words)] for data in ops[1:]]
 
     def ds_write(w):
-        a = np.broadcast_to(np.asarray(addr(w), np.int64), (LANES,))
         for o, data in zip(offs, datas):
-            vals = np.stack([np.broadcast_to(np.asarray(vsrc(data, part=k)(w), U32), (LANES,))
-                             for k in range(n_words)], 1)
+            vals = np.stack([np.broadcast_to(np.asarray(f(w), U32), (LANES,)) for f in data], 1)
             if size < 4:
                 if d16 == "_d16_hi":
                     vals = vals >> U32(16)
@@ -378,6 +381,6 @@ def compile_ds(inst, ctx):
             else:
                 raw = np.ascontiguousarray(vals.astype("<u4")).view(np.uint8)
             lanes = w.exec
-            w.wg.lds_write(w, (a + o)[lanes], raw[lanes], inst)
+            w.wg.lds_write(w, _lds_addr(addr(w), o)[lanes], raw[lanes], inst)
         w.wg.waits.issue(w, "lgkm", (), inst=inst)
     return ds_write
