@@ -127,39 +127,36 @@ def _bitop3(ttbl, a, b, c, mask):
 
 def _div_scale(s0, s1, s2):
     """V_DIV_SCALE_F32 (12.11): scale the operands of a division so that its Newton
-    iteration neither overflows nor underflows; VCC says the quotient must be rescaled.
-    Returns (D, vcc)."""
-    s0, s1, s2 = (np.asarray(x, F32) for x in (s0, s1, s2))
-    s0, s1, s2 = np.broadcast_arrays(s0, s1, s2)
-    e1 = (s1.view(U32) >> 23) & 0xFF
-    e2 = (s2.view(U32) >> 23) & 0xFF
-    tiny32 = np.float64(np.finfo(F32).tiny)
+    iteration neither overflows nor underflows; VCC says the quotient must be rescaled
+    (by V_DIV_FMAS). The pseudocode's "1/S1 is an f64 denormal" tests cannot hold for an
+    f32 S1 and are kept for the record. Returns (D, vcc)."""
+    s0, s1, s2 = np.broadcast_arrays(*(np.asarray(x, F32) for x in (s0, s1, s2)))
+    e1 = ((s1.view(U32) >> 23) & 0xFF).astype(np.int64)
+    e2 = ((s2.view(U32) >> 23) & 0xFF).astype(np.int64)
+    tiny32, tiny64 = np.finfo(F32).tiny, np.finfo(np.float64).tiny
     with np.errstate(all="ignore"):
-        inv = 1.0 / s1.astype(np.float64)
-        quo = (s2 / s1).astype(F32)
+        inv = np.abs(1.0 / s1.astype(np.float64))
+        quo = np.abs((s2 / s1).astype(F32))
+    inv_denorm = (inv > 0) & (inv < tiny64)
+    quo_denorm = (quo > 0) & (quo < tiny32)
+    up, down = np.ldexp(s0, 64).astype(F32), np.ldexp(s0, -64).astype(F32)
     d = s0.copy()
-    vcc = np.zeros(LANES, bool)
-    done = np.zeros(LANES, bool)
-
-    def case(cond, value=None, sets_vcc=False, only_if=None):
-        nonlocal d
+    vcc = np.zeros(s0.shape, bool)
+    done = np.zeros(s0.shape, bool)
+    for cond, value, sets_vcc, only_if in (
+            ((s2 == 0) | (s1 == 0), np.float32(np.nan), False, None),
+            (e2 - e1 >= 96, up, True, s0 == s1),          # N / D near the f32 maximum
+            ((e1 == 0) & (s1 != 0), up, False, None),     # D denormal
+            (inv_denorm & quo_denorm, up, True, s0 == s1),
+            (inv_denorm, down, False, None),
+            (quo_denorm, up, True, s0 == s2),             # quotient denormal: scale N
+            (e2 <= 23, up, False, None)):                 # N tiny
         c = cond & ~done
-        if sets_vcc:
-            vcc[c] = True
+        vcc |= c & sets_vcc
         apply = c if only_if is None else c & only_if
-        if value is not None:
-            d = np.where(apply, value, d)
-        done[c] = True
-
-    up = np.ldexp(s0, 64).astype(F32)
-    case((s2 == 0) | (s1 == 0), np.float32(np.nan))
-    case(e2.astype(np.int64) - e1.astype(np.int64) >= 96, up, True, s0 == s1)
-    case((e1 == 0) & (s1 != 0), up)
-    case((np.abs(inv) < tiny32) & (np.abs(quo) < np.finfo(F32).tiny), up, True, s0 == s1)
-    case(np.abs(inv) < tiny32, np.ldexp(s0, -64).astype(F32))
-    case((np.abs(quo) < np.finfo(F32).tiny) & (quo != 0), up, True, s0 == s2)
-    case(e2 <= 23, up)
-    return d, vcc
+        d = np.where(apply, value, d)
+        done |= c
+    return d, np.broadcast_to(vcc, (LANES,))
 
 
 def _div_fixup(s0, s1, s2):
@@ -596,10 +593,17 @@ def compile_vector(inst, ctx_unused=None):
         d = _writer(c, ops[0], "f32")
         s0, s1, s2 = (_source(c, o, "f32", i) for i, o in enumerate(ops[1:4]))
 
-        def div_fmas(w):                         # 12.11: scale by 2^32 where VCC is set
-            r = fma32(s0(w), s1(w), s2(w))
-            r = np.where(w.vcc_mask(), (r.astype(np.float64) * 2.0 ** 32).astype(F32), r)
-            d(w, bits32(r.astype(F32)))
+        def div_fmas(w):
+            # 12.11 V_DIV_FMAS_F32: fma(S0, S1, S2), rescaled where VCC is set. The
+            # guide's pseudocode says 2^32; the hardware undoes V_DIV_SCALE's 2^64: by
+            # 2^+64 when S2 (the scaled quotient) has an exponent above 127 (|S2| >= 2),
+            # else by 2^-64 (measured on RDNA3/GCN parts; the division sequence is only
+            # correct that way).
+            a, b, c = s0(w), s1(w), s2(w)
+            r = np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)
+            up = ((np.asarray(c, F32).view(U32) >> 23) & 0xFF) > 127
+            scale = np.where(w.vcc_mask(), np.where(up, 2.0 ** 64, 2.0 ** -64), 1.0)
+            d(w, bits32((r * scale).astype(F32)))
         return div_fmas
     if op == "v_div_fixup_f32":
         d = _writer(c, ops[0], "f32")
