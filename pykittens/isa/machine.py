@@ -237,8 +237,7 @@ class Waits:
     def _fail(w, hz, r, pending, verb):
         counter, entry = pending
         inst = entry[1]
-        raise ISAError(f"[{w.wg.prog.name}] wave {w.id} of workgroup {w.wg.id}: "
-                       f"{hz.where()} {verb} {hazards.reg_name(r)} before the "
+        raise ISAError(f"{hz.where()} {verb} {hazards.reg_name(r)} before the "
                        f"{inst.where()} that loads it has been waited for "
                        f"(s_waitcnt {counter}cnt)")
 
@@ -263,16 +262,16 @@ class Workgroup:
         bad = (lo < 0) | (lo + size > n)
         if bad.any():
             a = int(lo[bad][0])
-            raise ISAError(f"[{self.prog.name}] wave {w.id}: {inst.where()} accesses LDS "
-                           f"bytes {a}..{a + size - 1}; the workgroup has {n}")
+            raise ISAError(f"{inst.where()} accesses LDS bytes {a}..{a + size - 1}; the "
+                           f"workgroup has {n}")
         for start, end, owner, entry in self.dma:
             if dma and owner is w:
                 continue
             hit = (lo < end) & (lo + size > start)
             if hit.any():
                 raise ISAError(
-                    f"[{self.prog.name}] wave {w.id}: {inst.where()} "
-                    f"{'writes' if writing else 'reads'} LDS bytes {start}..{end - 1} "
+                    f"{inst.where()} {'writes' if writing else 'reads'} LDS bytes "
+                    f"{start}..{end - 1} "
                     f"while wave {owner.id}'s {entry[1].where()} may still be writing them "
                     "(no s_waitcnt vmcnt / barrier in between)")
 
