@@ -359,12 +359,13 @@ def _pairs(p: Info, c: Info):
 
 def check_pair(p: Info, c: Info, distance: int, gfx950: bool, kernel: str = ""
                ) -> list[Violation]:
-    """The violations when c issues `distance` wait states after p."""
+    """The violations when c issues `distance` wait states after p: one per rule, naming
+    the first register involved."""
     bad, seen = [], set()
     for reg, role in _pairs(p, c):
         for need, rule in requirements(p, c, reg, role, gfx950):
-            if distance < need and (rule, reg) not in seen:
-                seen.add((rule, reg))
+            if distance < need and rule not in seen:
+                seen.add(rule)
                 bad.append(Violation(p.where(), c.where(), reg_name(reg), need, distance,
                                      rule, kernel, "reads" if role else "writes"))
     return bad
@@ -389,7 +390,7 @@ class Tracker:
         c = self.infos[idx]
         now = w.hz_clock
         recent = [(t, p) for t, p in w.hz_recent if now - t - 1 < MAX_WAIT]
-        for t, p in recent:
+        for t, p in reversed(recent):                 # the nearest producer first
             bad = check_pair(p, c, now - t - 1, self.gfx950, self.kernel)
             if bad:
                 raise ISAError(str(bad[0]))
@@ -427,7 +428,7 @@ def check_infos(infos: list[Info], succs: list[list[int]], gfx950: bool,
             if p.kind not in ("mfma", "valu", "salu", "vmem"):
                 continue
             for v in check_pair(p, c, dist, gfx950, kernel):
-                key = (pi, ci, v.rule, v.register)
+                key = (pi, ci, v.rule)
                 if key not in seen:
                     seen.add(key)
                     out.append(v)
