@@ -5,12 +5,13 @@ disassembly, across branches).
 The hardware does not interlock these cases: the producer's result (or its read of a
 source) is not ready for the number of wait states below, and a consumer issued earlier
 reads or writes the wrong value. A wait state is one issued instruction; `s_nop N` is
-N + 1 (CDNA3 ISA, 4.5 "Manually Inserted Wait States (NOPs)").
+N + 1 (CDNA3 ISA, "Manually Inserted Wait States (NOPs)").
 
 Sources for the numbers:
-  [ISA]  AMD Instinct MI300 (CDNA3) ISA Reference Guide, 4.5 "Manually Inserted Wait
-         States (NOPs)" and 7.6 "Dependency Resolution: Required Independent
-         Instructions"; CDNA4 ISA Reference Guide, the same sections.
+  [ISA]  AMD Instinct MI300 (CDNA3) ISA Reference Guide, sections "Manually Inserted Wait
+         States (NOPs)" (program flow chapter) and "Dependency Resolution: Required
+         Independent Instructions" (matrix arithmetic chapter); the AMD Instinct CDNA4
+         ISA Reference Guide, the same sections.
   [LLVM] LLVM's GCNHazardRecognizer.cpp (checkMAIHazards90A, checkMAIVALUHazards,
          checkVALUHazards, checkDPPHazards, checkRWLaneHazards, checkDivFMasHazards,
          checkReadM0Hazards, checkVMEMHazards, checkVALUHazardsHelper) for gfx940/gfx950,
@@ -18,8 +19,8 @@ Sources for the numbers:
          XDL-write cases of MFMAs with more than 2 passes.
   [AMD]  rocRoller's WaitState observers (XDLWrite94x, XDLReadSrcC94x, VALUWrite, ...),
          AMD's own tables of the 94x rules.
-MFMA pass counts (mfma.passes): CDNA3 ISA 7.1 / the Matrix Instruction Calculator's
-cycles / 4, CDNA4 ISA 7.1.2.
+MFMA pass counts (mfma.passes): the guides' tables of dense MFMAs (cycles / 4; the Matrix
+Instruction Calculator's cycle counts).
 
 LLVM inserts these s_nops for the instructions it generates; it does not look inside
 inline asm, so the MFMAs and register moves pykittens emits as inline asm for pinned
@@ -41,7 +42,7 @@ MAX_WAIT = 20              # no rule needs more
 def _xdl_write(np_: int, gfx950: bool) -> int:
     """XDL MFMA writes a VGPR/AGPR -> VALU, VMEM, DS reads it, a VALU/VMEM/DS writes it,
     or another MFMA reads it as SrcA/B: passes + 3, + 1 on gfx950 past 2 passes
-    ([ISA] 7.6 table "XDL write VGPR", [LLVM] GFX940_XDL_N_PassWriteVgprVALUMemExpRead /
+    ([ISA] "Dependency Resolution", [LLVM] GFX940_XDL_N_PassWriteVgprVALUMemExpRead /
     _WritesVGPROverlappedSrcAB, [AMD] XDLWrite94x)."""
     return np_ + 3 + (1 if gfx950 and np_ != 2 else 0)
 
@@ -54,7 +55,8 @@ def _xdl_srcc_overlap(np_: int, gfx950: bool) -> int:
 
 def _srcc_war(np_: int) -> int:
     """XDL MFMA reads SrcC -> VALU writes that register: 2 passes 1, 4: 3, 8: 7, 16: 15
-    ([LLVM] SMFMA*ReadVgprVALUWar / GFX940_XDL4PassReadVgprVALUWar, [ISA] 7.6)."""
+    ([LLVM] SMFMA*ReadVgprVALUWar / GFX940_XDL4PassReadVgprVALUWar, [ISA] "Dependency
+    Resolution")."""
     return {2: 1, 4: 3, 8: 7}.get(np_, 15)
 
 
@@ -68,29 +70,30 @@ class Rule:
 
 
 RULES = (
-    Rule("xdl-write-read", "MFMA writes a VGPR/AGPR", "VALU (incl. v_accvgpr_read), VMEM or "
-         "DS reads it", "passes + 3 (gfx950: + 1 past 2 passes)", "[ISA] 7.6; [LLVM]"),
+    Rule("xdl-write-read", "MFMA writes a VGPR/AGPR",
+         "VALU (incl. v_accvgpr_read), VMEM or DS reads it",
+         "passes + 3 (gfx950: + 1 past 2 passes)", "[ISA] dependency resolution; [LLVM]"),
     Rule("xdl-write-waw", "MFMA writes a VGPR/AGPR", "VALU, VMEM load or DS read writes it",
-         "passes + 3 (gfx950: + 1 past 2 passes)", "[ISA] 7.6; [LLVM]"),
+         "passes + 3 (gfx950: + 1 past 2 passes)", "[ISA] dependency resolution; [LLVM]"),
     Rule("xdl-write-srcab", "MFMA writes a VGPR/AGPR", "MFMA reads it as SrcA/SrcB",
-         "passes + 3 (gfx950: + 1 past 2 passes)", "[ISA] 7.6; [LLVM]"),
+         "passes + 3 (gfx950: + 1 past 2 passes)", "[ISA] dependency resolution; [LLVM]"),
     Rule("xdl-write-srcc", "MFMA writes a VGPR/AGPR range", "MFMA reads an overlapping, not "
          "identical, SrcC", "passes + 1 (gfx950: + 2); identical range: 0 (2 passes: 2)",
-         "[ISA] 7.6; [LLVM]"),
+         "[ISA] dependency resolution; [LLVM]"),
     Rule("srcc-war", "MFMA reads SrcC", "VALU writes that register",
-         "1 / 3 / 7 / 15 for 2 / 4 / 8 / 16 passes", "[ISA] 7.6; [LLVM]"),
+         "1 / 3 / 7 / 15 for 2 / 4 / 8 / 16 passes", "[ISA] dependency resolution; [LLVM]"),
     Rule("valu-write-mfma", "VALU (incl. v_accvgpr_write) writes a VGPR/AGPR",
-         "MFMA reads it", "2", "[ISA] 7.6; [LLVM] LegacyVALUNotDotWritesVGPR"),
-    Rule("valu-exec-mfma", "VALU writes EXEC", "MFMA", "4", "[ISA] 7.6; [LLVM]"),
-    Rule("valu-vgpr-dpp", "VALU writes a VGPR", "DPP reads it", "2", "[ISA] 4.5; [LLVM]"),
-    Rule("valu-exec-dpp", "VALU writes EXEC", "DPP instruction", "5", "[ISA] 4.5; [LLVM]"),
+         "MFMA reads it", "2", "[ISA] dependency resolution; [LLVM] LegacyVALUNotDotWritesVGPR"),
+    Rule("valu-exec-mfma", "VALU writes EXEC", "MFMA", "4", "[ISA] dependency resolution; [LLVM]"),
+    Rule("valu-vgpr-dpp", "VALU writes a VGPR", "DPP reads it", "2", "[ISA] manual NOPs; [LLVM]"),
+    Rule("valu-exec-dpp", "VALU writes EXEC", "DPP instruction", "5", "[ISA] manual NOPs; [LLVM]"),
     Rule("valu-sgpr-lanesel", "VALU writes an SGPR", "v_readlane/v_writelane lane select",
-         "4", "[ISA] 4.5; [LLVM] checkRWLaneHazards"),
-    Rule("valu-vcc-divfmas", "VALU writes VCC", "v_div_fmas", "4", "[ISA] 4.5; [LLVM]"),
+         "4", "[ISA] manual NOPs; [LLVM] checkRWLaneHazards"),
+    Rule("valu-vcc-divfmas", "VALU writes VCC", "v_div_fmas", "4", "[ISA] manual NOPs; [LLVM]"),
     Rule("salu-m0-ldsdma", "SALU writes M0", "buffer load into LDS", "1",
-         "[ISA] 4.5; [LLVM] checkReadM0Hazards"),
+         "[ISA] manual NOPs; [LLVM] checkReadM0Hazards"),
     Rule("valu-sgpr-vmem", "VALU writes an SGPR", "VMEM reads it", "5",
-         "[ISA] 4.5; [LLVM] checkVMEMHazards"),
+         "[ISA] manual NOPs; [LLVM] checkVMEMHazards"),
     Rule("valu-sgpr-valu", "VALU writes an SGPR or VCC", "VALU reads it", "2",
          "[LLVM] hasVDecCoExecHazard (gfx940+: no interlock)"),
     Rule("valu-exec-rwlane", "VALU writes EXEC", "v_readlane/v_readfirstlane/v_writelane",
@@ -100,7 +103,7 @@ RULES = (
     Rule("trans-forward", "transcendental VALU (exp, log, rcp, rsq, sqrt, sin, cos) writes "
          "a VGPR", "non-transcendental VALU reads it", "1", "[LLVM] hasTransForwardingHazard"),
     Rule("store-data-war", "buffer store of more than 8 bytes (no SGPR offset)",
-         "VALU writes its data registers", "2", "[ISA] 4.5; [LLVM] has12DWordStoreHazard"),
+         "VALU writes its data registers", "2", "[ISA] manual NOPs; [LLVM] has12DWordStoreHazard"),
 )
 
 
@@ -374,8 +377,11 @@ def check_pair(p: Info, c: Info, distance: int, gfx950: bool, kernel: str = ""
 # ----------------------------------------------------------------------------- dynamic
 
 class Tracker:
-    """Checks the rules on the instructions a wave actually issues: every producer of the
-    last MAX_WAIT wait states is kept with its issue time."""
+    """Checks the rules on the instructions a wave actually issues. Per register it keeps
+    the last write (and the last MFMA SrcC read, and the last wide store's data) with its
+    issue time in wait states; a consumer is checked against those of the registers it
+    reads and writes. (An older write the last one replaced was itself checked by the
+    rules when the newer one was issued.)"""
 
     def __init__(self, infos: list[Info], gfx950: bool, kernel: str = ""):
         self.infos = infos
@@ -384,19 +390,36 @@ class Tracker:
 
     def start(self, w):
         w.hz_clock = 0
-        w.hz_recent = []                 # [(clock, Info)] of recent producers
+        w.hz_write, w.hz_srcc, w.hz_store = {}, {}, {}
+
+    def _check(self, p, c, reg, role, dist):
+        for need, rule in requirements(p, c, reg, role, self.gfx950):
+            if dist < need:
+                raise ISAError(str(Violation(p.where(), c.where(), reg_name(reg), need, dist,
+                                             rule, self.kernel,
+                                             "reads" if role else "writes")))
 
     def step(self, w, idx: int):
         c = self.infos[idx]
         now = w.hz_clock
-        recent = [(t, p) for t, p in w.hz_recent if now - t - 1 < MAX_WAIT]
-        for t, p in reversed(recent):                 # the nearest producer first
-            bad = check_pair(p, c, now - t - 1, self.gfx950, self.kernel)
-            if bad:
-                raise ISAError(str(bad[0]))
-        if c.kind in ("mfma", "valu", "salu", "vmem"):
-            recent.append((now, c))
-        w.hz_recent = recent
+        last = w.hz_write
+        for reg, role in c.reads:
+            hit = last.get(reg)
+            if hit is not None and now - hit[0] - 1 < MAX_WAIT:
+                self._check(hit[1], c, reg, role, now - hit[0] - 1)
+        for reg in c.writes:
+            for table in (last, w.hz_srcc, w.hz_store):
+                hit = table.get(reg)
+                if hit is not None and now - hit[0] - 1 < MAX_WAIT:
+                    self._check(hit[1], c, reg, None, now - hit[0] - 1)
+        if c.kind in ("mfma", "valu", "salu", "vmem", "ds", "smem"):
+            for reg in c.writes:
+                last[reg] = (now, c)
+            for reg in c.srcc:
+                if reg not in c.writes:
+                    w.hz_srcc[reg] = (now, c)
+            for reg in c.wide_store_data:
+                w.hz_store[reg] = (now, c)
         w.hz_clock = now + c.wait_states
 
 

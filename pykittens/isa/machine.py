@@ -5,8 +5,9 @@ and the wave's wait counters.
 Sources: LLVM AMDGPUUsage, "Kernel Descriptor" (the 64-byte descriptor in .rodata),
 "Initial Kernel Execution State" (user SGPRs in their fixed order, then the workgroup
 ids, and the work-item ids in v0, packed x | y << 10 | z << 20 on gfx90a and later) and
-"Code Object V5 Metadata" (hidden kernel arguments); CDNA3 ISA ch. 3 (wave state), 4.4
-(S_WAITCNT: vector memory returns in order, scalar memory out of order), 4.6 (S_BARRIER).
+"Code Object V5 Metadata" (hidden kernel arguments); the CDNA3 ISA guide's chapters on
+the wave's state and on program control (S_WAITCNT: vector memory returns in order,
+scalar memory out of order; S_BARRIER).
 """
 from __future__ import annotations
 

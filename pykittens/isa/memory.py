@@ -1,12 +1,12 @@
 """Memory instructions: scalar loads (SMEM), buffer loads and stores (MUBUF, including the
 loads straight into LDS) and the data share (DS).
 
-Sources: AMD Instinct MI300 (CDNA3) ISA Reference Guide, ch. 8 "Scalar Memory
-Operations", ch. 9 "Vector Memory Operations" (9.1 buffer instructions: the V# resource,
-address computation and range checking; loads into LDS), ch. 11 "Data Share Operations"
-(LDS addressing, DS_SWIZZLE_B32, DS_PERMUTE/BPERMUTE_B32) and ch. 12's pseudocode; the
-CDNA4 guide for gfx950's 12- and 16-byte loads into LDS and DS_READ_B64_TR_B16 (11.4
-"MFMA transpose load from LDS").
+Sources: AMD Instinct MI300 (CDNA3) ISA Reference Guide, chapters "Scalar Memory
+Operations", "Vector Memory Operations" (buffer instructions: the V# resource, address
+computation, range checking, loads into LDS) and "Data Share Operations" (LDS
+addressing, DS_SWIZZLE_B32, DS_PERMUTE/BPERMUTE_B32), and the instructions' pseudocode;
+the CDNA4 guide for gfx950's 12- and 16-byte loads into LDS and DS_READ_B64_TR_B16
+("MFMA Transpose Load from LDS").
 
 Every access completes when it issues; the wave's wait counters (machine.Waits) record
 what a real wave would still have in flight, so a register read before its s_waitcnt is
@@ -53,7 +53,7 @@ def _widen(raw: np.ndarray, esz: int, signed: bool) -> np.ndarray:
 # ----------------------------------------------------------------------------- SMEM
 
 def compile_smem(inst, ctx):
-    """8.2 S_LOAD_DWORD{,X2,X4,X8,X16} sdst, sbase, offset: sdst = MEM[sbase + offset]."""
+    """S_LOAD_DWORD{,X2,X4,X8,X16} sdst, sbase, offset: sdst = MEM[sbase + offset]."""
     m = re.fullmatch(r"s_load_dword(x(\d+))?", inst.op)
     if not m:
         return None
@@ -83,7 +83,7 @@ def _simm21(v: int) -> int:
 # ----------------------------------------------------------------------------- MUBUF
 
 class BufferResource:
-    """The fields of a V# the emulator uses (9.1.5 "Buffer Resource"): base address
+    """The fields of a V# the emulator uses (ISA, "Buffer Resource"): base address
     [47:0], stride [61:48], swizzle enable [63], num_records [95:64], add_tid_enable
     [119]."""
 
@@ -130,7 +130,7 @@ def compile_mubuf(inst, ctx):
                            "add_tid) are emulated")
         off = (np.broadcast_to(np.asarray(voff(w), np.int64), (LANES,)) if offen
                else np.zeros(LANES, np.int64)) + inst_off
-        # 9.1.8 range checking, raw buffer: each element is in range when its offset
+        # ISA "Range Checking", raw buffer: each element is in range when its offset
         # (vgpr offset + instruction offset; the SGPR offset is not included) is below
         # num_records.
         elem = off[:, None] + esz * np.arange(count)
@@ -165,7 +165,8 @@ def compile_mubuf(inst, ctx):
                 v = np.broadcast_to(np.asarray(vd[0](w), U32), (LANES,))
                 if d16_hi:
                     v = v >> U32(16)
-                raw = np.ascontiguousarray(v.astype("<u4")).view(np.uint8).reshape(LANES, 4)[:, :esz]
+                raw = np.ascontiguousarray(v.astype("<u4")).view(np.uint8)
+                raw = raw.reshape(LANES, 4)[:, :esz]
             okb = np.repeat(ok, esz, axis=1)
             idx = start[:, None] + np.arange(nbytes)
             data[idx[okb]] = raw[okb]
@@ -174,7 +175,7 @@ def compile_mubuf(inst, ctx):
 
     if lds:
         def buffer_load_lds(w):
-            # 9.1.10 loads into LDS: lane i's data lands at M0 + inst_offset + i * size
+            # ISA, buffer loads into LDS: lane i's data lands at M0 + inst_offset + i * size
             res, off, ok = address(w)
             data, start = region(w, res, off, ok)
             raw = np.zeros((LANES, nbytes), np.uint8)
@@ -262,7 +263,7 @@ def _swizzle_offset(text) -> int:
 
 
 def swizzle_sources(offset: int) -> np.ndarray:
-    """Source lane of each lane for DS_SWIZZLE_B32 (12.13 pseudocode): offset[15] set ->
+    """Source lane of each lane for DS_SWIZZLE_B32 (its pseudocode): offset[15] set ->
     full sharing within groups of 4 lanes; else bit mode within groups of 32:
     j = ((i & and) | or) ^ xor."""
     lane = _LANE
@@ -276,8 +277,9 @@ def swizzle_sources(offset: int) -> np.ndarray:
 
 
 def tr16_sources() -> tuple[np.ndarray, np.ndarray]:
-    """DS_READ_B64_TR_B16 (CDNA4 ISA 11.4): each lane reads 64 bits (four 16-bit
-    elements); in each group of 16 lanes the 64 elements, in (lane, element) order, are
+    """DS_READ_B64_TR_B16 (CDNA4 ISA, "MFMA Transpose Load from LDS"): each lane reads
+    64 bits (four 16-bit elements); in each group of 16 lanes the 64 elements, in (lane,
+    element) order, are
     a 4 x 16 matrix, and the instruction returns its transpose: lane i of the group
     gets column i, element j from row j, i.e. from lane 4j + i // 4, element i % 4.
     Returns (source lane, source element) per (lane, element)."""
@@ -287,8 +289,9 @@ def tr16_sources() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _lds_addr(vaddr, offset) -> np.ndarray:
-    """11.1 LDS addressing: the 32-bit sum of the address VGPR and the instruction's
-    unsigned offset (it wraps: code may put a negative base in the VGPR)."""
+    """LDS addressing (ISA, "Data Share Operations"): the 32-bit sum of the address VGPR
+    and the instruction's unsigned offset (it wraps: code may put a negative base in the
+    VGPR)."""
     return (np.broadcast_to(np.asarray(vaddr, np.int64), (LANES,)) + int(offset)) & 0xFFFFFFFF
 
 

@@ -3,21 +3,21 @@ block-scaled f8f6f4 family of gfx950.
 
 Operand layouts are written here from AMD's documentation, independently of
 `pykittens.targets` (an oracle that shared those tables would prove nothing):
-- CDNA3 ISA Reference Guide, ch. 7 "Matrix Arithmetic Instructions" (7.1 dense MFMA),
+- CDNA3 ISA Reference Guide, chapter "Matrix Arithmetic Instructions" (dense MFMA),
   and the AMD Matrix Instruction Calculator's register layouts for CDNA3
   (`--register-layout` of v_mfma_f32_32x32x8_bf16, _16x16x16_bf16, _32x32x16_fp8_fp8,
   _16x16x32_fp8_fp8): with G = 64 / M lane groups and k = K / G values per lane, lane l
   holds A[l % M][k * (l // M) + j] and B[k * (l // N) + j][l % N], j = 0..k-1, packed
   little-endian (element j in the lowest bits first) across consecutive registers;
   D register r of lane l is D[(r // 4) * 4G + 4 (l // N) + r % 4][l % N].
-- CDNA4 ISA Reference Guide, 7.1 and 11.4: the doubled-K 16-bit MFMAs keep that rule
-  with 8 consecutive K values per lane (the transpose loads fill K = 0..3 and 8..11,
-  then 4..7 and 12..15, of a 32x32x16 operand); V_MFMA_SCALE_F32_{32X32X64,16X16X128}
-  _F8F6F4 likewise hold 32 consecutive K values per lane, and each lane's E8M0 scale
-  (2^(e - 127)) multiplies the 32-element K block of the row (A) or column (B) its
-  operand registers hold. CBSZ / BLGP give A's / B's format: 0 FP8 (E4M3), 1 BF8
-  (E5M2); the FP6/FP4 codes are not emulated. OP_SEL / OP_SEL_HI bit 0 (A) and 1 (B)
-  select the scale's byte (op_sel is the low bit).
+- CDNA4 ISA Reference Guide, the same chapter and "MFMA Transpose Load from LDS": the
+  doubled-K 16-bit MFMAs keep that rule with 8 consecutive K values per lane (the
+  transpose loads fill K = 0..3 and 8..11, then 4..7 and 12..15, of a 32x32x16 operand);
+  V_MFMA_SCALE_F32_{32X32X64,16X16X128}_F8F6F4 likewise hold 32 consecutive K values per
+  lane, and each lane's E8M0 scale (2^(e - 127)) multiplies the 32-element K block of the
+  row (A) or column (B) its operand registers hold. CBSZ / BLGP give A's / B's format:
+  0 FP8 (E4M3), 1 BF8 (E5M2); the FP6/FP4 codes are not emulated. OP_SEL / OP_SEL_HI
+  bit 0 (A) and 1 (B) select the scale's byte (op_sel is the low bit).
 
 Arithmetic: products of the decoded inputs summed in float64, plus C, rounded once to
 float32 (the hardware's internal order is not specified; results agree to f32 rounding).
@@ -45,8 +45,8 @@ def _table(dtype) -> np.ndarray:
 
 _F8_TABLES = {t: {k: _table(v) for k, v in d.items()} for t, d in _F8.items()}
 
-# MFMA passes (4 cycles each), for the hazard rules: CDNA3 ISA 7.1 table of dense MFMAs
-# (the Matrix Instruction Calculator's cycle counts / 4) and CDNA4 ISA 7.1.2; the scaled
+# MFMA passes (4 cycles each), for the hazard rules: the CDNA3 and CDNA4 guides' tables of
+# dense MFMAs (the Matrix Instruction Calculator's cycle counts / 4); the scaled
 # f8f6f4 MFMAs take 16 (32x32x64) / 8 (16x16x128) passes with an 8-bit operand.
 PASSES = {(32, 32): 8, (16, 16): 4}
 SCALED_PASSES = {(32, 32): 16, (16, 16): 8}
@@ -60,7 +60,8 @@ def parse_name(op: str):
     m = _NAME.fullmatch(op)
     if not m:
         return None
-    scaled, mm, nn, kk, kind = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), m.group(5)
+    scaled, kind = m.group(1), m.group(5)
+    mm, nn, kk = int(m.group(2)), int(m.group(3)), int(m.group(4))
     if kind in ("bf16", "f16"):
         kinds = (kind, kind)
     elif kind == "f8f6f4":
@@ -139,8 +140,9 @@ def compile_mfma(inst, ctx):
     fmt_b = int(inst.mods.get("blgp", 0)) if scaled else 0
     op_sel = tuple(inst.mods.get("op_sel", (0, 0, 0)))
     op_sel_hi = tuple(inst.mods.get("op_sel_hi", (0, 0, 0)))
-    byte_a = (op_sel[0] if op_sel else 0) | ((op_sel_hi[0] if op_sel_hi else 0) << 1)
-    byte_b = (op_sel[1] if len(op_sel) > 1 else 0) | ((op_sel_hi[1] if len(op_sel_hi) > 1 else 0) << 1)
+    sel = lambda t, i: t[i] if len(t) > i else 0
+    byte_a = sel(op_sel, 0) | sel(op_sel_hi, 0) << 1
+    byte_b = sel(op_sel, 1) | sel(op_sel_hi, 1) << 1
     c_const = c.kind in ("imm", "float")
     if c_const and (c.kind == "float" or c.value != 0):
         raise ISAError(f"{inst.where()}: only 0 is emulated as a constant C")

@@ -1,8 +1,8 @@
 """Scalar ALU and program control: SOP1, SOP2, SOPK, SOPC and SOPP.
 
 Semantics follow the instruction pseudocode of the AMD Instinct MI300 (CDNA3) ISA
-Reference Guide, ch. 12 "Instructions" (12.1 SOP2, 12.2 SOPK, 12.3 SOP1, 12.4 SOPC,
-12.5 SOPP); the CDNA4 guide has the same scalar instructions. Each entry computes
+Reference Guide, chapter "Instructions" (the SOP2, SOPK, SOP1, SOPC and SOPP lists);
+the CDNA4 guide has the same scalar instructions. Each entry computes
 (D, SCC) from its sources; SCC None means the instruction leaves SCC alone.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _bfe(a, b, signed, bits):
 
 
 # SOP2 (two sources) and SOP1 (one source, b ignored): name -> (bits, fn(a, b, scc)).
-# 12.1/12.3: add/sub set SCC to the carry or signed overflow; logic ops and shifts to
+# Add/sub set SCC to the carry or signed overflow; logic ops and shifts to
 # D != 0; min/max to the comparison; moves, multiplies and selects leave it.
 def _add_i32(a, b, scc):
     t = (a + b) & M32
@@ -122,7 +122,7 @@ OPS["s_bitcmp1_b32"] = (32, lambda a, b, c: (None, int((a >> (b & 31)) & 1)))
 OPS["s_bitcmp0_b64"] = (64, lambda a, b, c: (None, int(not (a >> (b & 63)) & 1)))
 OPS["s_bitcmp1_b64"] = (64, lambda a, b, c: (None, int((a >> (b & 63)) & 1)))
 
-# 12.3: D = EXEC; EXEC = f(S0, EXEC); SCC = EXEC != 0
+# S_*_SAVEEXEC_B64: D = EXEC; EXEC = f(S0, EXEC); SCC = EXEC != 0
 SAVEEXEC = {
     "s_and_saveexec_b64": lambda s, e: s & e,
     "s_or_saveexec_b64": lambda s, e: s | e,
@@ -134,7 +134,7 @@ SAVEEXEC = {
     "s_xnor_saveexec_b64": lambda s, e: ~(s ^ e) & M64,
 }
 
-# SOPK: s_<op>k_<type> sdst, simm16 (12.2); the immediate is sign-extended for _i32.
+# SOPK: s_<op>k_<type> sdst, simm16 ; the immediate is sign-extended for _i32.
 SOPK_CMP = {f"s_cmpk_{p}_{t}": (t == "i32", f) for p, f in _PRED.items() for t in ("i32", "u32")}
 
 BRANCH = {"s_branch": None,
@@ -150,7 +150,7 @@ NO_EFFECT = {"s_nop", "s_sleep", "s_setprio", "s_sethalt", "s_trap", "s_icache_i
 
 
 def branch_target(inst) -> int:
-    """SOPP branches: PC of the next instruction + 4 * simm16 (12.5, S_BRANCH)."""
+    """SOPP branches: PC of the next instruction + 4 * simm16 (S_BRANCH)."""
     imm = int(inst.text.split(" ", 1)[1].split(",")[-1], 0) & 0xFFFF
     if imm >= 0x8000:
         imm -= 0x10000

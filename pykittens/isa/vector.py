@@ -2,10 +2,10 @@
 the cross-lane moves (readlane, readfirstlane, writelane, accvgpr moves).
 
 Semantics follow the pseudocode of the AMD Instinct MI300 (CDNA3) ISA Reference Guide,
-ch. 12 "Instructions" (12.7 VOP2, 12.8 VOP1, 12.9 VOPC, 12.10 VOP3P, 12.11 VOP3A/B),
-and for the gfx950 additions (v_bitop3_b16/b32, v_cvt_pk_bf16_f32, v_cvt_pk_f16_f32) the
-AMD Instinct CDNA4 ISA Reference Guide, same chapter. Operand forms: ch. 6 "Vector ALU
-Operations" (6.2 source modifiers, 6.3 DPP, 6.4 SDWA, 6.5 packed math). Every op runs on
+chapter "Instructions" (the VOP2, VOP1, VOPC, VOP3P and VOP3 lists), and for the gfx950
+additions (v_bitop3_b16/b32, v_cvt_pk_bf16_f32, v_cvt_pk_f16_f32) the AMD Instinct CDNA4
+ISA Reference Guide, same chapter. Operand forms: chapter "Vector ALU Operations" (source
+modifiers, DPP, SDWA, packed math). Every op runs on
 all 64 lanes with numpy; only the lanes in EXEC are written.
 
 Floating point: numpy's IEEE float32/float16 arithmetic (round to nearest even,
@@ -62,7 +62,7 @@ def fma32(a, b, c):
 
 
 def _fmax(a, b):
-    """V_MAX_F32 (12.7): a NaN operand yields the other; +0 > -0."""
+    """V_MAX_F32: a NaN operand yields the other; +0 > -0."""
     r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, np.where(a >= b, a, b)))
     zero = (a == 0) & (b == 0)
     if np.any(zero):
@@ -83,36 +83,28 @@ def _med3(a, b, c, mx, mn):
 
 
 def _cvt_f32_int(x, lo, hi, out):
-    """f32 -> integer, rounding toward zero, saturating, NaN -> 0 (12.8 V_CVT_I32_F32)."""
+    """f32 -> integer, rounding toward zero, saturating, NaN -> 0 (V_CVT_I32_F32)."""
     x = np.asarray(x, np.float64)
     r = np.where(np.isnan(x), 0, np.clip(np.trunc(np.nan_to_num(x, nan=0.0)), lo, hi))
     return r.astype(out)
 
 
 def _perm(s0, s1, sel):
-    """V_PERM_B32 (12.11): each byte of S2 picks a byte of {S0, S1} (S1 the low word),
-    a sign-fill, 0x00 or 0xff."""
-    data = (np.asarray(s0, np.uint64) << np.uint64(32)) | np.asarray(s1, np.uint64)
-    data = np.broadcast_to(data, (LANES,))
-    sel = np.broadcast_to(np.asarray(sel, U32), (LANES,))
-    out = np.zeros(LANES, U32)
-    byte = lambda i: ((data >> np.uint64(8 * i)) & np.uint64(0xFF)).astype(U32)
-    sign = lambda i: np.where((data >> np.uint64(8 * i + 7)) & np.uint64(1), U32(0xFF), U32(0))
-    for k in range(4):
-        s = (sel >> U32(8 * k)) & U32(0xFF)
-        v = np.zeros(LANES, U32)
-        for i in range(8):
-            v = np.where(s == i, byte(i), v)
-        for code, i in ((8, 1), (9, 3), (10, 5), (11, 7)):
-            v = np.where(s == code, sign(i), v)
-        v = np.where(s == 12, U32(0), v)
-        v = np.where(s >= 13, U32(0xFF), v)
-        out |= v << U32(8 * k)
-    return out
+    """V_PERM_B32: each byte of S2 picks a byte of {S0, S1} (S1 the low word): 0-7
+    a byte, 8-11 the sign of byte 1/3/5/7 spread to 8 bits, 12 0x00, 13 and up 0xff."""
+    lo = np.broadcast_to(np.asarray(s1, U32), (LANES,)).astype("<u4")
+    hi = np.broadcast_to(np.asarray(s0, U32), (LANES,)).astype("<u4")
+    b = np.stack([lo, hi], 1).view(np.uint8)                        # (64, 8)
+    sign = np.where(b[:, 1::2] >> 7, np.uint8(0xFF), np.uint8(0))   # bytes 1, 3, 5, 7
+    table = np.concatenate([b, sign, np.zeros((LANES, 1), np.uint8),
+                            np.full((LANES, 1), 0xFF, np.uint8)], 1)   # (64, 14)
+    sel = np.broadcast_to(np.asarray(sel, U32), (LANES,)).astype("<u4")
+    idx = np.minimum(sel.view(np.uint8).reshape(LANES, 4), 13)
+    return np.ascontiguousarray(np.take_along_axis(table, idx, 1)).view("<u4")[:, 0].astype(U32)
 
 
 def _bitop3(ttbl, a, b, c, mask):
-    """V_BITOP3_B32/B16 (CDNA4 ISA 12.11): bit i of the result is TTBL[(a_i << 2) |
+    """V_BITOP3_B32/B16 (CDNA4 ISA): bit i of the result is TTBL[(a_i << 2) |
     (b_i << 1) | c_i]."""
     a, b, c = (np.asarray(x, U32) for x in (a, b, c))
     r = np.zeros(np.broadcast(a, b, c).shape, U32)
@@ -126,7 +118,7 @@ def _bitop3(ttbl, a, b, c, mask):
 
 
 def _div_scale(s0, s1, s2):
-    """V_DIV_SCALE_F32 (12.11): scale the operands of a division so that its Newton
+    """V_DIV_SCALE_F32: scale the operands of a division so that its Newton
     iteration neither overflows nor underflows; VCC says the quotient must be rescaled
     (by V_DIV_FMAS). The pseudocode's "1/S1 is an f64 denormal" tests cannot hold for an
     f32 S1 and are kept for the record. Returns (D, vcc)."""
@@ -160,7 +152,7 @@ def _div_scale(s0, s1, s2):
 
 
 def _div_fixup(s0, s1, s2):
-    """V_DIV_FIXUP_F32 (12.11): the special cases of S2 / S1 around the quotient S0."""
+    """V_DIV_FIXUP_F32: the special cases of S2 / S1 around the quotient S0."""
     s0, s1, s2 = np.broadcast_arrays(*(np.asarray(x, F32) for x in (s0, s1, s2)))
     sign = np.signbit(s1) ^ np.signbit(s2)
     e1 = (s1.view(U32) >> 23) & 0xFF
@@ -184,7 +176,7 @@ def _div_fixup(s0, s1, s2):
 
 
 def _class(x, mask):
-    """V_CMP_CLASS_F32 (12.9): bit of S1 for the class of S0: 0 signalling NaN, 1 quiet
+    """V_CMP_CLASS_F32: bit of S1 for the class of S0: 0 signalling NaN, 1 quiet
     NaN, 2 -inf, 3 -normal, 4 -denormal, 5 -0, 6 +0, 7 +denormal, 8 +normal, 9 +inf."""
     b = np.broadcast_to(np.asarray(x, F32), (LANES,)).view(U32)
     exp, man, neg = (b >> 23) & 0xFF, b & 0x7FFFFF, (b >> 31) == 1
@@ -348,7 +340,7 @@ SDWA_SEL = {"BYTE_0": (0, 8), "BYTE_1": (8, 8), "BYTE_2": (16, 8), "BYTE_3": (24
 # ----------------------------------------------------------------------------- DPP
 
 def dpp_sources(mods) -> tuple[np.ndarray, np.ndarray]:
-    """(source lane of each lane, lane has a source) for a DPP control (6.3, DPP_CTRL):
+    """(source lane of each lane, lane has a source) for a DPP control (ISA, DPP_CTRL):
     quad_perm, row_shl/shr/ror (within rows of 16), wave_shl/shr/rol/ror by one,
     row_mirror, row_half_mirror, row_bcast:15/31, row_newbcast:n (gfx90a+, lane n of
     the row)."""
@@ -382,7 +374,7 @@ def dpp_sources(mods) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dpp_lane_mask(mods) -> np.ndarray:
-    """Lanes row_mask/bank_mask let the instruction write (6.3): bit r of row_mask
+    """Lanes row_mask/bank_mask let the instruction write (ISA, DPP): bit r of row_mask
     enables lanes 16r..16r+15, bit b of bank_mask lanes with (lane % 16) // 4 == b."""
     rm, bm = int(mods.get("row_mask", 15)), int(mods.get("bank_mask", 15))
     return ((rm >> (_LANE >> 4)) & 1).astype(bool) & ((bm >> ((_LANE & 15) >> 2)) & 1).astype(bool)
@@ -447,7 +439,8 @@ def _source(ctx, o: Operand, typ: str, idx: int):
     if typ == "u16":
         return lambda w, r=rd: np.asarray(r(w), U32) & U32(0xFFFF)
     if typ == "i16":
-        return lambda w, r=rd: (np.asarray(r(w), U32) & U32(0xFFFF)).astype(np.uint16).view(np.int16)
+        return lambda w, r=rd: (np.asarray(r(w), U32) & U32(0xFFFF)).astype(np.uint16) \
+            .view(np.int16)
     return rd
 
 
@@ -524,7 +517,7 @@ def _writer(ctx, dst: Operand, typ: str):
 
 
 def _write_mask_sgpr(ctx, dst_reg: int):
-    """VOPC result: one bit per lane into an SGPR pair; lanes outside EXEC get 0 (12.9)."""
+    """VOPC result: one bit per lane into an SGPR pair; lanes outside EXEC get 0."""
     def write(w, m):
         bits = bits_of(np.broadcast_to(m, (LANES,)) & w.exec)
         w.write_sgpr(dst_reg, bits, 2)
@@ -550,7 +543,7 @@ def compile_vector(inst, ctx_unused=None):
     if op == "v_writelane_b32":
         r, val, sel = ops[0].reg, ssrc(ops[1]), ssrc(ops[2])
 
-        def writelane(w):                       # ignores EXEC (12.11 V_WRITELANE_B32)
+        def writelane(w):                       # ignores EXEC (V_WRITELANE_B32)
             w.v[r, sel(w) & 63] = val(w)
         return writelane
     if op in ("v_accvgpr_read_b32", "v_accvgpr_write_b32", "v_accvgpr_mov_b32"):
@@ -568,7 +561,7 @@ def compile_vector(inst, ctx_unused=None):
         return mov64
     if op.startswith(("v_cmp_", "v_cmpx_")):
         return _compile_cmp(inst, c)
-    if op in ("v_cndmask_b32",):                 # 12.7: D = mask[lane] ? S1 : S0
+    if op in ("v_cndmask_b32",):                 # D = mask[lane] ? S1 : S0
         d = _writer(c, ops[0], "u32")
         s0, s1 = _source(c, ops[1], "b32", 0), _source(c, ops[2], "b32", 1)
         sel = ssrc(ops[3], 64)
@@ -594,7 +587,7 @@ def compile_vector(inst, ctx_unused=None):
         s0, s1, s2 = (_source(c, o, "f32", i) for i, o in enumerate(ops[1:4]))
 
         def div_fmas(w):
-            # 12.11 V_DIV_FMAS_F32: fma(S0, S1, S2), rescaled where VCC is set. The
+            # V_DIV_FMAS_F32: fma(S0, S1, S2), rescaled where VCC is set. The
             # guide's pseudocode says 2^32; the hardware undoes V_DIV_SCALE's 2^64: by
             # 2^+64 when S2 (the scaled quotient) has an exponent above 127 (|S2| >= 2),
             # else by 2^-64 (measured on RDNA3/GCN parts; the division sequence is only
@@ -684,13 +677,13 @@ def _compile_cmp(inst, c):
     def cmp(w):
         m = np.broadcast_to(test(w), (LANES,))
         write(w, m)
-        if exec_too:                                 # 12.9 V_CMPX: EXEC = result too
+        if exec_too:                                 # V_CMPX: EXEC = result too
             w.set_exec(bits_of(m & w.exec))
     return cmp
 
 
 def _compile_carry(inst, c):
-    """12.7 V_ADD_CO_U32 & co.: 32-bit add/subtract with carry out (and in) in VCC or an
+    """V_ADD_CO_U32 & co.: 32-bit add/subtract with carry out (and in) in VCC or an
     SGPR pair, per lane."""
     op, ops = inst.op, inst.ops
     dst, cout = ops[0], ops[1].reg               # the carry out: vcc (e32) or an SGPR pair
@@ -719,7 +712,7 @@ def _compile_carry(inst, c):
 
 
 def _compile_mad64(inst):
-    """12.11 V_MAD_U64_U32: {carry, D.u64} = S0.u32 * S1.u32 + S2.u64."""
+    """V_MAD_U64_U32: {carry, D.u64} = S0.u32 * S1.u32 + S2.u64."""
     ops = inst.ops
     r = ops[0].reg
     carry = sdst(ops[1], 2) if ops[1].kind == "s" else None
@@ -746,7 +739,7 @@ def _compile_mad64(inst):
 
 
 def _compile_packed(inst, c):
-    """VOP3P (12.10): two independent halves. For the packed-f32 ops (v_pk_add_f32,
+    """VOP3P: two independent halves. For the packed-f32 ops (v_pk_add_f32,
     v_pk_mul_f32, v_pk_fma_f32, v_pk_mov_b32) each source is a 64-bit register pair (or
     a scalar/constant) and op_sel / op_sel_hi pick which 32-bit half of each source
     feeds the low / high result (defaults: op_sel 0, op_sel_hi 1); neg_lo / neg_hi
@@ -778,7 +771,7 @@ def _compile_packed(inst, c):
             return -x if (neg_hi if hi_result else neg_lo)[i] else x
 
         def packed(w):
-            if op == "v_pk_mov_b32":      # 12.10: D.lo = S0[op_sel[0]], D.hi = S1[op_sel[1]]
+            if op == "v_pk_mov_b32":      # D.lo = S0[op_sel[0]], D.hi = S1[op_sel[1]]
                 lo, hi = halves[0][op_sel[0]](w), halves[1][op_sel[1]](w)
             else:
                 lo = bits32(f(*(pick(w, i, False) for i in range(n))))

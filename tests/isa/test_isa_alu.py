@@ -225,7 +225,8 @@ def test_packed_f32_op_sel():
     for the high one (default op_sel 0, op_sel_hi 1)."""
     w = execute(["v_pk_mul_f32 v[4:5], s[2:3], v[0:1] op_sel_hi:[0,1]",
                  "v_pk_add_f32 v[6:7], v[0:1], v[0:1] op_sel:[1,0] op_sel_hi:[0,1]"],
-                v={0: X, 1: 2 * X}, s={2: np.float32(3).view(np.uint32), 3: np.float32(5).view(np.uint32)})
+                v={0: X, 1: 2 * X}, s={2: np.float32(3).view(np.uint32),
+                                       3: np.float32(5).view(np.uint32)})
     assert np.array_equal(f32(w, 4), 3 * X) and np.array_equal(f32(w, 5), 3 * 2 * X)
     assert np.array_equal(f32(w, 6), 2 * X + X) and np.array_equal(f32(w, 7), X + 2 * X)
 
@@ -272,7 +273,7 @@ def test_dpp_sources(ctrl, src, bound_ctrl):
 def test_dpp_masks_and_two_operand_form():
     w = execute(["v_add_f32_dpp v2, v0, v1 quad_perm:[0,0,0,0] row_mask:0x5 bank_mask:0x2"],
                 v={0: X, 1: np.float32(1), 2: np.float32(-1)})
-    on = (((LANE >> 4) & 1) == (LANE >> 4) % 2) & np.isin(LANE >> 4, [0, 2]) & (((LANE & 15) >> 2) == 1)
+    on = np.isin(LANE >> 4, [0, 2]) & (((LANE & 15) >> 2) == 1)     # rows 0, 2; bank 1
     want = np.where(on, X[LANE & ~3] + 1, -1)
     assert np.array_equal(f32(w, 2), want.astype(np.float32))
 

@@ -51,4 +51,5 @@ def test_swizzle_macros_to_offsets():
     assert _swizzle_offset("swizzle(REVERSE,8)") == 0x1F | (7 << 10)
     assert _swizzle_offset("swizzle(QUAD_PERM,1,0,3,2)") == 0x8000 | 1 | 0 << 2 | 3 << 4 | 2 << 6
     assert _swizzle_offset("swizzle(BROADCAST,4,1)") == (0x1F & ~3) | (1 << 5)
-    assert _swizzle_offset('swizzle(BITMASK_PERM,"01pip")') == 0b00111 | (0b01000 << 5) | (0b00010 << 10)
+    want = 0b00111 | (0b01000 << 5) | (0b00010 << 10)          # and, or, xor masks
+    assert _swizzle_offset('swizzle(BITMASK_PERM,"01pip")') == want
