@@ -458,26 +458,6 @@ def check_infos(infos: list[Info], succs: list[list[int]], gfx950: bool,
     return out
 
 
-def successors(insts) -> list[list[int]]:
-    """Control-flow successors of each instruction (decode.Inst, with SOPP branch offsets
-    in their text)."""
-    from .scalar import branch_target
-    index = {x.addr: i for i, x in enumerate(insts)}
-    out = []
-    for i, x in enumerate(insts):
-        s = []
-        if x.op == "s_branch" or x.op.startswith("s_cbranch_"):
-            t = index.get(branch_target(x))
-            if t is not None:
-                s.append(t)
-            if x.op != "s_branch" and i + 1 < len(insts):
-                s.append(i + 1)
-        elif not (x.op.startswith("s_endpgm") or x.op == "s_setpc_b64") and i + 1 < len(insts):
-            s.append(i + 1)
-        out.append(s)
-    return out
-
-
 _LINE = re.compile(r"^\t(\S.*?)\s*//\s*([0-9a-f]+)\s*$")
 _FUNC = re.compile(r"^([^\s.][^\s]*):$")
 _LABEL = re.compile(r"^(\.L[0-9a-f]+):$")

@@ -21,7 +21,7 @@ from . import hazards
 from .decode import DecodeError, parse
 from .memory import compile_ds, compile_mubuf, compile_smem
 from .mfma import compile_mfma
-from .scalar import BARRIER, END, compile_scalar
+from .scalar import END, compile_scalar
 from .state import LANES, ISAError, Memory, Wave
 from .vector import compile_vector
 
@@ -145,10 +145,6 @@ class Program:
                                f"{inst.mnemonic} (at 0x{inst.addr:x}: {inst.text})")
             return unknown
         return fn
-
-    def unknown(self) -> list:
-        """Instructions the emulator cannot execute (raising only when one runs)."""
-        return [x for x, f in zip(self.insts, self.fns) if f.__name__ == "unknown"]
 
 
 def _bytes_at(hsaco: bytes, vaddr: int, n: int) -> bytes:

@@ -8,7 +8,6 @@ the CDNA4 guide has the same scalar instructions. Each entry computes
 from __future__ import annotations
 
 from .operands import sdst, ssrc, to_signed
-from .state import ISAError
 
 M32, M64 = 0xFFFFFFFF, (1 << 64) - 1
 END, BARRIER = -1, -2

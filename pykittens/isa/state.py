@@ -58,8 +58,7 @@ class Wave:
         self.pc = 0
         self.done = False
         self.at_barrier = False
-        self.issued = 0                  # instructions issued (a runaway-loop guard)
-        self.prio = 0
+        self.prio = 0                    # s_setprio's level (no effect on results)
         self.set_exec((1 << LANES) - 1)
 
     # -- EXEC and VCC ------------------------------------------------------------------------

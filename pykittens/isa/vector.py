@@ -19,7 +19,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .decode import VCC, Operand
+from .decode import Operand
 from .operands import const_bits, sdst, ssrc, vsrc, vsrc64
 from .state import LANES, ISAError, bits_of, lanes_of
 
