@@ -434,6 +434,11 @@ def _source(ctx, o: Operand, typ: str, idx: int):
         return _float_mods(lambda w, r=rd: f32(r(w)), o)
     if typ == "f16":
         return _float_mods(lambda w, r=rd: f16_of(r(w)), o)
+    if (o.neg or o.abs) and bits == 32 and not is_f:   # float modifiers on a select/move:
+        base32 = rd                             # sign bit cleared (abs), then flipped (neg)
+        keep = U32(0x7FFFFFFF if o.abs else 0xFFFFFFFF)
+        flip = U32(0x80000000 if o.neg else 0)
+        rd = lambda w, base=base32: (np.asarray(base(w), U32) & keep) ^ flip
     if typ == "i32":
         return lambda w, r=rd: np.asarray(r(w), U32).view(I32)
     if typ == "u16":
@@ -639,6 +644,8 @@ def compile_vector(inst, ctx_unused=None):
         types, rtype, fn = OPS[op]
         if len(ops) - 1 != len(types):
             raise ISAError(f"{inst.where()}: expected {len(types)} sources")
+        if inst.mods.get("clamp") and rtype != "f32":
+            raise ISAError(f"{inst.where()}: integer or 16-bit clamping is not emulated")
         d = _writer(c, ops[0], rtype)
         srcs = [_source(c, o, t, i) for i, (o, t) in enumerate(zip(ops[1:], types))]
         if len(srcs) == 1:

@@ -84,6 +84,14 @@ def test_float_ops_modifiers_and_exec():
     assert np.all(f32(w, 5)[~on] == -7)                  # lanes outside EXEC keep their value
 
 
+def test_select_with_float_modifiers():
+    """VOP3 v_cndmask_b32 takes abs/neg on its sources (as LLVM uses it for fneg/fabs
+    selects): the sign bit cleared, then flipped."""
+    w = execute(["v_cndmask_b32_e64 v2, -v0, |v1|, s[4:5]"],
+                v={0: np.float32(2), 1: np.float32(-3)}, s={4: 0xF, 5: 0})
+    assert np.array_equal(f32(w, 2), np.where(LANE < 4, 3, -2).astype(np.float32))
+
+
 def test_max_min_nan_and_signed_zero():
     a = np.array([np.nan, 1, 0.0, -0.0] * 16, np.float32)
     b = np.array([1, np.nan, -0.0, 0.0] * 16, np.float32)
