@@ -33,9 +33,9 @@ from .state import LANES, ISAError
 
 U32 = np.uint32
 
-# 8-bit float formats by target (CDNA3 ISA 7.1: FP8/BF8 are the FNUZ variants on gfx942;
+# 8-bit float formats by target (CDNA3 ISA: FP8/BF8 are the FNUZ variants on gfx942;
 # CDNA4: the OCP E4M3 / E5M2 formats)
-_F8 = {"gfx942": {"fp8": ml_dtypes.float8_e4m3fnuz, "bf8": ml_dtypes.float8_e5m2fnuz},
+FP8_FORMATS = {"gfx942": {"fp8": ml_dtypes.float8_e4m3fnuz, "bf8": ml_dtypes.float8_e5m2fnuz},
        "gfx950": {"fp8": ml_dtypes.float8_e4m3fn, "bf8": ml_dtypes.float8_e5m2}}
 
 
@@ -43,7 +43,7 @@ def _table(dtype) -> np.ndarray:
     return np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
 
 
-_F8_TABLES = {t: {k: _table(v) for k, v in d.items()} for t, d in _F8.items()}
+_F8_TABLES = {t: {k: _table(v) for k, v in d.items()} for t, d in FP8_FORMATS.items()}
 
 # MFMA passes (4 cycles each), for the hazard rules: the CDNA3 and CDNA4 guides' tables of
 # dense MFMAs (the Matrix Instruction Calculator's cycle counts / 4); the scaled

@@ -529,10 +529,13 @@ def _write_mask_sgpr(ctx, dst_reg: int):
     return write
 
 
-def compile_vector(inst, ctx_unused=None):
+def compile_vector(inst, prog):
     op = inst.op
     ops = inst.ops
     c = _Ctx(inst)
+    if op in ("v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32", "v_cvt_f32_fp8", "v_cvt_f32_bf8",
+              "v_cvt_pk_f32_fp8", "v_cvt_pk_f32_bf8"):
+        return _compile_fp8(inst, c, prog.target)
     if op in ("v_nop",):
         return lambda w: None
     if op == "v_readfirstlane_b32":
@@ -657,6 +660,50 @@ def compile_vector(inst, ctx_unused=None):
         s0, s1, s2 = srcs
         return lambda w: d(w, _result_bits(rtype, fn(s0(w), s1(w), s2(w))))
     return None
+
+
+def _compile_fp8(inst, c, target):
+    """8-bit float conversions (V_CVT_PK_FP8_F32 & co.): FP8 is E4M3 and BF8 E5M2, FNUZ
+    on gfx942, OCP on gfx950. Packing rounds to nearest even into bytes 0 and 1 of the
+    low (op_sel[3] = 0) or high half, keeping the other half; with clamp, magnitudes
+    saturate at the format's largest finite value. Unpacking takes the byte (word, for
+    the packed forms) the SDWA source select names, byte 0 by default."""
+    from .mfma import FP8_FORMATS
+    op, ops = inst.op, inst.ops
+    kind = "bf8" if "bf8" in op else "fp8"
+    fmt = FP8_FORMATS[target][kind]
+    r = ops[0].reg
+    if op.startswith("v_cvt_pk_") and op.endswith("_f32"):
+        a, b = _source(c, ops[1], "f32", 0), _source(c, ops[2], "f32", 1)
+        hi = len(c.op_sel) > 3 and c.op_sel[3]
+        top = float(ml_dtypes.finfo(fmt).max) if inst.mods.get("clamp") else None
+
+        def enc(x):
+            x = np.asarray(x, F32)
+            if top is not None:
+                x = np.clip(x, -top, top)
+            return x.astype(fmt).view(np.uint8).astype(U32)
+
+        def cvt_pk_f8(w):
+            pair = enc(a(w)) | (enc(b(w)) << U32(8))
+            old = w.v[r]
+            w.write_v(r, ((old & U32(0xFFFF)) | (pair << U32(16))) if hi else
+                      ((old & U32(0xFFFF0000)) | pair))
+        return cvt_pk_f8
+    if inst.mods.get("op_sel"):
+        raise ISAError(f"{inst.where()}: op_sel byte selects of 8-bit conversions are not "
+                       "emulated")
+    sel = inst.mods.get("src0_sel", "BYTE_0" if "pk" not in op else "WORD_0")
+    shift = SDWA_SEL[sel][0]
+    src = vsrc(ops[1])
+    dec = lambda bits: np.asarray(bits, np.uint8).view(fmt).astype(F32).view(U32)
+
+    def cvt_f32_f8(w):
+        v = np.asarray(src(w), U32) >> U32(shift)
+        w.write_v(r, dec(v & U32(0xFF)))
+        if "pk" in op:
+            w.write_v(r + 1, dec((v >> U32(8)) & U32(0xFF)))
+    return cvt_f32_f8
 
 
 def _compile_cmp(inst, c):

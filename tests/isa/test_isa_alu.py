@@ -305,3 +305,19 @@ def test_sdwa_selects():
 def test_unknown_instruction_is_a_clear_error():
     with pytest.raises(ISAError, match=r"does not implement v_sin_f32_e32 \(at 0x0"):
         execute(["v_sin_f32_e32 v1, v0"])
+
+
+@pytest.mark.parametrize("target,one,minus_two,bf8_one,sat", [
+    ("gfx942", 0x40, 0xC8, 0x40, 0x7F),     # FNUZ: e4m3 bias 8, e5m2 bias 16; max 240
+    ("gfx950", 0x38, 0xC0, 0x3C, 0x7E)])    # OCP: e4m3 bias 7, e5m2 bias 15; max 448
+def test_fp8_conversions(target, one, minus_two, bf8_one, sat):
+    """V_CVT_PK_FP8_F32 packs two values (rounded to nearest even: 1.0625 is halfway
+    between 1 and 1.125 -> 1) into the low or, with op_sel[3], high half; clamp
+    saturates; V_CVT_F32_FP8 / V_CVT_PK_F32_BF8 unpack the selected byte / word."""
+    w = execute(["v_cvt_pk_fp8_f32 v2, v0, v1", "v_cvt_pk_bf8_f32 v2, v0, v0 op_sel:[0,0,0,1]",
+                 "v_cvt_pk_fp8_f32 v3, v4, v1 clamp", "v_cvt_f32_fp8_sdwa v5, v2 src0_sel:BYTE_1",
+                 "v_cvt_pk_f32_bf8_sdwa v[6:7], v2 src0_sel:WORD_1"], target,
+                v={0: np.float32(1.0625), 1: np.float32(-2), 4: np.float32(1e4)})
+    assert np.all(u32(w, 2) == one | minus_two << 8 | bf8_one << 16 | bf8_one << 24)
+    assert np.all(u32(w, 3) == sat | minus_two << 8)
+    assert np.all(f32(w, 5) == -2) and np.all(f32(w, 6) == 1) and np.all(f32(w, 7) == 1)
