@@ -54,6 +54,22 @@ def test_library_kernel_from_its_code_object(name, dt, shape, pad, target):
 
 
 @pytest.mark.parametrize("target", CDNA)
+def test_dispatch_state(target):
+    """Workgroup ids (the SGPRs after the user SGPRs) and pk.num_programs, which the code
+    reads from the code-object-v5 hidden arguments (hidden_block_count_*) the dispatch
+    writes after the explicit ones."""
+    from test_emulator import ids_k
+    gx, gy, gz = 3, 2, 2
+    got = pk.emulate(ids_k, np.full((gz, gy, gx * 8, 64), -1, np.int32), grid=(gx, gy, gz),
+                     target=target, num_waves=1, isa=True)["out"]
+    for z in range(gz):
+        for y in range(gy):
+            for x in range(gx):
+                vals = got[z, y, 8 * x:8 * x + 8]
+                assert np.all(vals == np.array([x, y, z, gx, gy, gz, 0, 1])[:, None])
+
+
+@pytest.mark.parametrize("target", CDNA)
 def test_pinned_gemm_example(target):
     """docs/examples/pinned_gemm.py at K = 96. On gfx942 (four 32x32x8 MFMAs per step) the
     loop's exit reaches the first v_accvgpr_read of the accumulator 6 wait states after
