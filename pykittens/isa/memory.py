@@ -354,9 +354,10 @@ def compile_ds(inst, ctx):
         regs = tuple(range(d, d + n_words * len(offs)))
 
         def ds_read(w):
+            base = _lds_addr(addr(w), 0)          # before any result lands (it may be v_addr)
             reg = d
             for o in offs:
-                raw = w.wg.lds_read(w, _lds_addr(addr(w), o), size, inst)
+                raw = w.wg.lds_read(w, (base + o) & 0xFFFFFFFF, size, inst)
                 if size >= 4:
                     for k, dw in enumerate(_to_dwords(raw)):
                         w.write_v(reg + k, dw)

@@ -115,6 +115,16 @@ def test_lds_reads_and_writes():
                           np.stack([np.ones(64), 2 * np.ones(64), 3 * np.ones(64), LANE], 1))
 
 
+def test_lds_read2_into_its_own_address_register():
+    """The address is read once, when the instruction issues: a destination that
+    overlaps it (as LLVM allocates `ds_read2st64_b32 v[6:7], v6 ...`) does not move the
+    second read."""
+    lds = np.arange(1024, dtype=np.uint32).view(np.uint8)
+    w = execute(["ds_read2st64_b32 v[6:7], v6 offset0:1 offset1:2", "s_waitcnt lgkmcnt(0)"],
+                v={6: LANE * 4}, lds=lds)
+    assert np.array_equal(u32(w, 6), LANE + 64) and np.array_equal(u32(w, 7), LANE + 128)
+
+
 def test_lds_out_of_range_is_an_error():
     with pytest.raises(ISAError, match=r"wave 0: ds_read_b32 at 0x0 accesses LDS bytes "
                                        r"128..131; the workgroup has 128"):
