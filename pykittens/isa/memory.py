@@ -298,6 +298,8 @@ def _lds_addr(vaddr, offset) -> np.ndarray:
 def compile_ds(inst, ctx):
     op, ops = inst.op, inst.ops
     off = inst.mods.get("offset", 0)
+    if inst.mods.get("gds"):
+        raise ISAError(f"{inst.where()}: GDS accesses are not emulated")
     if op == "ds_swizzle_b32":
         src = swizzle_sources(_swizzle_offset(off))
         d, rd = ops[0].reg, vsrc(ops[1])

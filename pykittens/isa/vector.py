@@ -407,7 +407,9 @@ def _source(ctx, o: Operand, typ: str, idx: int):
     rd = vsrc(o, bits, is_f)
     if ctx.dpp and idx == 0:
         src, ok = dpp_sources(ctx.mods)
-        zero = bool(ctx.mods.get("bound_ctrl", 0))
+        # BOUND_CTRL set: LLVM prints `bound_ctrl:1` (older versions `bound_ctrl:0`, which
+        # its assembler still reads as set); a clear bit is not printed
+        zero = "bound_ctrl" in ctx.mods
         base = rd
 
         def rd(w, base=base, src=src, ok=ok):
@@ -494,7 +496,7 @@ def _writer(ctx, dst: Operand, typ: str):
     dsel = mods.get("dst_sel", "DWORD") if ctx.sdwa else "DWORD"
     unused = mods.get("dst_unused", "UNUSED_PAD")
     lane_mask = _dpp_lane_mask(mods) if ctx.dpp else None
-    dpp_drop = ctx.dpp and not mods.get("bound_ctrl", 0)
+    dpp_drop = ctx.dpp and "bound_ctrl" not in mods
 
     def write(w, v):
         v = np.asarray(v, U32)

@@ -268,7 +268,7 @@ def test_lane_ops():
 @pytest.mark.parametrize("bound_ctrl", [0, 1])
 def test_dpp_sources(ctrl, src, bound_ctrl):
     """CDNA3 ISA 6.3: each lane reads src0 from the lane the control names; a lane with no
-    source keeps its old value (bound_ctrl:0) or reads 0 (bound_ctrl:1)."""
+    source keeps its old value (BOUND_CTRL clear: not printed) or reads 0 (bound_ctrl:1)."""
     bc = " bound_ctrl:1" if bound_ctrl else ""
     w = execute([f"v_mov_b32_dpp v1, v0 {ctrl} row_mask:0xf bank_mask:0xf{bc}"],
                 v={0: LANE + 100, 1: 7})
