@@ -12,6 +12,7 @@ import numpy as np
 
 from . import compiler
 from .ir.errors import KernelError, NotSupportedYet
+from .isa.state import ISAError
 from .targets import NAMES as TARGETS
 from .toolchain.isolate import ToolchainError
 
@@ -80,16 +81,40 @@ def cmd_emulate(a) -> int:
                          "reference, grid); see docs/language.md")
     shape = tuple(a.shape) if a.shape else spec.shapes[1]
     t0 = time.time()
-    res = check(spec, shape, a.dtype, a.target, np.random.default_rng(a.seed))
+    rng = np.random.default_rng(a.seed)
+    res = (_check_isa if a.isa else check)(spec, shape, a.dtype, a.target, rng)
     ok = True
+    how = " (code object, ISA emulator)" if a.isa else ""
     for name, r in res.items():
         passed = r["rel_err"] <= spec.tolerance(a.dtype)
         ok &= passed
-        print(f"{spec.name} {a.target} {a.dtype} shape={shape} {name}: max_abs_err="
+        print(f"{spec.name} {a.target}{how} {a.dtype} shape={shape} {name}: max_abs_err="
               f"{r['max_abs_err']:.3g} rel_err={r['rel_err']:.3g} "
               f"({'ok' if passed else 'FAIL'}, tol {spec.tolerance(a.dtype):g}, "
               f"{time.time() - t0:.2f}s)")
     return 0 if ok else 1
+
+
+def _check_isa(spec, shape, dtype, target, rng) -> dict:
+    """kernels.check, with the kernel's code object run on the ISA emulator."""
+    from . import isa
+    from .ir.types import dtype_of
+    from .kernels.spec import rel_err
+    if target not in spec.targets or not target.startswith("gfx"):
+        raise SystemExit(f"--isa runs AMD code objects: {spec.name} on gfx942/gfx950, not "
+                         f"{target}")
+    inputs = spec.make_inputs(shape, dtype_of(dtype), rng)
+    for name in spec.outputs:                     # poison outputs: unwritten elements show
+        inputs[name] = np.full_like(inputs[name], np.nan)
+    grid, consts = spec.launch(inputs, target)
+    got = isa.emulate(spec.kernel, grid=grid, target=target, **inputs, **consts)
+    ref = spec.reference(inputs)
+    out = {}
+    for name in spec.outputs:
+        g = got[name].astype(np.float64)
+        out[name] = {"rel_err": rel_err(g, ref[name]),
+                     "max_abs_err": float(np.max(np.abs(g - ref[name]))) if g.size else 0.0}
+    return out
 
 
 def cmd_demo(a) -> int:
@@ -119,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--shape", type=int, nargs="+")
     e.add_argument("--dtype", default="f32")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--isa", action="store_true", help="compile for the target and run the "
+                   "code object on the instruction-level emulator (gfx942, gfx950)")
     e.set_defaults(fn=cmd_emulate)
     try:
         from .chiplet import cli as chiplet_cli
@@ -142,6 +169,9 @@ def main(argv=None) -> int:
         return 1
     except ToolchainError as e:
         print(f"pykittens: toolchain error: {e}", file=sys.stderr)
+        return 1
+    except ISAError as e:
+        print(f"pykittens: ISA emulator: {e}", file=sys.stderr)
         return 1
 
 

@@ -8,13 +8,19 @@ from ..runtime.args import bind_args
 from .machine import run_program
 
 
-def emulate(kernel, *args, grid, target: str = "gfx950", **kwargs) -> dict:
+def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kwargs) -> dict:
     """Run `kernel` in the emulator as `target` would, over `grid` workgroups.
 
     Tensor and scalar arguments go by position or name; other keywords are compile-time
     constants (and `num_waves`). Tensors are not modified: the returned dict holds every
     global tensor after the run, by parameter name, as numpy arrays.
+
+    isa=True (gfx942, gfx950): compile the kernel for `target` and execute its code object
+    instruction by instruction instead (`pykittens.isa`), checking wait-state hazards.
     """
+    if isa:
+        from ..isa import emulate as isa_emulate
+        return isa_emulate(kernel, *args, grid=grid, target=target, **kwargs)
     bound, consts = bind_args(kernel, args, kwargs)
     prog = lower(kernel.specialize(**consts), target)
     if isinstance(grid, int):

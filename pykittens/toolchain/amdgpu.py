@@ -18,6 +18,7 @@ import ctypes
 import functools
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -98,6 +99,25 @@ def disassemble(hsaco: bytes, target: str) -> str:
                         what=f"disassembling a {t.name} code object")
     cache.store("asm", key, text.encode())
     return text
+
+
+def instructions(hsaco: bytes, target: str) -> dict[str, list[tuple[int, int, str]]]:
+    """The code object's instructions, per function: [(address, size in bytes, text)], the
+    text as `disassemble` prints it but with branch operands left as the encoded offset.
+    What an instruction-level tool needs (the listing's labels and comments are for
+    people). Runs in a child process and is cached like `disassemble`."""
+    t = _cdna(target)
+    if not _have_rocm():
+        raise ToolchainError(f"disassembling {t.name} code needs AMD's LLVM: {_INSTALL_ROCM}")
+    key = cache.cache_key("insts", hsaco, t.name, _backend_version(_ROCM))
+    hit = cache.lookup("insts", key)
+    if hit is not None:
+        return {k: [tuple(i) for i in v] for k, v in json.loads(hit).items()}
+    out = run_isolated(f"{__name__}:_decode_functions", {"hsaco": bytes(hsaco), "cpu": t.name,
+                                                         "triple": t.triple},
+                       what=f"disassembling a {t.name} code object")
+    cache.store("insts", key, json.dumps(out).encode())
+    return {k: [tuple(i) for i in v] for k, v in out.items()}
 
 
 def toolchain_version() -> str:
@@ -472,13 +492,15 @@ def _branch_target(text: str, addr: int) -> int | None:
     return addr + 4 + 4 * imm
 
 
-def _disassemble(p: dict) -> str:
+def _decode_functions(p: dict) -> dict[str, list[tuple[int, int, str]]]:
+    """{function: [(address, size, text)]} of every sized function symbol in .text; bytes
+    the disassembler rejects become `.long 0x...` words of 4 bytes."""
     lib = _rocm_lib()
     data = p["hsaco"]
     secs = elf_sections(data)
     text_idx = [i for i, s in enumerate(secs) if s.name == ".text"]
     if not text_idx:
-        return ""
+        return {}
     tsec = secs[text_idx[0]]
     funcs = sorted({(s.value, s.size, s.name) for s in elf_symbols(data)
                     if s.type == STT_FUNC and s.shndx == text_idx[0] and s.size})
@@ -486,7 +508,7 @@ def _disassemble(p: dict) -> str:
     if not dc:
         raise RuntimeError(f"AMD's LLVM has no disassembler for {p['cpu']}")
     out = ctypes.create_string_buffer(512)
-    lines = []
+    result = {}
     for start, size, name in funcs:
         insts = []
         pc, end = start, start + size
@@ -497,12 +519,19 @@ def _disassemble(p: dict) -> str:
             n = lib.LLVMDisasmInstruction(dc, chunk, len(chunk), pc, out, len(out))
             if n == 0:
                 word = struct.unpack_from("<I", data, off)[0] if len(chunk) >= 4 else 0
-                insts.append((pc, f".long 0x{word:08x}", None))
+                insts.append((pc, 4, f".long 0x{word:08x}"))
                 pc += 4
                 continue
-            text = " ".join(out.value.decode().split())
-            insts.append((pc, text, _branch_target(text, pc)))
+            insts.append((pc, n, " ".join(out.value.decode().split())))
             pc += n
+        result[name] = insts
+    return result
+
+
+def _disassemble(p: dict) -> str:
+    lines = []
+    for name, decoded in _decode_functions(p).items():
+        insts = [(pc, text, _branch_target(text, pc)) for pc, _, text in decoded]
         starts = {a for a, _, _ in insts}
         labels = {t for _, _, t in insts if t in starts}
         lines.append(f"{name}:")

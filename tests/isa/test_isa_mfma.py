@@ -1,0 +1,174 @@
+"""MFMA semantics: operands are placed in registers entry by entry as AMD documents them
+(CDNA3 ISA ch. 7 and the Matrix Instruction Calculator's register layouts; CDNA4 ISA 7.1,
+11.4 for the doubled-K and block-scaled f8f6f4 forms), the instruction runs, and D must
+be A @ B + C computed by numpy in float64."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pykittens.isa import ISAError
+from isa_helpers import execute
+
+FP8 = {"gfx942": {"fp8": ml_dtypes.float8_e4m3fnuz, "bf8": ml_dtypes.float8_e5m2fnuz},
+       "gfx950": {"fp8": ml_dtypes.float8_e4m3fn, "bf8": ml_dtypes.float8_e5m2}}
+
+
+def encode(x: np.ndarray, kind: str, target: str) -> tuple[np.ndarray, int]:
+    """(unsigned element bits, bits per element) of the values, in the operand's format."""
+    if kind == "bf16":
+        return x.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint64), 16
+    if kind == "f16":
+        return x.astype(np.float16).view(np.uint16).astype(np.uint64), 16
+    return x.astype(FP8[target][kind]).view(np.uint8).astype(np.uint64), 8
+
+
+def decode(bits: np.ndarray, kind: str, target: str) -> np.ndarray:
+    dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}.get(kind) or FP8[target][kind]
+    return bits.astype({16: np.uint16, 8: np.uint8}[np.dtype(dt).itemsize * 8]).view(dt) \
+        .astype(np.float64)
+
+
+def place_operand(mat_bits, rows, k, nregs, bits, transpose):
+    """Registers of an A (rows x k, entry [i, kk]) or B (k x rows, entry [kk, i]) operand:
+    the entry for row/col i and k index kk lives in lane i + rows * (kk // per) as its
+    (kk % per)-th element, elements packed from bit 0 up (calculator: `A[i][k]` is
+    `v{reg}{lane}.[hi:lo]`)."""
+    per = k // (64 // rows)
+    regs = np.zeros((nregs, 64), np.uint64)
+    for i in range(rows):
+        for kk in range(k):
+            v = mat_bits[kk, i] if transpose else mat_bits[i, kk]
+            lane, j = i + rows * (kk // per), kk % per
+            regs[(j * bits) // 32, lane] |= v << np.uint64((j * bits) % 32)
+    return regs.astype(np.uint32)
+
+
+def place_f8f6f4(mat_bits, rows, k, transpose):
+    """Registers of an 8-bit f8f6f4 operand (CDNA4; AMD ROCm blog "Matrix Core Programming
+    on AMD CDNA3 and CDNA4", 32x32x64 fp8 example): lane group g holds two runs of 16 K
+    values, K = 16 g .. 16 g + 15 as bytes 0..15 and K/2 + 16 g .. as bytes 16..31."""
+    regs = np.zeros((8, 64), np.uint64)
+    for i in range(rows):
+        for kk in range(k):
+            v = mat_bits[kk, i] if transpose else mat_bits[i, kk]
+            half, r = divmod(kk, k // 2)
+            lane, j = i + rows * (r // 16), 16 * half + r % 16
+            regs[j // 4, lane] |= v << np.uint64(8 * (j % 4))
+    return regs.astype(np.uint32)
+
+
+def acc_entry(i, j, m):
+    """(register, lane) of D[i][j] (calculator: rows in runs of 4 per lane group)."""
+    groups = 64 // m
+    return (i // (4 * groups)) * 4 + i % 4, j + m * ((i // 4) % groups)
+
+
+CASES = [
+    ("gfx942", "v_mfma_f32_32x32x8_bf16", 32, 8, "bf16"),
+    ("gfx942", "v_mfma_f32_16x16x16_f16", 16, 16, "f16"),
+    ("gfx942", "v_mfma_f32_32x32x16_fp8_fp8", 32, 16, "fp8"),
+    ("gfx942", "v_mfma_f32_16x16x32_bf8_bf8", 16, 32, "bf8"),
+    ("gfx950", "v_mfma_f32_32x32x16_bf16", 32, 16, "bf16"),
+    ("gfx950", "v_mfma_f32_16x16x32_f16", 16, 32, "f16"),
+    ("gfx950", "v_mfma_f32_32x32x16_bf8_bf8", 32, 16, "bf8"),
+    ("gfx950", "v_mfma_f32_16x16x32_fp8_fp8", 16, 32, "fp8"),
+]
+
+
+@pytest.mark.parametrize("target,op,m,k,kind", CASES)
+@pytest.mark.parametrize("c_zero", [False, True])
+def test_mfma_computes_a_b_plus_c(target, op, m, k, kind, c_zero, rng):
+    a = decode(encode(rng.standard_normal((m, k)), kind, target)[0], kind, target)
+    b = decode(encode(rng.standard_normal((k, m)), kind, target)[0], kind, target)
+    c = rng.standard_normal((m, m)).astype(np.float32)
+    abits, bits = encode(a, kind, target)
+    bbits, _ = encode(b, kind, target)
+    nab = k * bits // (64 // m) // 32 if k * bits // (64 // m) >= 32 else 1
+    ra = place_operand(abits, m, k, nab, bits, False)
+    rb = place_operand(bbits, m, k, nab, bits, True)
+    nacc = m * m // 64
+    acc = np.zeros((nacc, 64), np.uint32)
+    for i in range(m):
+        for j in range(m):
+            r, lane = acc_entry(i, j, m)
+            acc[r, lane] = c[i, j].view(np.uint32)
+    v = {r: ra[r] for r in range(nab)}
+    v.update({8 + r: rb[r] for r in range(nab)})
+    v.update({256 + r: acc[r] for r in range(nacc)})
+    srcc = "0" if c_zero else f"a[0:{nacc - 1}]"
+    w = execute([f"{op} a[0:{nacc - 1}], v[0:{nab - 1}], v[8:{8 + nab - 1}], {srcc}"],
+                target, v=v)
+    got = np.zeros((m, m))
+    for i in range(m):
+        for j in range(m):
+            r, lane = acc_entry(i, j, m)
+            got[i, j] = w.v[256 + r, lane].view(np.float32)
+    want = a @ b + (0 if c_zero else c.astype(np.float64))
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-6, atol=1e-6)
+
+
+def test_calculator_spot_checks():
+    """Entries the Matrix Instruction Calculator prints for CDNA3: 32x32x8 bf16
+    A[1][4] = v0{33}.[15:0], A[0][3] = v1{0}.[31:16]; 32x32x16 fp8 B[2][5] = v0{5}.[23:16];
+    D[5][3] = v1{35} (a one-hot A and B make D one-hot)."""
+    v = {0: np.zeros(64, np.uint32), 1: np.zeros(64, np.uint32)}
+    v[0][33] = 0x3F80                     # A[1][4] = 1.0 (bf16)
+    v[8] = np.zeros(64, np.uint32)
+    v[9] = np.zeros(64, np.uint32)
+    v[8][3 + 32] = 0x3F80                 # B[4][3] = 1.0: B[k][n] = v{k//4 % 2 ...}
+    w = execute(["v_mfma_f32_32x32x8_bf16 a[0:15], v[0:1], v[8:9], 0"], "gfx942", v=v)
+    d = w.v[256:272].view(np.float32)
+    assert d.sum() == 1 and d[1, 3] == 1          # D[1][3] = A[1][4] * B[4][3]: v1{3}
+    v = {0: np.zeros(64, np.uint32), 1: np.zeros(64, np.uint32), 8: np.zeros(64, np.uint32),
+         9: np.zeros(64, np.uint32)}
+    v[1][0] = 0x3F80 << 16                 # A[0][3]
+    v[9][5] = 0x3F80 << 16                 # B[3][5]
+    w = execute(["v_mfma_f32_32x32x8_bf16 a[0:15], v[0:1], v[8:9], 0"], "gfx942", v=v)
+    assert w.v[256, 5].view(np.float32) == 1      # D[0][5] = v0{5}
+    v = {r: np.zeros(64, np.uint32) for r in (0, 1, 8, 9)}
+    one = int(np.float32(1).astype(ml_dtypes.float8_e4m3fnuz).view(np.uint8))
+    v[8][5] = one << 16                    # B[2][5] = v0{5}.[23:16]
+    v[0][5] = one << 16                    # A[5][2] = v0{5}.[23:16]
+    w = execute(["v_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[8:9], 0"], "gfx942", v=v)
+    assert w.v[256 + 1, 32 + 5].view(np.float32) == 1    # D[5][5] = v1{37}
+
+
+@pytest.mark.parametrize("m,k,op", [(32, 64, "v_mfma_scale_f32_32x32x64_f8f6f4"),
+                                    (16, 128, "v_mfma_scale_f32_16x16x128_f8f6f4")])
+@pytest.mark.parametrize("kind_a,kind_b", [("fp8", "fp8"), ("bf8", "fp8"), ("fp8", "bf8")])
+def test_block_scaled_mfma(m, k, op, kind_a, kind_b, rng):
+    """CDNA4 V_MFMA_SCALE_F32_*_F8F6F4: two runs of 16 K per lane (place_f8f6f4), CBSZ /
+    BLGP the A / B format (0 FP8, 1 BF8), lane l's E8M0 scale (byte 0 of its scale VGPR)
+    scaling K block l // M of row (A) or column (B) l % M."""
+    t = "gfx950"
+    a = decode(encode(rng.standard_normal((m, k)), kind_a, t)[0], kind_a, t)
+    b = decode(encode(rng.standard_normal((k, m)), kind_b, t)[0], kind_b, t)
+    ea = rng.integers(120, 134, (m, k // 32))
+    eb = rng.integers(120, 134, (k // 32, m))
+    ra = place_f8f6f4(encode(a, kind_a, t)[0], m, k, False)
+    rb = place_f8f6f4(encode(b, kind_b, t)[0], m, k, True)
+    lane = np.arange(64)
+    sa = ea[lane % m, lane // m].astype(np.uint32) | 0xAB00      # junk in the other bytes
+    sb = eb[lane // m, lane % m].astype(np.uint32)
+    v = {r: ra[r] for r in range(8)}
+    v.update({8 + r: rb[r] for r in range(8)})
+    v.update({20: sa, 21: sb})
+    nacc = m * m // 64
+    fmt = {"fp8": 0, "bf8": 1}
+    mods = " ".join(x for x in (f"cbsz:{fmt[kind_a]}" if fmt[kind_a] else "",
+                                f"blgp:{fmt[kind_b]}" if fmt[kind_b] else "") if x)
+    w = execute([f"{op} a[0:{nacc - 1}], v[0:7], v[8:15], 0, v20, v21 op_sel_hi:[0,0,0] {mods}"],
+                t, v=v)
+    got = np.zeros((m, m))
+    for i in range(m):
+        for j in range(m):
+            r, ln = acc_entry(i, j, m)
+            got[i, j] = w.v[256 + r, ln].view(np.float32)
+    want = (a * np.repeat(2.0 ** (ea - 127), 32, 1)) @ (b * np.repeat(2.0 ** (eb - 127), 32, 0))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_unsupported_forms_are_named():
+    with pytest.raises(ISAError, match="FP6/FP4"):
+        execute(["v_mfma_scale_f32_32x32x64_f8f6f4 a[0:15], v[0:7], v[8:15], 0, v20, v21 "
+                 "op_sel_hi:[0,0,0] cbsz:4 blgp:4"], "gfx950")
