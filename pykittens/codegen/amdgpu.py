@@ -337,6 +337,13 @@ class AMDGPURenderer(Renderer):
             return Value(self.call("i32", "llvm.amdgcn.readfirstlane.i32", [str(w)]), "i32", 0)
         raise NotImplementedError(name)
 
+    def uniform(self, v: Value) -> Value:
+        """Into a scalar register (the value is the same in every lane): usable in scalar
+        control flow and address arithmetic."""
+        x = self.to_i32(v)
+        r = Value(self.call("i32", "llvm.amdgcn.readfirstlane.i32", [str(x)]), "i32", 0)
+        return self.from_i32(r, v.ety)
+
     def lane_xor(self, v: Value, mask: int) -> Value:
         """Value of lane (lane ^ mask), cheapest first: DPP quad permutes (VALU) for masks 1
         and 2, ds_swizzle's bit mode inside 32 lanes, ds_bpermute across the halves."""

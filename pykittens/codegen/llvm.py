@@ -595,6 +595,11 @@ class Renderer:
         base = [self.op(f"add i32 {self.read(o).text}, {self.lane_base(lay, d, scope).text}",
                         "i32", 0) for o, d in zip(origin_regs, dims)]
         size = [Value(f"%{gl.name}.size{a}", "i32", 0) for a in range(rank)]
+        for i, e in enumerate(op.attrs.get("ends") or ()):      # end= bounds the window too
+            if e is not None:
+                a = rank - len(dims) + i
+                size[a] = Value(self.call("i32", "llvm.smin.i32",
+                                          [str(size[a]), str(self.read(e))]), "i32", 0)
         stride = [Value("1" if a == rank - 1 else f"%{gl.name}.stride{a}", "i32", 0)
                   for a in range(rank)]
         ok_lead = Value("true", "i1", 0)
@@ -644,6 +649,23 @@ class Renderer:
             ii = self.op(f"add i32 {idx.text}, {i}", "i32", 0) if i else idx
             out.append((oi, self._and(ok, self._in_range(ii, size))))
         return out
+
+    def r_sload(self, op):
+        """One element of a tensor, the same in every lane (0 outside the tensor)."""
+        gl, *idx = op.srcs
+        rank = gl.type.rank
+        off, ok = Value("0", "i32", 0), Value("true", "i1", 0)
+        for a, r in enumerate(idx):
+            v = self.read(r)
+            ok = self._and(ok, self._in_range(v, Value(f"%{gl.name}.size{a}", "i32", 0)))
+            term = v if a == rank - 1 else \
+                self.op(f"mul i32 {v.text}, %{gl.name}.stride{a}", "i32", 0)
+            off = self.op(f"add i32 {off.text}, {term.text}", "i32", 0)
+        self.write(op.dst, self.uniform(self.load_elem(gl, off, ok, gl.type.dtype)))
+
+    def uniform(self, v: Value) -> Value:
+        """A value known to be the same in every lane, where the dialect can say so."""
+        return v
 
     def r_gload(self, op):
         self.write(op.dst, self._gload_value(op, op.attrs["fill"]))

@@ -380,7 +380,17 @@ class _Machine:
         for axis, x in enumerate(idx):
             off = off + x * buf.strides[axis]
             mask &= (x >= 0) & (x < buf.shape[axis])
+        for i, e in enumerate(op.attrs.get("ends") or ()):
+            if e is not None:
+                mask &= idx[nlead + i] < int(self.get(w, e))
         return buf, off, mask
+
+    def x_sload(self, w, op):
+        buf = self.bufs[op.srcs[0].name]
+        idx = [int(self.get(w, s)) for s in op.srcs[1:]]
+        inside = all(0 <= i < n for i, n in zip(idx, buf.shape))
+        off = sum(i * st for i, st in zip(idx, buf.strides))
+        self.put(w, op.dst, buf.flat[off] if inside else np.zeros((), buf.flat.dtype))
 
     def _gcheck(self, w, op, buf, off, mask):
         bad = mask & ((off < 0) | (off >= buf.flat.size))

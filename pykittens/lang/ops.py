@@ -211,7 +211,19 @@ def _check_window(tile_t, mem_t, what):
                     f"got rank {mem_t.rank}")
 
 
-def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False) -> Tile:
+def _ends(end, gl, what):
+    """`end=`: one exclusive upper bound per tensor dim (None: the tensor's size), for the
+    dims a window covers; elements at or past it read as `fill` / are not written, as
+    outside the tensor (e.g. a sequence's end inside a packed batch)."""
+    if end is None:
+        return None
+    if not isinstance(end, (tuple, list)) or len(end) != gl.rank:
+        raise error(f"{what}: end= needs one bound per tensor dim ({gl.rank}), None for "
+                    "the tensor's own size")
+    return tuple(None if e is None else as_scalar(e, T.i32).v for e in end)
+
+
+def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None) -> Tile:
     """Load into `dst` (a tile, or a tile type to allocate) from `src` at element `coord`.
 
     global -> register/shared: `coord` has one entry per tensor dim and the tile covers the
@@ -219,6 +231,8 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False) -> Tile:
     shared -> register: `coord` is the (row, col) of the sub-tile inside the shared tile.
     Element types convert on the way (e.g. bf16 in memory, f32 in registers).
 
+    end=(...): per tensor dim, an exclusive bound (or None) below the tensor's size: elements
+    past it read as `fill` too (global -> register/shared).
     direct=True (global -> shared): on CDNA the data goes from memory straight into LDS
     (buffer_load ... lds: 4 bytes per lane on gfx942, 16 on gfx950) without passing through
     registers; when a launch's shapes do not allow it (last dim or column origin not a
@@ -237,9 +251,13 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False) -> Tile:
         if isinstance(dst, ST) and src.dtype != dst.dtype:
             raise error(f"global->shared load copies bytes and cannot convert "
                         f"{src.dtype} to {dst.dtype}; make the shared tile {src.dtype}")
+        if end is not None and direct:
+            raise error("direct loads are bounded by the tensor only; drop end= or direct=")
         tr.emit("load", dst.v, (src.v,) + _coords(coord, src.rank, "load"), fill=float(fill),
-                direct=bool(direct))
+                direct=bool(direct), end=_ends(end, src, "load"))
     elif isinstance(src, ST):
+        if end is not None:
+            raise error("end= bounds a window of a global tensor, not of a shared tile")
         if not isinstance(dst, RT) or isinstance(dst, RV):
             raise error("shared tiles load into register tiles (pk.rt)")
         _check_subtile(dst.type.shape, src.type.shape, coord, "load")
@@ -250,9 +268,10 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False) -> Tile:
     return dst
 
 
-def store(dst, src: Tile, coord=None) -> None:
+def store(dst, src: Tile, coord=None, end=None) -> None:
     """Store tile `src` into `dst` (global tensor or shared tile) at element `coord`;
-    elements outside a global tensor are not written."""
+    elements outside a global tensor (or past `end`, an exclusive bound per tensor dim,
+    None for its size) are not written."""
     if not isinstance(src, Tile):
         raise error(f"store source must be a tile, got {type(src).__name__}")
     tr = current()
@@ -260,8 +279,11 @@ def store(dst, src: Tile, coord=None) -> None:
         _check_window(src.type, dst.type, "store")
         if isinstance(src, ST) and src.dtype != dst.dtype:
             raise error(f"shared->global store cannot convert {src.dtype} to {dst.dtype}")
-        tr.emit("store", dst.v, (src.v,) + _coords(coord, dst.rank, "store"))
+        tr.emit("store", dst.v, (src.v,) + _coords(coord, dst.rank, "store"),
+                end=_ends(end, dst, "store"))
     elif isinstance(dst, ST):
+        if end is not None:
+            raise error("end= bounds a window of a global tensor, not of a shared tile")
         if not isinstance(src, RT) or isinstance(src, RV):
             raise error("only register tiles store into shared tiles")
         _check_subtile(src.type.shape, dst.type.shape, coord, "store")

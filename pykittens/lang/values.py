@@ -266,6 +266,17 @@ class GL:
     def shape(self):
         return tuple(self.dim(i) for i in range(self.rank))
 
+    def __getitem__(self, index) -> Scalar:
+        """One element as a traced scalar (uniform across the wave): `cu_seqlens[b]`, one
+        index per dim; outside the tensor it reads 0."""
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) != self.rank:
+            raise error(f"{self.name}[...] needs {self.rank} indices (one per dim), got "
+                        f"{len(index)}")
+        out = new_value(T.ScalarType(self.dtype))
+        current().emit("sload", out, (self.v,) + tuple(as_scalar(i, T.i32).v for i in index))
+        return Scalar(out)
+
     def dim(self, i: int):
         if self.type.shape[i] is not None:
             return self.type.shape[i]

@@ -17,6 +17,9 @@ Op kinds (attrs in brackets):
                                      lane l reads element lead.., origin + layout(l, s) along
                                      `dims` (the tensor's last one or two); outside -> fill
   gstore(gl, *lead, *origin, val)[layout, dims, scope]  likewise; outside is not written
+                                     (both: `ends`, optional, per window dim an extra
+                                     exclusive bound register or None)
+  sload(gl, *index)                  one element, uniform (0 outside the tensor)
   lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
                                      shared tile (region.byte_offset gives the swizzle)
   lds_load_tr(r0, c0)[region, layout, source, scope]   gfx950 transpose read: each lane

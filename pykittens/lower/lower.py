@@ -528,14 +528,30 @@ class _Lowering:
                            f"{self.t.wave_size * self.k.num_waves} lanes; use a larger tile "
                            "or fewer waves") from None
 
-    def gload(self, gl, lay, dims, lead, origin, scope, fill):
+    def gload(self, gl, lay, dims, lead, origin, scope, fill, end=None):
         raw = self.b.reg(gl.type.dtype, lay.nslots)
         return self.emit("gload", raw, (gl, *lead, *origin), layout=lay, dims=dims,
-                         scope=scope, fill=fill)
+                         scope=scope, fill=fill, **self._ends(end, gl, dims))
 
-    def gstore(self, gl, lay, dims, lead, origin, scope, val):
+    def gstore(self, gl, lay, dims, lead, origin, scope, val, end=None):
         self.emit("gstore", None, (gl, *lead, *origin, self.cvt(val, gl.type.dtype)),
-                  layout=lay, dims=dims, scope=scope)
+                  layout=lay, dims=dims, scope=scope, **self._ends(end, gl, dims))
+
+    def _ends(self, end, gl, dims) -> dict:
+        """The `ends` attribute of a window: per window dim, the register of an extra
+        exclusive bound (pk.load/store's end=) or None; absent when there is none."""
+        if end is None:
+            return {}
+        rank = gl.type.rank
+        ends = tuple(end[rank - len(dims) + i] for i in range(len(dims)))
+        if all(e is None for e in ends):
+            return {}
+        return {"ends": tuple(None if e is None else self.val(e) for e in ends)}
+
+    def op_sload(self, op):
+        gl, *idx = op.srcs
+        r = self.b.reg(op.dst.type.dtype, uniform=True)
+        self.env[op.dst] = self.emit("sload", r, (self.val(gl), *(self.val(i) for i in idx)))
 
     def lds_load(self, region, lay, origin, scope):
         raw = self.b.reg(region.tile.dtype, lay.nslots)
@@ -559,12 +575,14 @@ class _Lowering:
                 if op.attrs.get("direct") and self.t.lds_dma_bytes:
                     return self._direct_to_lds(gl, region, c)
                 lay = self._wg_layout(region.tile)
-                raw = self.gload(gl, lay, (0, 1), c[:-2], c[-2:], "workgroup", fill)
+                raw = self.gload(gl, lay, (0, 1), c[:-2], c[-2:], "workgroup", fill,
+                                 op.attrs.get("end"))
                 zero = self.const(0)
                 self.lds_store(region, lay, (zero, zero), "workgroup", raw)
                 return
             lay, dims, lead, origin = self._window(dst_v, coords_v)
-            self._into(dst_v, self.gload(gl, lay, dims, lead, origin, "wave", fill))
+            self._into(dst_v, self.gload(gl, lay, dims, lead, origin, "wave", fill,
+                                         op.attrs.get("end")))
             return
         region = self.env[src_v]                              # shared -> register
         origin = [self.val(x) for x in coords_v]
@@ -615,10 +633,12 @@ class _Lowering:
                 zero = self.const(0)
                 raw = self.lds_load(region, lay, (zero, zero), "workgroup")
                 c = [self.val(x) for x in coords_v]
-                self.gstore(gl, lay, (0, 1), c[:-2], c[-2:], "workgroup", raw)
+                self.gstore(gl, lay, (0, 1), c[:-2], c[-2:], "workgroup", raw,
+                            op.attrs.get("end"))
                 return
             lay, dims, lead, origin = self._window(src_v, coords_v)
-            self.gstore(gl, lay, dims, lead, origin, "wave", self.val(src_v))
+            self.gstore(gl, lay, dims, lead, origin, "wave", self.val(src_v),
+                        op.attrs.get("end"))
             return
         region = self.env[dst_v]                              # register -> shared
         origin = [self.val(x) for x in coords_v]
