@@ -17,8 +17,10 @@ def attention():
     from pykittens.kernels.attention import attention_fwd, hopper_schedules
     for dt, d, causal in itertools.product(("bf16", "f16"), (64, 128), (0, 1)):
         for over in hopper_schedules(d).values():
-            consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "OVERLAP": 1,
-                      "PINGPONG": 1, "WG": 2, "num_waves": 12, "TARGET": "sm_90a", **over}
+            if causal and over.get("PERSISTENT"):
+                continue
+            consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0,
+                      "WG": 2, "PERSISTENT": 0, "num_waves": 12, "TARGET": "sm_90a", **over}
             yield attention_fwd, {"DT": dt, **consts}
 
 

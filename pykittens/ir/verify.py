@@ -105,52 +105,69 @@ def _check_pins(pins, target, kn):
         taken.append((f, first, first + n, loc))
 
 
+# Ops that write their whole destination without reading it first (so the tile is dead
+# just before them); an mma does too when it starts from zero (c=0).
+_KILLS = {"alloc", "fill", "copy", "convert", "unary", "binary", "select", "fma", "index",
+          "load", "subtile", "lane_id", "wg_reduce"}
+
+
+def _reads(op):
+    """Register tiles an op reads: its operands, and its destination where it updates it in
+    place (mma accumulating, reductions into=, elementwise ops on their own destination)."""
+    out = [v for v in op.srcs if isinstance(v.type, (RegTileType, RegVecType))]
+    d = op.dst
+    if d is not None and isinstance(d.type, (RegTileType, RegVecType)):
+        if op.kind == "mma" and not op.attrs.get("zero") or \
+                op.kind == "reduce" and op.attrs.get("accumulate") or \
+                op.kind not in _KILLS and op.kind != "mma" and op.kind != "reduce":
+            out.append(d)
+    return out
+
+
 def _peak_registers(body: Block, wave: int) -> int:
-    """Peak of the sum of live register tiles, in op order; a tile used inside a loop stays
-    live for the whole loop."""
-    order: list = []
-
-    def flat(block, loop_stack):
-        for op in block.ops:
-            idx = len(order)
-            order.append((op, tuple(loop_stack)))
-            for r in op.regions:
-                flat(r, loop_stack + ([idx] if op.kind == "for" else []))
-            if op.kind == "for":
-                loop_end[idx] = len(order) - 1
-
-    loop_end: dict = {}
-    flat(body, [])
-    first, last = {}, {}
-    # Index tiles are lane id plus constants, and an elementwise result read once by the
-    # next elementwise op is a temporary: the code generator folds both into their uses.
-    elementwise = ("unary", "binary", "select", "index", "fma")
+    """Peak, over program points, of the registers of the tiles live there (read later
+    before being wholly rewritten), by backward liveness over the structured IR (loops to
+    a fixed point), plus the tile an op produces. Index tiles (lane id plus constants) and
+    elementwise temporaries read once by another elementwise op are free: the code generator
+    folds them into their uses."""
+    ops = [op for op in walk(body)]
     uses: dict = {}
-    for op, _ in order:
+    for op in ops:
         for v in op.srcs:
             uses.setdefault(v, []).append(op)
-    free = {op.dst for op, _ in order if op.kind == "index"}
-    for i, (op, _) in enumerate(order):
+    elementwise = ("unary", "binary", "select", "index", "fma")
+    free = {op.dst for op in ops if op.kind == "index"}
+    for op in ops:
         u = uses.get(op.dst, [])
         if op.kind in elementwise and len(u) == 1 and u[0].kind in elementwise:
             free.add(op.dst)
-    for i, (op, loops) in enumerate(order):
-        vals = ([op.dst] if op.dst is not None else []) + list(op.srcs)
-        for v in vals:
-            if isinstance(v.type, (RegTileType, RegVecType)) and v not in free:
-                first.setdefault(v, i)
-                end = i
-                for lp in loops:
-                    if first[v] < lp:           # defined outside this loop: live through it
-                        end = max(end, loop_end[lp])
-                last[v] = max(last.get(v, 0), end)
-    events = [0] * (len(order) + 1)
-    for v, a in first.items():
-        r = _regs_per_lane(v.type, wave)
-        events[a] += r
-        events[last[v] + 1] -= r
-    peak = cur = 0
-    for e in events:
-        cur += e
-        peak = max(peak, cur)
+
+    def regs(vals):
+        return sum(_regs_per_lane(v.type, wave) for v in vals if v not in free)
+
+    peak = 0
+
+    def block(blk: Block, live: set) -> set:
+        """live-in of `blk` given its live-out; records the peak inside it."""
+        nonlocal peak
+        for op in reversed(blk.ops):
+            if op.kind == "for":
+                body_live = set(live)
+                for _ in range(3):                 # carried values reach the body's top
+                    body_live = block(op.regions[0], live | body_live)
+                live = live | body_live
+            elif op.kind == "if":
+                outs = [block(r, set(live)) for r in op.regions]
+                live = set().union(*outs) | (live if len(op.regions) < 2 else set())
+            d = op.dst if op.dst is not None and \
+                isinstance(op.dst.type, (RegTileType, RegVecType)) else None
+            peak = max(peak, regs(live | ({d} if d is not None else set())))
+            if d is not None and op.kind in _KILLS and op.kind != "mma" or \
+                    op.kind == "mma" and op.attrs.get("zero"):
+                live = live - {d}
+            live = live | set(_reads(op))
+            peak = max(peak, regs(live))
+        return live
+
+    block(body, set())
     return peak

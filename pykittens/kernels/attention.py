@@ -53,149 +53,159 @@ def _finish(acc, m, l_):
     return out, lse
 
 
-def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG, WG):
+def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT):
     """FlashAttention-3 form: a producer warpgroup and WG consumer warpgroups. The producer
-    (24 registers) has one wave issue TMA copies: the block's 64 * WG query rows once, then K
+    (24 registers) has one wave issue TMA copies: a tile's 64 * WG query rows, then its K
     and V blocks into two rings of STAGES stages. Each consumer (the rest of the SM's
     registers) owns 64 query rows: S = Q K^T by wgmma from shared memory, the online softmax
     in registers, P converted in registers into wgmma's A operand for O += P V, and O out
-    through shared memory and TMA.
+    through shared memory and TMA. The softmax of block j runs while the tensor cores
+    compute block j - 1's P V (issued right after block j's Q K^T), and O is rescaled
+    under Q K^T.
 
-    OVERLAP=1: the softmax of block j runs while the tensor cores compute block j - 1's
-    P V (issued right after block j's Q K^T). PINGPONG=1: the consumers take turns issuing
-    their matrix products, so one's softmax runs under another's."""
+    PINGPONG=1: the consumers take turns issuing their matrix products, so one's softmax
+    runs under another's. PERSISTENT=1 (not causal): a grid of one workgroup per SM walks
+    the (query block, head, batch) tiles; the rings run on from tile to tile, so the next
+    tile's loads overlap this one's last products and its store."""
     nq, nk = q.shape[2], k.shape[2]
-    group = q.shape[1] // k.shape[1]
-    bm = 64 * WG
-    qb, h, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
-    if CAUSAL:
-        qb = pk.num_programs(0) - 1 - qb                 # the longest rows start first
-    q0, hk, offset = qb * bm, h // group, nk - nq
-    blocks = (nk + BN - 1) // BN
-    if CAUSAL:
-        blocks = _causal_blocks(blocks, q0 + bm, offset, BN)
+    heads, group = q.shape[1], q.shape[1] // k.shape[1]
+    bm, offset = 64 * WG, nk - nq
+    nqb = (nq + bm - 1) // bm
+    if PERSISTENT and CAUSAL:
+        raise ValueError("PERSISTENT=1 needs the same key blocks in every tile: not causal")
+    walk = pk.tile_walk(nqb * heads * q.shape[0], persistent=PERSISTENT)
+
+    def tile(t):
+        """(first query row, head, batch, key blocks) of this workgroup's t-th tile."""
+        if PERSISTENT:
+            i = walk.tile(t)
+            qb, h, b = i % nqb, i // nqb % heads, i // nqb // heads
+        else:
+            qb, h, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
+            if CAUSAL:
+                qb = pk.num_programs(0) - 1 - qb          # the longest rows start first
+        blocks = (nk + BN - 1) // BN
+        if CAUSAL:
+            blocks = _causal_blocks(blocks, qb * bm + bm, offset, BN)
+        return qb * bm, h, b, blocks
+
     sq = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(WG)]
-    q_full = pk.mbarrier(WG)
+    q_full, q_free = pk.mbarrier(1, count=WG), pk.mbarrier(4, count=WG)
     kv = pk.st((BN, D), DT, swizzle=8)
     ks = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
     vs = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
-    # O leaves through each consumer's Q tile, free once its last Q K^T has retired
-    out = [pk.StagedStore((64, D), DT, tile=sq[g]) for g in range(WG)]
+    # O leaves through each consumer's Q tile once its last Q K^T has retired (persistent:
+    # a tile of its own, as the next tile's Q lands meanwhile)
+    out = [pk.StagedStore((64, D), DT, tile=None if PERSISTENT else sq[g]) for g in range(WG)]
     turn = pk.mbarrier(4, count=WG) if PINGPONG else None
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
-            for g in pk.static_range(WG):
-                pk.tma_load(sq[g], q, (b, h, q0 + 64 * g, 0), q_full)
-            for j in pk.range(blocks):
-                for ring, src in ((ks, k), (vs, v)):
-                    st = ring.acquire(j)
-                    pk.tma_load(st.t, src, (b, hk, j * BN, 0), st.full)
+            for t in walk:
+                q0, h, b, blocks = tile(t)
+                for g in pk.static_range(WG):
+                    if PERSISTENT:
+                        with pk.if_(t > 0):
+                            pk.wait(q_free[g], (t - 1) % 2)
+                    pk.tma_load(sq[g], q, (b, h, q0 + 64 * g, 0), q_full[g])
+                for j in pk.range(blocks):
+                    for ring, src in ((ks, k), (vs, v)):
+                        st = ring.acquire(t * blocks + j)
+                        pk.tma_load(st.t, src, (b, h // group, j * BN, 0), st.full)
     for g in pk.static_range(WG):
         # the SM's 64K registers: 24 a thread for the producer, the rest shared out
         with pk.role(4 + 4 * g, 4, regs={2: 240, 3: 160}[WG]):
-            row0 = q0 + 64 * g + 16 * (pk.wave_id() % 4)
-            acc = pk.zeros(pk.rt((16, D), pk.f32, role="acc"))
-            m = pk.full(pk.rv(acc, "row"), -math.inf)
-            l_ = pk.zeros(pk.rv(acc, "row"))
+            acc = pk.empty(pk.rt((16, D), pk.f32, role="acc"))
+            m, l_, alpha = (pk.empty(pk.rv(acc, "row")) for _ in range(3))
             s = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
-            scale2 = scale * LOG2E
+            pa = pk.empty(pk.rt((16, BN), DT, role="a"))      # P of the previous block
+            for t in walk:
+                q0, h, b, blocks = tile(t)
+                row0 = q0 + 64 * g + 16 * (pk.wave_id() % 4)
+                step, r0 = t * blocks, t * (blocks + 1)      # ring steps, issue rounds
 
-            def softmax(j):
-                col0 = j * BN
-                masked = col0 + BN > nk
-                if CAUSAL:
-                    masked = masked | (col0 + BN > q0 + 64 * g + offset + 1)
-                return _online_softmax(s, m, l_, scale2, row0, col0, nk, offset, masked,
-                                       CAUSAL)
+                def softmax(j):
+                    col0 = j * BN
+                    masked = col0 + BN > nk
+                    if CAUSAL:
+                        masked = masked | (col0 + BN > q0 + 64 * g + offset + 1)
+                    return _online_softmax(s, m, l_, scale * LOG2E, row0, col0, nk, offset,
+                                           masked, CAUSAL)
 
-            def my_turn(r):      # PINGPONG: wait until the previous consumer issued round r
-                if PINGPONG and g > 0:            # (consumer 0: the last one's round r - 1)
-                    pk.wait(turn[g], r % 2)
-                elif PINGPONG and isinstance(r, int):
-                    if r > 0:
-                        pk.wait(turn[0], (r - 1) % 2)
-                elif PINGPONG:
-                    with pk.if_(r > 0):
-                        pk.wait(turn[0], (r - 1) % 2)
+                def my_turn(r):  # PINGPONG: wait until the previous consumer issued round r
+                    if PINGPONG and g > 0:        # (consumer 0: the last one's round r - 1)
+                        pk.wait(turn[g], r % 2)
+                    elif PINGPONG and isinstance(r, int):
+                        if r > 0:
+                            pk.wait(turn[0], (r - 1) % 2)
+                    elif PINGPONG:
+                        with pk.if_(r > 0):
+                            pk.wait(turn[0], (r - 1) % 2)
 
-            def your_turn():
-                if PINGPONG:
-                    pk.arrive(turn[(g + 1) % WG])
+                def your_turn():
+                    if PINGPONG:
+                        pk.arrive(turn[(g + 1) % WG])
 
-            pk.wait(q_full, 0)
-            if not OVERLAP:
-                for j in pk.range(blocks):
-                    my_turn(j)
-                    pk.mma_ABt(s, sq[g], ks.wait(j).t, c=0, in_flight=1)
-                    your_turn()
-                    pk.mma_wait(s)
-                    ks.release(j)
-                    p, alpha = softmax(j)
-                    acc *= alpha
-                    pk.mma_AB(acc, pk.convert(pk.rt((16, BN), DT, role="a"), p),
-                              vs.wait(j).t)
-                    vs.release(j)
-            else:
-                pa = pk.empty(pk.rt((16, BN), DT, role="a"))     # P of the previous block
-                alpha = pk.empty(m.type)                          # ... and its rescale
+                pk.fill(acc, 0.0)
+                pk.fill(m, -math.inf)
+                pk.fill(l_, 0.0)
+                pk.wait(q_full[g], t % 2)
                 with pk.if_(blocks > 0):
-                    my_turn(0)
-                    pk.mma_ABt(s, sq[g], ks.wait(0).t, c=0)
+                    my_turn(r0)
+                    pk.mma_ABt(s, sq[g], ks.wait(step).t, c=0)
                     your_turn()
-                    ks.release(0)
-                    p, _ = softmax(0)
-                    pk.convert(pa, p)
+                    ks.release(step)
+                    pk.convert(pa, softmax(0)[0])
                     pk.fill(alpha, 1.0)
                     for j in pk.range(1, blocks):   # Q K_j^T, then P_{j-1} V_{j-1}
-                        my_turn(j)
-                        pk.mma_ABt(s, sq[g], ks.wait(j).t, c=0, in_flight=1)
+                        my_turn(r0 + j)
+                        pk.mma_ABt(s, sq[g], ks.wait(step + j).t, c=0, in_flight=1)
                         acc *= alpha                # under Q K_j^T
-                        pk.mma_AB(acc, pa, vs.wait(j - 1).t, in_flight=2)
+                        pk.mma_AB(acc, pa, vs.wait(step + j - 1).t, in_flight=2)
                         your_turn()
                         pk.mma_wait(s, in_flight=1)
-                        ks.release(j)           # Q K_j^T has retired
+                        ks.release(step + j)    # Q K_j^T has retired
                         p, a_j = softmax(j)     # under P_{j-1} V_{j-1}
                         alpha.set(a_j)
                         pk.mma_wait(acc)
-                        vs.release(j - 1)
+                        vs.release(step + j - 1)
                         pk.convert(pa, p)
-                    my_turn(blocks)
+                    my_turn(r0 + blocks)
                     acc *= alpha
-                    pk.mma_AB(acc, pa, vs.wait(blocks - 1).t)
+                    pk.mma_AB(acc, pa, vs.wait(step + blocks - 1).t)
                     your_turn()
-                    vs.release(blocks - 1)
-            res, row_lse = _finish(acc, m, l_)
-            out[g].store(o, res, (b, h, q0 + 64 * g, 0))
-            pk.store(lse, row_lse, (b, h, row0))
+                    vs.release(step + blocks - 1)
+                if PERSISTENT:
+                    pk.arrive(q_free[g])            # its last Q K^T has retired
+                res, row_lse = _finish(acc, m, l_)
+                out[g].store(o, res, (b, h, q0 + 64 * g, 0), use=t)
+                pk.store(lse, row_lse, (b, h, row0))
 
 
 @pk.kernel(num_waves=12)
 def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   o: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], scale: pk.f32,
                   DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
-                  BN: pk.const = 128, STAGES: pk.const = 2, OVERLAP: pk.const = 1,
-                  PINGPONG: pk.const = 1, WG: pk.const = 2, TARGET: pk.const = "sm_90a"):
+                  BN: pk.const = 128, STAGES: pk.const = 2, PINGPONG: pk.const = 0,
+                  WG: pk.const = 2, PERSISTENT: pk.const = 0, TARGET: pk.const = "sm_90a"):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
     (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper."""
     if TARGET == "sm_90a":
-        _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG, WG)
+        _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT)
     else:
         raise pk.NotSupportedYet(f"attention_fwd has no schedule for {TARGET} yet")
 
 
 def hopper_schedules(d: int) -> dict:
     """Named alternatives to the Hopper launch defaults for head dim d (what bench/attention.py
-    compares): the intra-warpgroup overlap and inter-warpgroup ping-pong on and off, and the
-    key block size."""
-    out = {"overlap+pingpong": {}, "overlap": {"PINGPONG": 0}, "pingpong": {"OVERLAP": 0},
-           "plain": {"OVERLAP": 0, "PINGPONG": 0},
-           "overlap+pingpong, 3 stages": {"STAGES": 3},
-           "overlap, 3 stages": {"PINGPONG": 0, "STAGES": 3}}
+    compares): the inter-warpgroup ping-pong, a persistent grid, three consumers, and a
+    third K/V stage."""
+    out = {"default": {}, "pingpong": {"PINGPONG": 1}, "persistent": {"PERSISTENT": 1},
+           "persistent+pingpong": {"PERSISTENT": 1, "PINGPONG": 1}}
     if d == 64:
-        out["3 consumers, overlap+pingpong"] = {"WG": 3, "num_waves": 16}
-        out["3 consumers, overlap"] = {"WG": 3, "num_waves": 16, "PINGPONG": 0}
-        out["3 consumers, overlap, 3 stages"] = {"WG": 3, "num_waves": 16, "PINGPONG": 0,
-                                                 "STAGES": 3}
+        for name, over in list(out.items()):
+            out[f"3 consumers, {name}"] = {**over, "WG": 3, "num_waves": 16}
+    else:
+        out["3 stages"] = {"STAGES": 3}
     return out
 
 
@@ -219,6 +229,9 @@ def attention_fwd_launch(i: dict, target, **overrides):
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     if t.family != "hopper":
         raise NotImplementedError(f"attention_fwd has no schedule for {t.name} yet")
-    consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "OVERLAP": 1,
-              "PINGPONG": 1, "WG": 2, "num_waves": 12, "TARGET": t.name, **overrides}
-    return (-(-nq // (64 * consts["WG"])), hq, b), consts
+    consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0, "WG": 2,
+              "PERSISTENT": 0, "num_waves": 12, "TARGET": t.name, **overrides}
+    blocks = -(-nq // (64 * consts["WG"]))
+    if consts["PERSISTENT"]:
+        return (min(blocks * hq * b, t.num_cus),), consts
+    return (blocks, hq, b), consts
