@@ -127,7 +127,10 @@ def test_tile_types():
     (lambda: pk.rt((4, 64), pk.f32, pin=3), "write the first register"),
     (lambda: pk.rv(pk.st((4, 64), pk.f32)), "needs a register tile"),
     (lambda: pk.rv(pk.rt((4, 64), pk.f32), "diag"), "axis must be 'row' or 'col'"),
-    (lambda: pk.st((48, 64), pk.f32), "two powers of two"),
+    (lambda: pk.st((44, 64), pk.f32), "rows a power of two or a multiple of 8"),
+    (lambda: pk.st((48, 48), pk.f32), "cols a power of two"),
+    (lambda: pk.rt((48, 64), pk.f32), "two powers of two"),
+    (lambda: pk.rt((16, 40), pk.bf16, role="a"), "with a role: multiples of 16"),
     (lambda: pk.st((64, 64), pk.f32, swizzle=3), "swizzle=3 must be a power of two"),
 ])
 def test_tile_type_errors(make, msg):

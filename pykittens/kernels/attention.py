@@ -199,13 +199,17 @@ def hopper_schedules(d: int) -> dict:
     """Named alternatives to the Hopper launch defaults for head dim d (what bench/attention.py
     compares): the inter-warpgroup ping-pong, a persistent grid, three consumers, and a
     third K/V stage."""
-    out = {"default": {}, "pingpong": {"PINGPONG": 1}, "persistent": {"PERSISTENT": 1},
-           "persistent+pingpong": {"PERSISTENT": 1, "PINGPONG": 1}}
+    out = {"default": {}, "pingpong": {"PINGPONG": 1}, "persistent": {"PERSISTENT": 1}}
     if d == 64:
-        for name, over in list(out.items()):
-            out[f"3 consumers, {name}"] = {**over, "WG": 3, "num_waves": 16}
+        out["3 consumers"] = {"WG": 3, "num_waves": 16}
+        out["3 consumers, pingpong"] = {"WG": 3, "num_waves": 16, "PINGPONG": 1}
+        for bn in (160, 176, 192):
+            out[f"BN={bn}"] = {"BN": bn}
+            out[f"BN={bn}, pingpong"] = {"BN": bn, "PINGPONG": 1}
     else:
-        out["3 stages"] = {"STAGES": 3}
+        for bn in (144, 160, 176):
+            out[f"BN={bn}"] = {"BN": bn}
+            out[f"BN={bn}, pingpong"] = {"BN": bn, "PINGPONG": 1}
     return out
 
 

@@ -33,9 +33,12 @@ def rt(shape, dtype, layout: str = "row", role: str | None = None, pin=None,
     accumulator, so an accumulator converts into this operand without moving data between
     lanes (pk.convert); both operands of an mma must use the same krun."""
     shape = tuple(int(s) for s in shape)
-    if len(shape) != 2 or not all(_pow2(s) for s in shape):
-        raise error(f"register tile shape {shape} must be two powers of two (rows, cols); "
-                    "ragged problem sizes are handled by bounds on load/store, not by the tile")
+    # role tiles are whole matrix-instruction tiles: multiples of 16 (e.g. 176 keys)
+    ok = _pow2 if role is None else (lambda n: n > 0 and n % 16 == 0 or _pow2(n))
+    if len(shape) != 2 or not all(ok(s) for s in shape):
+        raise error(f"register tile shape {shape} must be two powers of two (rows, cols) "
+                    "(tiles with a role: multiples of 16); ragged problem sizes are handled "
+                    "by bounds on load/store, not by the tile")
     if layout not in ("row", "col"):
         raise error(f"register tile layout must be 'row' or 'col', not {layout!r}")
     if role not in T.ROLES:
@@ -78,8 +81,10 @@ def rv(of: T.RegTileType | RT, axis: str = "row", dtype=None) -> T.RegVecType:
 def st(shape, dtype, swizzle: int = 0) -> T.SharedTileType:
     """Shared tile type (LDS on CDNA, shared memory on Hopper)."""
     shape = tuple(int(s) for s in shape)
-    if len(shape) != 2 or not all(_pow2(s) for s in shape):
-        raise error(f"shared tile shape {shape} must be two powers of two (rows, cols)")
+    if len(shape) != 2 or not _pow2(shape[1]) or not (_pow2(shape[0]) or
+                                                      shape[0] > 0 and shape[0] % 8 == 0):
+        raise error(f"shared tile shape {shape} must be (rows, cols) with cols a power of two "
+                    "and rows a power of two or a multiple of 8")
     if swizzle and not _pow2(swizzle):
         raise error(f"swizzle={swizzle} must be a power of two (rows in the XOR pattern)")
     return T.SharedTileType(T.dtype_of(dtype), shape, swizzle)
