@@ -94,7 +94,7 @@ def test_gemm_ws_rejects_k_rows_tma_cannot_copy():
         spec.launch(bad, "sm_90a")
 
 
-@pytest.mark.parametrize("dt,n", [("bf16", 16), ("bf16", 256), ("f16", 96), ("e4m3", 128),
+@pytest.mark.parametrize("dt,n", [("bf16", 16), ("bf16", 256), ("f16", 96), ("e4m3", 128),  # 96: not a power of two
                                   ("e5m2", 64)])
 @pytest.mark.parametrize("shared_a", [True, False])
 def test_mma_abt_forms(dt, n, shared_a, rng):
@@ -118,10 +118,6 @@ def test_mma_abt_forms(dt, n, shared_a, rng):
             pk.barrier()
         pk.store(c, acc, (16 * pk.wave_id(), 0))
 
-    if n not in (16, 64, 128, 256):             # register tiles are powers of two
-        with pytest.raises(pk.KernelError, match="powers of two"):
-            compiler.lane_ir(abt, "sm_90a", DT=dt)
-        return
     a = rng.standard_normal((64, 2 * bk)).astype(pk.dtype_of(dt).np)
     b = rng.standard_normal((n, 2 * bk)).astype(a.dtype)
     c = pk.emulate(abt, a, b, np.zeros((64, n), np.float32), grid=1, target="sm_90a")["c"]
