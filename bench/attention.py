@@ -26,7 +26,7 @@ from pykittens.kernels.attention import attention_fwd, attention_fwd_launch, hop
 
 DEV = "cuda"
 # (B, Hq, Hkv, N, D, causal): the shapes the library is judged on
-CHECKED = ("default", "3 consumers, pingpong", "BN=160", "BN=176", "BN=192")   # checked
+CHECKED = ("default", "eager rescale", "3 consumers, pingpong", "BN=160")   # checked
 SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1), (16, 32, 32, 4096, 64, 0),
           (4, 16, 16, 16384, 128, 0), (16, 32, 8, 4096, 128, 0), (16, 32, 8, 4096, 128, 1)]
 

@@ -20,7 +20,8 @@ def attention():
             if causal and over.get("PERSISTENT"):
                 continue
             consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0,
-                      "WG": 2, "PERSISTENT": 0, "num_waves": 12, "TARGET": "sm_90a", **over}
+                      "WG": 2, "PERSISTENT": 0, "LAZY": 1, "num_waves": 12, "TARGET": "sm_90a",
+                      **over}
             yield attention_fwd, {"DT": dt, **consts}
 
 

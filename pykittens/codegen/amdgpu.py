@@ -364,6 +364,11 @@ class AMDGPURenderer(Renderer):
     def lds_symbol(self):
         return "@lds"
 
+    def vote_any(self, c: Value) -> Value:
+        """A ballot of the active lanes is non-zero."""
+        b = self.call("i64", "llvm.amdgcn.ballot.i64", [str(c)])
+        return self.op(f"icmp ne i64 {b}, 0", "i1", 0)
+
     # -- global memory through buffer resources ---------------------------------------------
     def resource(self, gl) -> str:
         """One buffer resource per tensor, built in the entry block (uniform: SGPRs)."""

@@ -490,6 +490,15 @@ class Renderer:
         (a, b), n = self.operands(op.dst, op.srcs)
         self.write(op.dst, self.binary(op.attrs["op"], a, b, op.dst.type.dtype))
 
+    def r_any(self, op):
+        c = self.read(op.srcs[0])
+        if c.n:
+            c = Value(self.call("i1", f"llvm.vector.reduce.or.v{c.n}i1", [str(c)]), "i1", 0)
+        self.write(op.dst, self.vote_any(c))
+
+    def vote_any(self, c: Value) -> Value:
+        raise NotImplementedError
+
     def r_fma(self, op):
         (a, b, c), n = self.operands(op.dst, op.srcs)
         d = op.dst.type.dtype

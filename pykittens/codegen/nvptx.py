@@ -73,6 +73,9 @@ class NVPTXRenderer(Renderer):
     def lds_symbol(self):
         return "@smem"
 
+    def vote_any(self, c: Value) -> Value:
+        return Value(self.call("i1", "llvm.nvvm.vote.any.sync", ["i32 -1", str(c)]), "i1", 0)
+
     def _ptr(self, gl, off: Value) -> Value:
         return self.op(f"getelementptr {llty(gl.type.dtype)}, ptr addrspace(1) %{gl.name}, "
                        f"i32 {off.text}", "ptr addrspace(1)", 0)

@@ -218,6 +218,9 @@ class _Machine:
         a, b = (self.get(w, s) for s in op.srcs)
         self.put(w, op.dst, V.binary(op.attrs["op"], a, b, op.dst.type.dtype))
 
+    def x_any(self, w, op):
+        self.put(w, op.dst, np.bool_(np.any(self.get(w, op.srcs[0]))))
+
     def x_fma(self, w, op):
         a, b, c = (np.asarray(self.get(w, s), np.float64) for s in op.srcs)
         self.put(w, op.dst, V.to_dtype((a * b + c).astype(np.float32), op.dst.type.dtype))

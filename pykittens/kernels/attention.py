@@ -23,11 +23,14 @@ def _causal_blocks(blocks, q_end, offset, bn):
     return pk.maximum(pk.minimum(blocks, (q_end + offset + bn - 1) // bn), 0)
 
 
-def _online_softmax(s, m, l_, scale2, row0, col0, nk, offset, masked, CAUSAL):
+def _online_softmax(s, m, l_, alpha, scale2, row0, col0, nk, offset, masked, CAUSAL, LAZY):
     """One key block of the online softmax on this wave's rows: mask the ragged tail (and
     the causal diagonal) where `masked`, update the running max m (in the base-2 domain:
-    scores times scale2 = scale * log2 e) and sum l_. Returns P = exp2(s * scale2 - m) and
-    the factor alpha that rescales what was accumulated before."""
+    scores times scale2 = scale * log2 e) and sum l_, set `alpha`, the factor that rescales
+    what was accumulated before, and return P = exp2(s * scale2 - m).
+
+    LAZY=1: the max moves only when some row of the wave would grow by more than 8 (so P
+    stays below 2^8, far from overflow); otherwise alpha is 1 and the rescale is skipped."""
     with pk.if_(masked):
         cols = pk.col_index(s, col0)
         keep = cols < nk
@@ -35,13 +38,22 @@ def _online_softmax(s, m, l_, scale2, row0, col0, nk, offset, masked, CAUSAL):
             keep = keep & (cols <= pk.row_index(s, row0 + offset))
         pk.where(keep, s, -math.inf, out=s)
     m_new = pk.max(m, pk.row_max(s) * scale2)                # the scale is positive
-    base = pk.where(m_new > -math.inf, m_new, 0.0)          # rows with no key so far
-    p = pk.exp2(pk.fma(s, scale2, -base))                   # one fused multiply-add each
-    alpha = pk.exp2(m - base)
-    l_.set(l_ * alpha)
+
+    def move():
+        base = pk.where(m_new > -math.inf, m_new, 0.0)      # rows with no key so far
+        alpha.set(pk.exp2(m - base))
+        l_.set(l_ * alpha)
+        m.set(m_new)
+
+    if LAZY:
+        pk.fill(alpha, 1.0)
+        with pk.if_(pk.any(m_new > m + 8.0)):
+            move()
+    else:
+        move()
+    p = pk.exp2(pk.fma(s, scale2, -pk.where(m > -math.inf, m, 0.0)))   # one FFMA each
     pk.row_sum(p, into=l_)
-    m.set(m_new)
-    return p, alpha
+    return p
 
 
 def _finish(acc, m, l_):
@@ -53,7 +65,8 @@ def _finish(acc, m, l_):
     return out, lse
 
 
-def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT):
+def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT,
+            LAZY):
     """FlashAttention-3 form: a producer warpgroup and WG consumer warpgroups. The producer
     (24 registers) has one wave issue TMA copies: a tile's 64 * WG query rows, then its K
     and V blocks into two rings of STAGES stages. Each consumer (the rest of the SM's
@@ -128,8 +141,15 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
                     masked = col0 + BN > nk
                     if CAUSAL:
                         masked = masked | (col0 + BN > q0 + 64 * g + offset + 1)
-                    return _online_softmax(s, m, l_, scale * LOG2E, row0, col0, nk, offset,
-                                           masked, CAUSAL)
+                    return _online_softmax(s, m, l_, alpha, scale * LOG2E, row0, col0, nk,
+                                           offset, masked, CAUSAL, LAZY)
+
+                def rescale():                      # O *= alpha, skipped where it is all 1
+                    if LAZY:
+                        with pk.if_(pk.any(alpha < 1.0)):
+                            acc.set(acc * alpha)
+                    else:
+                        acc.set(acc * alpha)
 
                 def my_turn(r):  # PINGPONG: wait until the previous consumer issued round r
                     if PINGPONG and g > 0:        # (consumer 0: the last one's round r - 1)
@@ -154,23 +174,21 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
                     pk.mma_ABt(s, sq[g], ks.wait(step).t, c=0)
                     your_turn()
                     ks.release(step)
-                    pk.convert(pa, softmax(0)[0])
-                    pk.fill(alpha, 1.0)
+                    pk.convert(pa, softmax(0))      # (acc is 0: its alpha does not matter)
                     for j in pk.range(1, blocks):   # Q K_j^T, then P_{j-1} V_{j-1}
                         my_turn(r0 + j)
                         pk.mma_ABt(s, sq[g], ks.wait(step + j).t, c=0, in_flight=1)
-                        acc *= alpha                # under Q K_j^T
+                        rescale()                   # under Q K_j^T
                         pk.mma_AB(acc, pa, vs.wait(step + j - 1).t, in_flight=2)
                         your_turn()
                         pk.mma_wait(s, in_flight=1)
                         ks.release(step + j)    # Q K_j^T has retired
-                        p, a_j = softmax(j)     # under P_{j-1} V_{j-1}
-                        alpha.set(a_j)
+                        p = softmax(j)          # under P_{j-1} V_{j-1}
                         pk.mma_wait(acc)
                         vs.release(step + j - 1)
                         pk.convert(pa, p)
                     my_turn(r0 + blocks)
-                    acc *= alpha
+                    rescale()
                     pk.mma_AB(acc, pa, vs.wait(step + blocks - 1).t)
                     your_turn()
                     vs.release(step + blocks - 1)
@@ -186,11 +204,13 @@ def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   o: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], scale: pk.f32,
                   DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
                   BN: pk.const = 128, STAGES: pk.const = 2, PINGPONG: pk.const = 0,
-                  WG: pk.const = 2, PERSISTENT: pk.const = 0, TARGET: pk.const = "sm_90a"):
+                  WG: pk.const = 2, PERSISTENT: pk.const = 0, LAZY: pk.const = 1,
+                  TARGET: pk.const = "sm_90a"):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
     (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper."""
     if TARGET == "sm_90a":
-        _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT)
+        _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT,
+                LAZY)
     else:
         raise pk.NotSupportedYet(f"attention_fwd has no schedule for {TARGET} yet")
 
@@ -199,17 +219,14 @@ def hopper_schedules(d: int) -> dict:
     """Named alternatives to the Hopper launch defaults for head dim d (what bench/attention.py
     compares): the inter-warpgroup ping-pong, a persistent grid, three consumers, and a
     third K/V stage."""
-    out = {"default": {}, "pingpong": {"PINGPONG": 1}, "persistent": {"PERSISTENT": 1}}
+    out = {"default": {}, "eager rescale": {"LAZY": 0}, "pingpong": {"PINGPONG": 1}}
     if d == 64:
-        out["3 consumers"] = {"WG": 3, "num_waves": 16}
         out["3 consumers, pingpong"] = {"WG": 3, "num_waves": 16, "PINGPONG": 1}
-        for bn in (160, 176, 192):
-            out[f"BN={bn}"] = {"BN": bn}
-            out[f"BN={bn}, pingpong"] = {"BN": bn, "PINGPONG": 1}
+        out["3 consumers, pingpong, eager"] = {"WG": 3, "num_waves": 16, "PINGPONG": 1,
+                                               "LAZY": 0}
     else:
-        for bn in (144, 160, 176):
-            out[f"BN={bn}"] = {"BN": bn}
-            out[f"BN={bn}, pingpong"] = {"BN": bn, "PINGPONG": 1}
+        out["BN=160"] = {"BN": 160}
+        out["BN=160, eager"] = {"BN": 160, "LAZY": 0}
     return out
 
 
@@ -234,7 +251,7 @@ def attention_fwd_launch(i: dict, target, **overrides):
     if t.family != "hopper":
         raise NotImplementedError(f"attention_fwd has no schedule for {t.name} yet")
     consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0, "WG": 2,
-              "PERSISTENT": 0, "num_waves": 12, "TARGET": t.name, **overrides}
+              "PERSISTENT": 0, "LAZY": 1, "num_waves": 12, "TARGET": t.name, **overrides}
     blocks = -(-nq // (64 * consts["WG"]))
     if consts["PERSISTENT"]:
         return (min(blocks * hq * b, t.num_cus),), consts

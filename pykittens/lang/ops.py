@@ -383,6 +383,18 @@ def _index(t, dim, start):
     return dst
 
 
+def any_(cond: RT) -> Scalar:
+    """Whether any element of the boolean tile or vector `cond` is true, in any lane of the
+    wave: a wave-uniform condition for pk.if_ (a vote across lanes), e.g. to skip work no
+    row of the wave needs."""
+    _need_reg(cond, "any")
+    if cond.dtype != T.boolean:
+        raise error(f"pk.any takes a boolean tile or vector (a comparison), got {cond.type}")
+    out = new_value(T.ScalarType(T.boolean))
+    current().emit("any", out, (cond.v,))
+    return Scalar(out)
+
+
 def row_index(t, start=0) -> RT:
     """An i32 tile in the layout of tile (or tile type) `t` whose element (r, c) is
     start + r: its row in the whole problem, for masks (`pk.where(cols <= rows, s, -inf)`)."""

@@ -10,6 +10,7 @@ Op kinds (attrs in brackets):
   coord[layout, dim, scope]          element row/col each (lane, slot) holds under a layout
   mov(a)  bin(a, b)[op]  un(a)[op]  cmp(a, b)[op]  select(c, a, b)  cvt(a)
   fma(a, b, c)                       a * b + c, rounded once
+  any(c)                             uniform: whether c holds in any slot of any lane
   slots(a)[index]                    static gather of slots
   slot_reduce(a)[op, groups]         reduce groups of slots, left to right
   bfly(a)[op, bits]                  butterfly across lanes, one lane bit at a time

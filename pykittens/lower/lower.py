@@ -266,6 +266,10 @@ class _Lowering:
         self.emit("coord", c, layout=self.layouts[op.dst], dim=op.attrs["dim"], scope="wave")
         self.emit("bin", self.env[op.dst], (c, self.val(op.srcs[0])), op="add")
 
+    def op_any(self, op):
+        r = self.b.reg(T.boolean, uniform=True)
+        self.env[op.dst] = self.emit("any", r, (self.val(op.srcs[0]),))
+
     def op_select(self, op):
         for v in op.srcs[1:]:
             self._same_lanes(v.type, op.srcs[0].type, "where")
