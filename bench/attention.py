@@ -114,6 +114,22 @@ def correctness(rows, details):
     details.append({"check": "attention_gpu_vs_emulator", "rel_diff": diff, "ok": ok})
 
 
+def op(rows, details):
+    """pykittens.ops.attention (the torch operator) on GPU tensors, eager and compiled."""
+    import pykittens.ops as pko
+    q, k, v = _rand(2, 300, 8, 128), _rand(2, 400, 2, 128), _rand(2, 400, 2, 128)
+    want, want_lse = reference(q, k, v, True)
+    o, lse = pko.attention(q, k, v, causal=True, return_lse=True)
+    compiled = torch.compile(lambda a, b, c: pko.attention(a, b, c, causal=True),
+                             fullgraph=True)(q, k, v)
+    for name, got in (("eager", o), ("torch.compile(fullgraph=True)", compiled)):
+        err = float((got.double() - want).norm() / want.norm())
+        ok = err < 1e-2
+        rows.append(["op", f"pykittens.ops.attention ({name})", "bf16",
+                     "(2,8,2,300,400,128) causal", f"{err:.1e}", "ok" if ok else "FAIL"])
+        details.append({"check": f"op_{name}", "rel_err": err, "ok": ok})
+
+
 def _peers():
     """name -> fn(q, k, v, causal) on (B, N, H, D) tensors, for the peers importable here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -177,7 +193,7 @@ def main() -> int:
     env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     rows, details = [], []
-    for step in (correctness, performance):
+    for step in (correctness, op, performance):
         if args and step.__name__ not in args:
             continue
         try:

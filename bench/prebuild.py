@@ -14,15 +14,15 @@ from pykittens.toolchain import nvptx
 
 
 def attention():
-    from pykittens.kernels.attention import attention_fwd, hopper_schedules
+    import numpy as np
+    from pykittens.kernels.attention import attention_fwd, attention_fwd_launch, hopper_schedules
     for dt, d, causal in itertools.product(("bf16", "f16"), (64, 128), (0, 1)):
+        shapes = {n: np.empty((1, 8, 256, d), np.float16) for n in "qkv"}
         for over in hopper_schedules(d).values():
             if causal and over.get("PERSISTENT"):
                 continue
-            consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0,
-                      "WG": 2, "PERSISTENT": 0, "LAZY": 1, "num_waves": 12, "TARGET": "sm_90a",
-                      **over}
-            yield attention_fwd, {"DT": dt, **consts}
+            yield attention_fwd, {"DT": dt, **attention_fwd_launch(shapes, "sm_90a",
+                                                                   CAUSAL=causal, **over)[1]}
 
 
 def main() -> int:

@@ -250,8 +250,11 @@ def attention_fwd_launch(i: dict, target, **overrides):
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     if t.family != "hopper":
         raise NotImplementedError(f"attention_fwd has no schedule for {t.name} yet")
+    # chosen on the H200 (docs/PERF.md): 64-row head dims take three consumers in ping-pong
+    wide = {"WG": 3, "PINGPONG": 1, "num_waves": 16} if d == 64 else {}
     consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0, "WG": 2,
-              "PERSISTENT": 0, "LAZY": 1, "num_waves": 12, "TARGET": t.name, **overrides}
+              "PERSISTENT": 0, "LAZY": 1, "num_waves": 12, "TARGET": t.name, **wide,
+              **overrides}
     blocks = -(-nq // (64 * consts["WG"]))
     if consts["PERSISTENT"]:
         return (min(blocks * hq * b, t.num_cus),), consts
