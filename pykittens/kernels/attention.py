@@ -66,7 +66,7 @@ def _finish(acc, m, l_):
 
 
 def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT,
-            LAZY):
+            LAZY, cu_q=None, cu_k=None):
     """FlashAttention-3 form: a producer warpgroup and WG consumer warpgroups. The producer
     (24 registers) has one wave issue TMA copies: a tile's 64 * WG query rows, then its K
     and V blocks into two rings of STAGES stages. Each consumer (the rest of the SM's
@@ -79,17 +79,26 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
     PINGPONG=1: the consumers take turns issuing their matrix products, so one's softmax
     runs under another's. PERSISTENT=1 (not causal): a grid of one workgroup per SM walks
     the (query block, head, batch) tiles; the rings run on from tile to tile, so the next
-    tile's loads overlap this one's last products and its store."""
-    nq, nk = q.shape[2], k.shape[2]
-    heads, group = q.shape[1], q.shape[1] // k.shape[1]
-    bm, offset = 64 * WG, nk - nq
-    nqb = (nq + bm - 1) // bm
-    if PERSISTENT and CAUSAL:
-        raise ValueError("PERSISTENT=1 needs the same key blocks in every tile: not causal")
-    walk = pk.tile_walk(nqb * heads * q.shape[0], persistent=PERSISTENT)
+    tile's loads overlap this one's last products and its store.
+
+    With cu_q / cu_k (packed batches): q, o are (Hq, total_q, D), k, v (Hkv, total_k, D),
+    lse (Hq, total_q); sequence b holds rows cu[b] .. cu[b + 1] - 1; O and LSE are stored
+    from registers, bounded by the sequence's end (a TMA box would write the next
+    sequence's rows)."""
+    varlen = cu_q is not None
+    hdim = 0 if varlen else 1                              # where the head dim sits
+    heads, group = q.shape[hdim], q.shape[hdim] // k.shape[hdim]
+    bm = 64 * WG
+    if PERSISTENT and (CAUSAL or varlen):
+        raise ValueError("PERSISTENT=1 needs the same key blocks in every tile: not causal, "
+                         "not packed")
+    if not varlen:
+        nqb = (q.shape[2] + bm - 1) // bm
+    walk = pk.tile_walk(nqb * heads * q.shape[0] if PERSISTENT else 1, persistent=PERSISTENT)
 
     def tile(t):
-        """(first query row, head, batch, key blocks) of this workgroup's t-th tile."""
+        """This workgroup's t-th tile: first query row (in its sequence), head, batch, the
+        sequence's first query and key rows, lengths, and the key blocks to visit."""
         if PERSISTENT:
             i = walk.tile(t)
             qb, h, b = i % nqb, i // nqb % heads, i // nqb // heads
@@ -97,10 +106,21 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
             qb, h, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
             if CAUSAL:
                 qb = pk.num_programs(0) - 1 - qb          # the longest rows start first
+        if varlen:
+            qs, ks_ = cu_q[b], cu_k[b]
+            nq, nk = cu_q[b + 1] - qs, cu_k[b + 1] - ks_
+        else:
+            qs, ks_, nq, nk = 0, 0, q.shape[2], k.shape[2]
         blocks = (nk + BN - 1) // BN
         if CAUSAL:
-            blocks = _causal_blocks(blocks, qb * bm + bm, offset, BN)
-        return qb * bm, h, b, blocks
+            blocks = _causal_blocks(blocks, qb * bm + bm, nk - nq, BN)
+        if varlen:                                       # blocks past a short sequence
+            blocks = pk.where(qb * bm < nq, blocks, 0)
+        return qb * bm, h, b, qs, ks_, nq, nk, blocks
+
+    def at(b, h, row):
+        """Tensor coordinates of `row` of head h (of sequence b's rows, when packed)."""
+        return (h, row, 0) if varlen else (b, h, row, 0)
 
     sq = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(WG)]
     q_full, q_free = pk.mbarrier(1, count=WG), pk.mbarrier(4, count=WG)
@@ -109,21 +129,22 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
     vs = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
     # O leaves through each consumer's Q tile once its last Q K^T has retired (persistent:
     # a tile of its own, as the next tile's Q lands meanwhile)
-    out = [pk.StagedStore((64, D), DT, tile=None if PERSISTENT else sq[g]) for g in range(WG)]
+    out = None if varlen else [pk.StagedStore((64, D), DT, tile=None if PERSISTENT else sq[g])
+                               for g in range(WG)]
     turn = pk.mbarrier(4, count=WG) if PINGPONG else None
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
-                q0, h, b, blocks = tile(t)
+                q0, h, b, qs, ks_, nq, nk, blocks = tile(t)
                 for g in pk.static_range(WG):
                     if PERSISTENT:
                         with pk.if_(t > 0):
                             pk.wait(q_free[g], (t - 1) % 2)
-                    pk.tma_load(sq[g], q, (b, h, q0 + 64 * g, 0), q_full[g])
+                    pk.tma_load(sq[g], q, at(b, h, qs + q0 + 64 * g), q_full[g])
                 for j in pk.range(blocks):
                     for ring, src in ((ks, k), (vs, v)):
                         st = ring.acquire(t * blocks + j)
-                        pk.tma_load(st.t, src, (b, h // group, j * BN, 0), st.full)
+                        pk.tma_load(st.t, src, at(b, h // group, ks_ + j * BN), st.full)
     for g in pk.static_range(WG):
         # the SM's 64K registers: 24 a thread for the producer, the rest shared out
         with pk.role(4 + 4 * g, 4, regs={2: 240, 3: 160}[WG]):
@@ -132,7 +153,8 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
             s = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
             pa = pk.empty(pk.rt((16, BN), DT, role="a"))      # P of the previous block
             for t in walk:
-                q0, h, b, blocks = tile(t)
+                q0, h, b, qs, ks_, nq, nk, blocks = tile(t)
+                offset = nk - nq
                 row0 = q0 + 64 * g + 16 * (pk.wave_id() % 4)
                 step, r0 = t * blocks, t * (blocks + 1)      # ring steps, issue rounds
 
@@ -195,8 +217,12 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
                 if PERSISTENT:
                     pk.arrive(q_free[g])            # its last Q K^T has retired
                 res, row_lse = _finish(acc, m, l_)
-                out[g].store(o, res, (b, h, q0 + 64 * g, 0), use=t)
-                pk.store(lse, row_lse, (b, h, row0))
+                if varlen:                       # from registers, up to the sequence's end
+                    pk.store(o, res, (h, qs + row0, 0), end=(None, qs + nq, None))
+                    pk.store(lse, row_lse, (h, qs + row0), end=(None, qs + nq))
+                else:
+                    out[g].store(o, res, (b, h, q0 + 64 * g, 0), use=t)
+                    pk.store(lse, row_lse, (b, h, row0))
 
 
 @pk.kernel(num_waves=12)
