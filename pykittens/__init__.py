@@ -13,7 +13,7 @@ from .ir.types import (bf16, dtype_of, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e8m0, f16
                        i32)
 from .lang.kernel import Kernel, const, gl, kernel
 from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
-from .lang.ops import (abs, add, barrier, cast, col_index, col_max, col_sum, convert, copy, div,
+from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, col_sum, convert, copy, div,
                        else_, empty, exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
                        mask_outside, max, min, mma_AB, mma_ABt, mma_AtB, mma_wait, mul,
                        num_programs, num_waves, program_id, range, row_index, row_max, row_sum,

@@ -152,14 +152,30 @@ def test_mma_abt_shape_errors():
     with pytest.raises(pk.NotSupportedYet, match="Hopper's wgmma form"):
         compiler.lane_ir(wide, "gfx950", K=64)
 
-    @pk.kernel(num_waves=4)
-    def shared_a_ab(a: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2]):
-        s = pk.empty(pk.st((64, 64), pk.bf16, swizzle=8))
-        acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
-        pk.mma_AB(acc, s, s)
 
-    with pytest.raises(pk.KernelError, match="pairs with b stored N x K: use mma_ABt"):
-        compiler.lane_ir(shared_a_ab, "sm_90a")
+
+def test_mma_ab_with_both_operands_in_shared_memory(rng):
+    """A from a (64, K) shared tile (K-major) times B stored K x N (MN-major, N up to two
+    128-byte column blocks): wgmma with imm-trans-b."""
+    @pk.kernel(num_waves=4)
+    def shared_ab(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2]):
+        sa = pk.empty(pk.st((64, 64), pk.bf16, swizzle=8))
+        sb = pk.empty(pk.st((64, 128), pk.bf16, swizzle=8))
+        pk.load(sa, a)
+        pk.load(sb, b)
+        pk.barrier()
+        acc = pk.empty(pk.rt((16, 128), pk.f32, role="acc"))
+        pk.mma_AB(acc, sa, sb, c=0)
+        pk.store(c, acc, (16 * pk.wave_id(), 0))
+
+    a = rng.standard_normal((64, 64)).astype(pk.bf16.np)
+    b = rng.standard_normal((64, 128)).astype(pk.bf16.np)
+    c = pk.emulate(shared_ab, a, b, np.zeros((64, 128), np.float32), grid=1,
+                   target="sm_90a")["c"]
+    assert rel_err(c, a.astype(np.float64) @ b.astype(np.float64)) < 1e-6
+    ptx = compiler.assembly(shared_ab, "sm_90a")
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s+"
+                     r"\{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, 0, 1;", ptx)
 
 
 # ---- asynchronous wgmma groups (in_flight=, pk.mma_wait) ----------------------------------

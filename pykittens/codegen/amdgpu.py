@@ -445,6 +445,12 @@ class AMDGPURenderer(Renderer):
                   [str(val), f"ptr addrspace(8) {self.resource(gl)}",
                    str(self._boff(off, d.bytes, mask)), "i32 0", "i32 0"])
 
+    def atomic_add_elem(self, gl, off, mask, val):
+        # out-of-range offsets are dropped by the hardware, as for stores
+        self.call("float", "llvm.amdgcn.raw.ptr.buffer.atomic.fadd.f32",
+                  [str(val), f"ptr addrspace(8) {self.resource(gl)}",
+                   str(self._boff(off, 4, mask)), "i32 0", "i32 0"])
+
     # -- matrix instructions -------------------------------------------------------------
     def _mfma_operand(self, reg: Value, slots, ins) -> Value:
         """The operand register group of one MFMA, typed as the intrinsic wants it."""

@@ -773,6 +773,17 @@ class Renderer:
         self.ins(f"br label %{join}")
         self.start_block(join)
 
+    def r_gatomic_add(self, op):
+        """Every element of the window added atomically where it lies inside the tensor."""
+        gl = op.srcs[0]
+        val = self._norm(op.srcs[-1], op.attrs["layout"].nslots)
+        for first, k, off, ok, run_full, last, align in self._tensor_window(op, 1):
+            for i, (oi, vi) in enumerate(self._elements(off, ok, last, k)):
+                self.atomic_add_elem(gl, oi, vi, self.extract(val, first + i))
+
+    def atomic_add_elem(self, gl, off: Value, mask: Value, val: Value):
+        raise NotImplementedError
+
     def _lds_runs(self, op, at_origin=False):
         """Per-run LDS byte address and whether the run is one aligned vector access. A run
         stays contiguous through the swizzle when it fits in one 16-byte chunk. at_origin:

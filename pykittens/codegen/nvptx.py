@@ -109,6 +109,16 @@ class NVPTXRenderer(Renderer):
         self.ins(f"br label %{skip}")
         self.start_block(skip)
 
+    def atomic_add_elem(self, gl, off, mask, val):
+        do, skip = self.label("atom_one"), self.label("atom_next")
+        self.ins(f"br i1 {mask.text}, label %{do}, label %{skip}")
+        self.start_block(do)
+        p = self._ptr(gl, off)
+        self.ins(f'atomicrmw fadd ptr addrspace(1) {p.text}, {val} syncscope("device") '
+                 f'monotonic, align 4')
+        self.ins(f"br label %{skip}")
+        self.start_block(skip)
+
     def r_mma(self, op):
         """One warp-level mma.sync (inline PTX: LLVM's NVVM intrinsics do not cover every
         type); operands are passed as the 32-bit registers the fragments occupy."""
@@ -434,7 +444,8 @@ class NVPTXRenderer(Renderer):
         fp8 = region.tile.dtype.bits == 8
         # fp8 wgmma has no transpose operands (K-major only); 16-bit ones take imm-trans-b
         # (and imm-trans-a with A in shared memory): 1 = MN-major
-        trans = "" if fp8 else (", 0, 0" if a_region is not None else f", {int(not kmajor)}")
+        b_trans = int(not kmajor)
+        trans = "" if fp8 else (f", 0, {b_trans}" if a_region is not None else f", {b_trans}")
         if a_region is None:
             a = self.read(op.srcs[0])
             per = 32 * 4 // region.tile.dtype.bits          # elements in 4 words

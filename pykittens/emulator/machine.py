@@ -415,6 +415,12 @@ class _Machine:
         v = np.broadcast_to(self.get(w, op.srcs[-1]), off.shape)
         buf.flat[off[mask]] = V.to_dtype(v[mask], T.dtype_of(buf.flat.dtype))
 
+    def x_gatomic_add(self, w, op):
+        buf, off, mask = self._tensor_window(w, op, 1)
+        self._gcheck(w, op, buf, off, mask)
+        v = np.broadcast_to(self.get(w, op.srcs[-1]), off.shape)
+        np.add.at(buf.flat, off[mask], v[mask].astype(buf.flat.dtype))
+
     # -- LDS ------------------------------------------------------------------------------
     def _lds_bytes(self, w, op, origin=None):
         """Byte indices [W*nslots*esz] of an LDS window, after bounds checks."""

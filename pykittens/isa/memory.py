@@ -97,6 +97,8 @@ class BufferResource:
 
 
 def compile_mubuf(inst, ctx):
+    if inst.op == "buffer_atomic_add_f32":
+        return _compile_atomic_add_f32(inst)
     m = re.fullmatch(r"buffer_(load|store)_(\w+)", inst.op)
     if not m or m.group(2) not in _BUF:
         return None
@@ -390,3 +392,31 @@ def compile_ds(inst, ctx):
             w.wg.lds_write(w, _lds_addr(addr(w), o)[lanes], raw[lanes], inst)
         w.wg.waits.issue(w, "lgkm", (), inst=inst)
     return ds_write
+
+
+def _compile_atomic_add_f32(inst):
+    """BUFFER_ATOMIC_ADD_F32 (CDNA3 ISA, "MUBUF Instructions"; raw buffer, no return
+    value without GLC): each active lane in range adds its f32 to the dword at its offset,
+    lanes in turn (lane order: one fixed order among those the hardware may take)."""
+    if inst.mods.get("glc") or inst.mods.get("idxen"):
+        raise ISAError(f"{inst.where()}: returning or indexed buffer atomics are not emulated")
+    vdata, vaddr, rsrc, soff = inst.ops
+    offen = bool(inst.mods.get("offen"))
+    inst_off = int(inst.mods.get("offset", 0))
+    voff, soffset, val = (vsrc(vaddr) if offen else None), ssrc(soff), vsrc(vdata)
+    r = rsrc.reg
+
+    def atomic_add(w):
+        res = BufferResource([w.s[r + i] for i in range(4)])
+        off = (np.broadcast_to(np.asarray(voff(w), np.int64), (LANES,)) if offen
+               else np.zeros(LANES, np.int64)) + inst_off
+        ok = (off + 4 <= res.num_records) & w.exec
+        if ok.any():
+            base, data, name = w.wg.mem.region(res.base)
+            start = res.base - base + off + soffset(w)
+            words = np.broadcast_to(np.asarray(val(w), U32), (LANES,)).view(np.float32)
+            for lane in np.flatnonzero(ok):
+                cell = data[start[lane]:start[lane] + 4].view(np.float32)
+                cell[0] = np.float32(cell[0] + words[lane])
+        w.wg.waits.issue(w, "vm", (), inst=inst)
+    return atomic_add

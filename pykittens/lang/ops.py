@@ -298,6 +298,20 @@ def store(dst, src: Tile, coord=None, end=None) -> None:
                     f"got {type(dst).__name__}")
 
 
+def atomic_add(dst, src: Tile, coord=None, end=None) -> None:
+    """dst[window] += src, element by element atomically (f32 tensors): how workgroups that
+    each hold part of a sum add it into one tensor (e.g. attention's dQ over key blocks).
+    Elements outside the tensor (or past `end=`) are not touched. The order of the additions
+    between workgroups is not fixed, so the result can differ in its last bits run to run."""
+    if not isinstance(dst, GL) or not isinstance(src, RT) or isinstance(src, RV):
+        raise error("pk.atomic_add adds a register tile (pk.rt) into a global tensor")
+    if dst.dtype != T.f32:
+        raise error(f"pk.atomic_add adds into f32 tensors, not {dst.dtype}")
+    _check_window(src.type, dst.type, "atomic_add")
+    current().emit("atomic_add", dst.v, (src.v,) + _coords(coord, dst.rank, "atomic_add"),
+                   end=_ends(end, dst, "atomic_add"))
+
+
 def _check_subtile(tshape, sshape, coord, what):
     if tshape[0] > sshape[0] or tshape[1] > sshape[1]:
         raise error(f"{what}: register tile {tshape} does not fit in shared tile {sshape}")
@@ -726,9 +740,6 @@ def _mma_shared_b(trans, d: RT, a, b: ST, c, in_flight=0):
     if not isinstance(d, RT) or d.type.role != "acc" or d.dtype != T.f32:
         raise error(f"{name}: d must be an f32 accumulator tile: pk.rt(..., pk.f32, role='acc')")
     if isinstance(a, ST):
-        if trans != "NT":
-            raise error("a shared a (the warpgroup's 64 rows) pairs with b stored N x K: "
-                        "use mma_ABt")
         if a.shape[0] != 64:
             raise error(f"{name}: a shared a holds the warpgroup's 64 rows: (64, K), "
                         f"got {a.shape}")

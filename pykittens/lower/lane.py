@@ -21,6 +21,8 @@ Op kinds (attrs in brackets):
                                      (both: `ends`, optional, per window dim an extra
                                      exclusive bound register or None)
   sload(gl, *index)                  one element, uniform (0 outside the tensor)
+  gatomic_add(gl, *lead, *origin, val)[layout, dims, scope, ends?]   gstore's window, each
+                                     element added atomically
   lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
                                      shared tile (region.byte_offset gives the swizzle)
   lds_load_tr(r0, c0)[region, layout, source, scope]   gfx950 transpose read: each lane

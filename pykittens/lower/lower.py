@@ -627,6 +627,13 @@ class _Lowering:
         self.emit("gload_lds", None, (gl, *c[:-2], *c[-2:]), region=region, layout=lay,
                   dims=(0, 1), scope="workgroup", vec=vec)
 
+    def op_atomic_add(self, op):
+        gl = self.val(op.dst)
+        lay, dims, lead, origin = self._window(op.srcs[0], op.srcs[1:])
+        val = self.cvt(self.val(op.srcs[0]), T.f32)
+        self.emit("gatomic_add", None, (gl, *lead, *origin, val), layout=lay, dims=dims,
+                  scope="wave", **self._ends(op.attrs.get("end"), gl, dims))
+
     def op_store(self, op):
         dst_v, src_v, coords_v = op.dst, op.srcs[0], op.srcs[1:]
         if isinstance(dst_v.type, T.GlobalType):
