@@ -25,6 +25,25 @@ def attention():
                                                                    CAUSAL=causal, **over)[1]}
 
 
+def attention_bwd():
+    """The forward's default build and every backward pass, as pykittens.ops.attention's
+    autograd launches them."""
+    import numpy as np
+    from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
+    from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
+                                                 attention_bwd_launch, attention_bwd_prep)
+    for dt, d, causal in itertools.product(("bf16", "f16"), (64, 128), (0, 1)):
+        shapes = {n: np.empty((1, 8, 256, d), np.float16) for n in "qkv"}
+        yield attention_fwd, {"DT": dt, **attention_fwd_launch(shapes, "sm_90a",
+                                                               CAUSAL=causal)[1]}
+        for det in (False, True):
+            plans = attention_bwd_launch(shapes, "sm_90a", deterministic=det, CAUSAL=causal)
+            for kernel, plan in zip((attention_bwd_prep, attention_bwd, attention_bwd_dq),
+                                    plans):
+                if plan is not None:
+                    yield kernel, {"DT": dt, **plan[1]}
+
+
 def main() -> int:
     t0, n = time.time(), 0
     for family in sys.argv[1:] or ["attention"]:

@@ -350,8 +350,11 @@ class NVPTXRenderer(Renderer):
                          f'{_asm_operands(2, rank)}], [${2 + rank}];", "r,l,{regs},r,~{{memory}}"'
                          f'(i32 {block_addr(j).text}, i64 {tmap.text}, {args}, i32 {bar.text})')
             else:
-                self.ins(f'call void asm sideeffect "cp.async.bulk.tensor.{rank}d.global.'
-                         f'shared::cta.bulk_group [$0, {_asm_operands(1, rank)}], [${1 + rank}];", '
+                copy = ("cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile"
+                        if op.attrs.get("add") else "cp.async.bulk.tensor.{}d.global.shared::cta"
+                        ).format(rank)
+                self.ins(f'call void asm sideeffect "{copy}.bulk_group '
+                         f'[$0, {_asm_operands(1, rank)}], [${1 + rank}];", '
                          f'"l,{regs},r,~{{memory}}"(i64 {tmap.text}, {args}, '
                          f'i32 {block_addr(j).text})')
 

@@ -505,7 +505,8 @@ class _Machine:
 
     def x_tma_store(self, w, op):
         """The tile is read (ordered after every wave's writes to it, as a barrier would
-        order them) and written to the tensor box, clipped to the tensor."""
+        order them) and written to (add: added into) the tensor box, clipped to the
+        tensor."""
         buf, region = self.bufs[op.attrs["gl"].name], self.at(w, op.attrs["region"])
         t = region.tile
         *lead, r0, c0 = (int(self.get(w, s)) for s in op.srcs)
@@ -515,7 +516,11 @@ class _Machine:
         self._check_lds_read(w, op, idx)
         vals = _lds_values(w.wg.lds, idx, t.dtype).reshape(t.shape)
         off, mask = _box(buf, rows + r0, cols + c0, lead)
-        buf.flat[off[mask]] = vals[mask]
+        if op.attrs.get("add"):
+            vals = (buf.flat[off[mask]].astype(np.float32) + vals[mask].astype(np.float32))
+            buf.flat[off[mask]] = vals.astype(buf.flat.dtype)
+        else:
+            buf.flat[off[mask]] = vals[mask]
 
     def _lds_write(self, w, op, value, origin):
         d = op.attrs["region"].tile.dtype

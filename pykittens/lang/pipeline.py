@@ -102,9 +102,10 @@ class StagedStore:
         self.stored = mbarrier(waves)            # every wave of the group wrote its rows
         self.drained = mbarrier(1)               # the TMA copy has read the tile
 
-    def store(self, dst, tile, coord, use=0) -> None:
+    def store(self, dst, tile, coord, use=0, add: bool = False) -> None:
         """Store this wave's register `tile` (its rows of the group's block) to `dst` at
-        `coord` (the block's origin), `use` counting the calls (0, 1, ...: phases)."""
+        `coord` (the block's origin), `use` counting the calls (0, 1, ...: phases); with
+        add=True the block is added into `dst` (pk.tma_store's reduction)."""
         rows = tile.shape[0]
         w = ops.wave_id() % self.waves
         if not isinstance(use, int):
@@ -117,5 +118,5 @@ class StagedStore:
         arrive(self.stored)
         with ops.if_(w == 0):
             wait(self.stored, use % 2)
-            tma_store(dst, self.tile, coord)
+            tma_store(dst, self.tile, coord, add=add)
             arrive(self.drained)

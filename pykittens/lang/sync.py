@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 
 from ..ir import types as T
+from ..ir.nodes import Block
 from . import ops
 from .trace import current, error, new_value
 from .values import Scalar, Tile, as_scalar
@@ -85,9 +86,11 @@ def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> N
                    rows=box_rows)
 
 
-def tma_store(dst, src, coord) -> None:
+def tma_store(dst, src, coord, add: bool = False) -> None:
     """Hopper bulk tensor copy (TMA) the other way: tensor `dst` at element `coord` <- the
-    whole shared tile `src`; elements outside the tensor are not written. The calling wave
+    whole shared tile `src`; elements outside the tensor are not written. With add=True the
+    tile is added into the tensor instead (the TMA unit's reduction at L2: concurrent adds
+    from many workgroups are each applied once, in no fixed order). The calling wave
     issues it once every wave's writes to `src` are ordered before it (a pk.barrier()), and
     waits until the copy has read `src`, so the tile can be reused right after."""
     from .values import GL, ST
@@ -96,8 +99,10 @@ def tma_store(dst, src, coord) -> None:
     t = _check_tma("tma_store", dst, src, "source")
     if t.shape[0] > 256:                     # the box is the whole tile
         raise error("a TMA box has at most 256 elements per dim")
+    if add and t.dtype.name not in ("f32", "f16", "bf16"):
+        raise error(f"pk.tma_store(add=True) adds f32, f16 or bf16 tiles, not {t.dtype}")
     c = ops._coords(coord, dst.rank, "tma_store")
-    current().emit("tma_store", dst.v, (src.v,) + c)
+    current().emit("tma_store", dst.v, (src.v,) + c, add=bool(add))
 
 
 def _check_tma(name, gl, st, side):
@@ -125,7 +130,9 @@ def role(first_wave: int, num_waves: int, regs: int | None = None):
     """`with pk.role(first_wave, num_waves, regs=None):` — a body only waves
     [first_wave, first_wave + num_waves) run. On Hopper whole warpgroups (4 waves) take a
     role and `regs` sets their register budget (setmaxnreg: producers give registers to
-    consumers); elsewhere `regs` is ignored."""
+    consumers); elsewhere `regs` is ignored. A role written right after roles of other
+    waves becomes the else branch of theirs: values computed before the roles then stay
+    live only in the branches that use them (not through a producer's small budget)."""
     tr = current()
     if not (isinstance(first_wave, int) and isinstance(num_waves, int) and num_waves >= 1
             and 0 <= first_wave and first_wave + num_waves <= tr.num_waves):
@@ -133,9 +140,34 @@ def role(first_wave: int, num_waves: int, regs: int | None = None):
                     f"workgroup's {tr.num_waves} waves")
     if regs is not None and (not isinstance(regs, int) or regs % 8 or not 24 <= regs <= 256):
         raise error("role regs must be a multiple of 8 in 24..256 (setmaxnreg)")
-    w = ops.wave_id()
-    inside = (w >= first_wave) & (w < first_wave + num_waves)
-    with ops.if_(inside):
-        if regs is not None:
-            tr.emit("setmaxnreg", regs=regs, first_wave=first_wave, num_waves=num_waves)
-        yield
+    waves = set(range(first_wave, first_wave + num_waves))
+    chain = _role_chain(tr.blocks[-1], waves)
+    if chain is not None:                      # the else branch of the roles before it
+        chain.regions.append(Block())
+        tr.blocks.append(chain.regions[-1])
+    try:
+        w = ops.wave_id()
+        inside = (w >= first_wave) & (w < first_wave + num_waves)
+        with ops.if_(inside):
+            tr.blocks[-2].ops[-1].attrs["role_waves"] = waves | (
+                chain.attrs["role_waves"] if chain is not None else set())
+            if regs is not None:
+                tr.emit("setmaxnreg", regs=regs, first_wave=first_wave, num_waves=num_waves)
+            yield
+    finally:
+        if chain is not None:
+            tr.blocks.pop()
+
+
+def _role_chain(block, waves):
+    """The innermost role branch without an else that ends `block`, if its roles' waves
+    are disjoint from `waves` (then the new role may be its else branch)."""
+    op = block.ops[-1] if block.ops else None
+    while op is not None and op.kind == "if" and "role_waves" in op.attrs:
+        if op.attrs["role_waves"] & waves:
+            return None
+        if len(op.regions) == 1:
+            return op
+        inner = op.regions[1].ops
+        op = inner[-1] if inner else None
+    return None

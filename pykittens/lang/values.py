@@ -216,6 +216,18 @@ class ST(Tile):
     def shape(self):
         return self.type.shape
 
+    def atom(self, j: int) -> "ST":
+        """Column block j of a swizzle=8 tile stored as 128-byte column blocks (rows wider
+        than 128 bytes): a (rows, 128 bytes) tile of its own, e.g. one half of a (64, 128)
+        bf16 tile, for an mma that takes 64 of its columns."""
+        t = self.type
+        if not isinstance(j, int) or not 0 <= j < t.atoms:
+            raise error(f"atom({j!r}): {t} has {t.atoms} column block(s) of 128 bytes; "
+                        f"j is a Python int below that")
+        out = new_value(T.SharedTileType(t.dtype, (t.shape[0], 128 // t.dtype.bytes), 8))
+        current().emit("atom", out, (self.v,), index=j)
+        return ST(out)
+
 
 class Stages:
     """`count` shared tiles or mbarriers allocated together (pk.empty(type, count=n),

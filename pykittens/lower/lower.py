@@ -204,6 +204,16 @@ class _Lowering:
         else:
             self.env[op.dst] = dataclasses.replace(arr, stage=idx)
 
+    def op_atom(self, op):
+        """Column block j of a tile stored as 128-byte column blocks: the same region
+        (stages and all) moved to the block and typed as a 128-byte-wide tile."""
+        src, t = self.env[op.srcs[0]], op.dst.type
+        block = t.shape[0] * 128
+        self.env[op.dst] = dataclasses.replace(
+            src, name=f"{src.name}.atom{op.attrs['index']}",
+            base=src.base + op.attrs["index"] * block, tile=t,
+            size=src.size - src.tile.nbytes + block)
+
     def op_fill(self, op):
         dst = self.env[op.dst]
         self.emit("mov", dst, (self.val(op.srcs[0]),))
@@ -708,7 +718,7 @@ class _Lowering:
         st = st_v.type
         desc = self._tmap(op.dst, (st.shape[0], st.shape[1] // st.atoms), st.swizzle == 8)
         self.emit("tma_store", None, tuple(self.val(c) for c in coords), gl=op.dst, tmap=desc,
-                  region=self.env[st_v])
+                  region=self.env[st_v], add=op.attrs.get("add", False))
 
     def op_setmaxnreg(self, op):
         if self.t.family != "hopper":

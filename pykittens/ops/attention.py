@@ -1,4 +1,5 @@
-"""Attention forward as a torch operator over the library's `attention_fwd`."""
+"""Attention as a differentiable torch operator: the forward over the library's
+`attention_fwd`, the backward (registered with torch's autograd) over `attention_bwd`."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,8 @@ import numpy as np
 import torch
 
 from ..kernels.attention import attention_fwd, attention_fwd_launch
+from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq, attention_bwd_launch,
+                                     attention_bwd_prep)
 
 DTYPES = (torch.bfloat16, torch.float16)
 # the kernel schedule CPU tensors are emulated with (any pykittens target)
@@ -52,7 +55,7 @@ def _check(q, k, v, scale):
 
 @torch.library.custom_op("pykittens::attention_fwd", mutates_args=())
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     b, nq, hq, _ = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
@@ -71,31 +74,123 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 def _emulate(views, lse, causal, scale):
     from .. import emulate
-    arrays = [x.detach().contiguous() for x in views]       # (B, H, N, D), numpy-viewable
-    dt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[arrays[0].dtype]
-    npy = [_to_numpy(x, dt) for x in arrays]
+    npy = [_to_numpy(x) for x in views]
     grid, consts = attention_fwd_launch({"q": npy[0], "k": npy[1], "v": npy[2]},
                                         EMULATE_TARGET, CAUSAL=int(causal))
     out = emulate(attention_fwd, *npy, np.zeros(tuple(lse.shape), np.float32), scale,
                   grid=grid, target=EMULATE_TARGET, **consts)
-    o = torch.from_numpy(out["o"].view(np.int16).copy()).view(arrays[0].dtype)
-    return o.transpose(1, 2).contiguous(), torch.from_numpy(out["lse"].copy())
+    return _bhnd(_from_numpy(out["o"], views[0].dtype)), torch.from_numpy(out["lse"].copy())
 
 
-def _to_numpy(t, dt):
+def _to_numpy(t):
+    """A CPU tensor as a numpy array of the same values (bf16 as ml_dtypes.bfloat16)."""
     import ml_dtypes
-    np_dt = ml_dtypes.bfloat16 if dt == "bfloat16" else np.float16
+    t = t.detach().contiguous()
+    if t.dtype == torch.float32:
+        return t.numpy()
+    np_dt = ml_dtypes.bfloat16 if t.dtype == torch.bfloat16 else np.float16
     return t.view(torch.int16).numpy().view(np_dt)
 
 
+def _from_numpy(a, dtype):
+    if a.dtype == np.float32:
+        return torch.from_numpy(a.copy()).to(dtype)
+    return torch.from_numpy(a.view(np.int16).copy()).view(dtype)
+
+
+def _bhnd(t):
+    """A (B, H, N, D) result back in the op's (B, N, H, D) layout."""
+    return t.transpose(1, 2).contiguous()
+
+
 @_attention_fwd.register_fake
-def _(q, k, v, causal, scale):
+def _(q, k, v, causal, scale, deterministic):
     b, nq, hq, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, hq, nq), dtype=torch.float32)
 
 
+@torch.library.custom_op("pykittens::attention_bwd", mutates_args=())
+def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   o: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+                   causal: bool, scale: float, deterministic: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of the forward's O (and LSE, when its gradient dlse is given)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    b, nq, hq, _ = q.shape
+    views = [x.transpose(1, 2) for x in (q, k, v, do.contiguous(), o)]   # (B, H, N, D)
+    if q.device.type == "cpu":
+        return _emulate_bwd(views, lse, dlse, causal, scale, deterministic)
+    from ..runtime.launch import gpu_target, launch
+    qv, kv, vv, dov, ov = views
+    plans = attention_bwd_launch({"q": qv, "k": kv}, gpu_target(q.device.index or 0),
+                                 deterministic=deterministic, CAUSAL=int(causal))
+    (pgrid, pconsts), (grid, consts), dq_plan = plans
+    delta = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
+    launch(attention_bwd_prep, ov, dov, delta, grid=pgrid, **pconsts)
+    if dlse is not None:                 # d lse / d s = P: folds into dS = P (dP - delta)
+        delta -= dlse
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq32 = q.new_zeros(q.shape, dtype=torch.float32)
+    launch(attention_bwd, qv, kv, vv, dov, lse, delta, dq32.transpose(1, 2),
+           dk.transpose(1, 2), dv.transpose(1, 2), scale, grid=grid, **consts)
+    if dq_plan is None:
+        return dq32.to(q.dtype), dk, dv
+    dq = torch.empty_like(q)
+    launch(attention_bwd_dq, qv, kv, vv, dov, lse, delta, dq.transpose(1, 2), scale,
+           grid=dq_plan[0], **dq_plan[1])
+    return dq, dk, dv
+
+
+def _emulate_bwd(views, lse, dlse, causal, scale, deterministic):
+    from .. import emulate
+    q, k, v, do, o = (_to_numpy(x) for x in views)
+    (pgrid, pconsts), (grid, consts), dq_plan = attention_bwd_launch(
+        {"q": q, "k": k}, EMULATE_TARGET, deterministic=deterministic, CAUSAL=int(causal))
+    run = dict(target=EMULATE_TARGET)
+    delta = emulate(attention_bwd_prep, o, do, np.zeros(lse.shape, np.float32), grid=pgrid,
+                    **run, **pconsts)["delta"]
+    if dlse is not None:
+        delta = delta - _to_numpy(dlse.float())
+    out = emulate(attention_bwd, q, k, v, do, _to_numpy(lse), delta,
+                  np.zeros(q.shape, np.float32), np.zeros_like(k), np.zeros_like(v), scale,
+                  grid=grid, **run, **consts)
+    dtype = views[0].dtype
+    dq = _from_numpy(out["dq"], dtype)
+    if dq_plan is not None:
+        dq = _from_numpy(emulate(attention_bwd_dq, q, k, v, do, _to_numpy(lse), delta,
+                                 np.zeros_like(q), scale, grid=dq_plan[0], **run,
+                                 **dq_plan[1])["dq"], dtype)
+    return _bhnd(dq), _bhnd(_from_numpy(out["dk"], dtype)), _bhnd(_from_numpy(out["dv"], dtype))
+
+
+@_attention_bwd.register_fake
+def _(do, q, k, v, o, lse, dlse, causal, scale, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = _attention_bwd(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale,
+                                ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("pykittens::attention_fwd", _backward,
+                                setup_context=_setup_context)
+
+
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
-              return_lse: bool = False):
+              return_lse: bool = False, deterministic: bool = False):
     """Scaled dot-product attention on (batch, seq, heads, head_dim) tensors, as
     FlashAttention's `flash_attn_func` takes them: O = softmax(Q K^T * scale) V per head,
     bfloat16 or float16, head dim 64 or 128, Hq a multiple of Hkv (grouped-query attention:
@@ -105,9 +200,14 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     return_lse=True also the log-sum-exp of each row's scores, (batch, heads, seq) float32
     (natural log; -inf where a row sees no key).
 
+    Differentiable: the backward computes dQ, dK, dV (summed over each key/value head's
+    group) with `attention_bwd`; dQ is accumulated with f32 atomics, whose order of additions
+    varies between runs, unless deterministic=True (a separate dQ pass in a fixed order).
+
         >>> o = pykittens.ops.attention(q, k, v, causal=True)
+        >>> o.float().square().sum().backward()
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     _check(q, k, v, scale)
-    o, lse = _attention_fwd(q, k, v, bool(causal), scale)
+    o, lse = _attention_fwd(q, k, v, bool(causal), scale, bool(deterministic))
     return (o, lse) if return_lse else o

@@ -1,0 +1,175 @@
+"""Attention backward on a CUDA GPU (H200): gradients of pykittens.ops.attention against float64
+torch autograd at ragged shapes, the deterministic mode's repeatability, then forward+backward
+TFLOP/s against torch SDPA (cuDNN) and FlashAttention-4's CuTe-DSL kernels when importable,
+all in one run. TFLOP/s of forward+backward = 3.5 x the forward's 4 B Hq Nq Nk D / time
+(halved for causal); the backward alone = 2.5 x.
+
+    PYTHONPATH=. python3 bench/attention_bwd.py                 # everything
+    PYTHONPATH=. python3 bench/attention_bwd.py correctness     # only the named steps
+Details go to $OUT/attention_bwd.json when OUT is set; a table is printed last.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from pykittens.bench import text_table
+from pykittens.bench.gpu import graph_time
+
+DEV = "cuda"
+# (B, Hq, Hkv, N, D, causal): the shapes the backward is judged on
+SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1), (16, 32, 8, 4096, 128, 0),
+          (16, 32, 8, 4096, 128, 1), (16, 32, 32, 4096, 64, 0)]
+
+
+def reference(q, k, v, causal):
+    """float64 attention on (B, N, H, D) tensors by plain torch ops (GQA by repeating K/V)."""
+    qd, kd, vd = (x.transpose(1, 2) for x in (q, k, v))
+    g = qd.shape[1] // kd.shape[1]
+    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
+    s = qd @ kd.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    nq, nk = s.shape[-2:]
+    if causal:
+        keep = torch.arange(nk, device=q.device)[None, :] <= \
+            torch.arange(nq, device=q.device)[:, None] + (nk - nq)
+        s = s.masked_fill(~keep, float("-inf"))
+    return (torch.softmax(s, -1).nan_to_num(0.0) @ vd).transpose(1, 2)
+
+
+def _leaves(b, nq, nk, hq, hkv, d, dtype=torch.bfloat16):
+    mk = lambda n, h: torch.randn(b, n, h, d, device=DEV, dtype=dtype,  # noqa: E731
+                                  requires_grad=True)
+    return mk(nq, hq), mk(nk, hkv), mk(nk, hkv)
+
+
+def correctness(rows, details):
+    """dQ, dK, dV of the op against float64 autograd: ragged shapes, causal or not, MHA and
+    GQA, both head dims, bf16 and f16, atomics and the deterministic dQ pass."""
+    import pykittens.ops as pko
+    cases = [(2, 1000, 1000, 4, 4, 128, 0), (2, 1000, 1000, 4, 4, 128, 1),
+             (1, 777, 1300, 8, 2, 64, 1), (1, 1300, 777, 8, 2, 64, 1),
+             (2, 512, 512, 6, 3, 64, 0), (1, 129, 4000, 2, 1, 128, 0)]
+    for dt in (torch.bfloat16, torch.float16):
+        for b, nq, nk, hq, hkv, d, causal in cases:
+            q, k, v = _leaves(b, nq, nk, hq, hkv, d, dt)
+            do = torch.randn(b, nq, hq, d, device=DEV, dtype=dt)
+            leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+            want = torch.autograd.grad(reference(*leaves64, causal), leaves64, do.double())
+            for det in (False, True):
+                got = torch.autograd.grad(pko.attention(q, k, v, causal=bool(causal),
+                                                        deterministic=det), (q, k, v), do)
+                errs = [float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want)]
+                ok = max(errs) < 2e-2
+                shape = f"({b},{hq},{hkv},{nq},{nk},{d}){' causal' if causal else ''}"
+                rows.append(["grad", "deterministic" if det else "atomic dQ",
+                             str(dt).split(".")[1], shape,
+                             " ".join(f"{e:.1e}" for e in errs), "ok" if ok else "FAIL"])
+                details.append({"check": "gradients", "shape": shape, "dtype": str(dt),
+                                "deterministic": det, "rel_err_dq_dk_dv": errs, "ok": ok})
+    q, k, v = _leaves(2, 1000, 1000, 8, 2, 128)
+    do = torch.randn_like(q)
+    runs = [torch.autograd.grad(pko.attention(q, k, v, causal=True, deterministic=True),
+                                (q, k, v), do) for _ in range(3)]
+    same = all(torch.equal(a, b) for r in runs[1:] for a, b in zip(runs[0], r))
+    rows.append(["grad", "deterministic: 3 runs bitwise equal", "bf16", "(2,8,2,1000,128)",
+                 "", "ok" if same else "FAIL"])
+    details.append({"check": "deterministic_repeatable", "ok": same})
+
+
+def _peers():
+    """name -> fn(q, k, v, causal) -> O on (B, N, H, D) leaves, for the peers importable."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import pykittens.ops as pko
+
+    def cudnn(q, k, v, causal):
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=bool(causal), enable_gqa=kt.shape[1] != qt.shape[1])
+
+    peers = {"pykittens": lambda q, k, v, c: pko.attention(q, k, v, causal=bool(c)),
+             "pykittens deterministic": lambda q, k, v, c: pko.attention(
+                 q, k, v, causal=bool(c), deterministic=True),
+             "torch SDPA (cuDNN)": cudnn}
+    try:
+        from flash_attn.cute import flash_attn_func
+        peers["FA4 (flash_attn.cute)"] = lambda q, k, v, c: flash_attn_func(
+            q, k, v, causal=bool(c))
+    except Exception as e:  # noqa: BLE001 - the peer is optional here
+        peers["FA4 (flash_attn.cute)"] = f"not importable: {type(e).__name__}: {e}"[:80]
+    return peers
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def performance(rows, details):
+    peers = _peers()
+    for b, hq, hkv, n, d, causal in SHAPES:
+        q, k, v = _leaves(b, n, n, hq, hkv, d)
+        do = torch.randn(b, n, hq, d, device=DEV, dtype=torch.bfloat16)
+        fwd_flops = 4 * b * hq * n * n * d / (2 if causal else 1)
+        shape = f"({b},{hq},{hkv},{n},{d}){' causal' if causal else ''}"
+        res = {}
+        for name, fn in peers.items():
+            if isinstance(fn, str):
+                rows.append(["perf", name, "bf16", shape, "-", fn])
+                continue
+
+            def fwd(f=fn):
+                with torch.no_grad():
+                    f(q, k, v, causal)
+
+            def fwd_bwd(f=fn):
+                o = _first(f(q, k, v, causal))
+                torch.autograd.grad(o, (q, k, v), do)
+            try:
+                t_fwd, t_all = graph_time(fwd, reps=5), graph_time(fwd_bwd, reps=5)
+            except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
+                rows.append(["perf", name, "bf16", shape, "ERROR", str(e)[:60]])
+                continue
+            res[name] = {"fwd_s": t_fwd, "fwd_bwd_s": t_all,
+                         "fwd_bwd_tflops": 3.5 * fwd_flops / t_all / 1e12,
+                         "bwd_tflops": 2.5 * fwd_flops / max(t_all - t_fwd, 1e-9) / 1e12}
+        base = res.get("torch SDPA (cuDNN)", {}).get("fwd_bwd_tflops")
+        for name, r in res.items():
+            rel = f"{r['fwd_bwd_tflops'] / base:.2f}x cuDNN" if base else ""
+            rows.append(["perf", name, "bf16", shape,
+                         f"{r['fwd_bwd_tflops']:.0f} fwd+bwd, {r['bwd_tflops']:.0f} bwd", rel])
+        details.append({"check": "attention_fwd_bwd_throughput", "shape": (b, hq, hkv, n, d),
+                        "causal": causal, **res})
+
+
+def main() -> int:
+    t0 = time.time()
+    props = torch.cuda.get_device_properties(0)
+    env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rows, details = [], []
+    for step in (correctness, performance):
+        if args and step.__name__ not in args:
+            continue
+        print(f"[{time.time() - t0:.0f}s] {step.__name__} ...", flush=True)
+        try:
+            step(rows, details)
+        except Exception as e:  # noqa: BLE001 - report and continue
+            import traceback
+            traceback.print_exc()
+            rows.append([step.__name__, "ERROR", "", "", type(e).__name__, str(e)[:80]])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "attention_bwd.json"), "w") as f:
+            json.dump({"env": env, "results": details}, f, indent=2, default=str)
+    print(f"\n{env}  ({time.time() - t0:.0f}s)")
+    print(text_table(rows))
+    return 1 if any(str(r[-1]).endswith("FAIL") or "ERROR" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Attention backward (FlashAttention): from O, dO and the forward's LSE, the gradients
+dQ, dK, dV of O = softmax(Q K^T * scale) V, on the same (B, H, N, D) views as the forward
+(GQA: dK and dV summed over each key/value head's group of query heads; causal aligned to
+the bottom right; ragged lengths).
+
+Three passes, each a library kernel:
+- `attention_bwd_prep`: delta = rowsum(dO * O) per query row (f32);
+- `attention_bwd`: one workgroup per block of keys (and key/value head, batch) walks every
+  query block of the group's heads, recomputes P from Q K^T and the LSE, and accumulates
+  dV = P^T dO and dK = dS^T Q in registers; each query block's dQ = dS K is added into an
+  f32 tensor with atomics (fast; the order of additions varies between runs);
+- `attention_bwd_dq` (deterministic): one workgroup per query block walks the key blocks in
+  order and accumulates dQ in registers (it recomputes S and dP: two more products).
+with dS = P * (dP - delta), dP = dO V^T, all in the base-2 domain of the forward."""
+import math
+
+import pykittens as pk
+
+from .attention import LOG2E, _causal_blocks
+
+LN2 = math.log(2.0)
+
+
+@pk.kernel(num_waves=4)
+def attention_bwd_prep(o: pk.gl["DT", 4], do: pk.gl["DT", 4], delta: pk.gl[pk.f32, 3],
+                       DT: pk.const = None, D: pk.const = 128):
+    """delta[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d]; grid (ceil(N / 64), H, B),
+    16 rows per wave."""
+    row = pk.program_id(0) * 64 + pk.wave_id() * 16
+    h, b = pk.program_id(1), pk.program_id(2)
+    t = pk.rt((16, D), pk.f32)
+    prod = pk.load(t, o, (b, h, row, 0)) * pk.load(t, do, (b, h, row, 0))
+    pk.store(delta, pk.row_sum(prod), (b, h, row))
+
+
+@pk.kernel(num_waves=12)
+def attention_bwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
+                  do: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
+                  dq: pk.gl[pk.f32, 4], dk: pk.gl["DT", 4], dv: pk.gl["DT", 4],
+                  scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
+                  CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
+                  DQ_ATOMIC: pk.const = 1, TARGET: pk.const = "sm_90a"):
+    """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
+    (64 per consumer) and then each query block's Q and dO into a ring; two consumer
+    warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
+    memory, P^T and dS^T in registers, and dV += P^T dO, dK += dS^T Q with the converted
+    registers as wgmma's A operand. With DQ_ATOMIC, dS goes through shared memory into
+    dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, added into the f32
+    `dq` (scaled) by TMA reductions.
+    Grid (ceil(Nk / 128), Hkv, B)."""
+    if TARGET != "sm_90a":
+        raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
+    nq, nk = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    kb, hk, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
+    offset, k0 = nk - nq, kb * 128
+    nqb = (nq + BM - 1) // BM
+    first = pk.maximum(k0 - offset, 0) // BM if CAUSAL else 0    # blocks that see these keys
+    per_head = pk.maximum(nqb - first, 0)
+    steps = group * per_head
+    kt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
+    vt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
+    kv_full = pk.mbarrier(4)
+    qo = pk.st((BM, D), DT, swizzle=8)
+    ring = pk.Ring(STAGES, fill=2, drain=8, q=qo, do=qo)
+    # dS^T of a step, per consumer group; two buffers by step parity, so that a wave storing
+    # the next step's dS never overwrites one that a slower wave's dQ product still reads
+    sds = [pk.empty(pk.st((BM, 64), DT, swizzle=8), count=2) for _ in range(2)]
+    ds_ready = pk.mbarrier(4, count=2)
+    # dQ's f32 partial sums leave through shared memory, added into `dq` by the TMA unit
+    dq_out = [pk.StagedStore((BM, 64), pk.f32) for _ in range(2)] if DQ_ATOMIC else None
+    scale2 = scale * LOG2E
+
+    def block(step):
+        """(query head, first query row) of a step of this workgroup's walk."""
+        return hk * group + step // pk.maximum(per_head, 1), \
+            (first + step % pk.maximum(per_head, 1)) * BM
+
+    with pk.role(0, 4, regs=24):
+        with pk.if_(pk.wave_id() == 0):
+            for g in pk.static_range(2):
+                pk.tma_load(kt[g], k, (b, hk, k0 + 64 * g, 0), kv_full)
+                pk.tma_load(vt[g], v, (b, hk, k0 + 64 * g, 0), kv_full)
+            for step in pk.range(steps):
+                h, q0 = block(step)
+                st = ring.acquire(step)
+                pk.tma_load(st.q, q, (b, h, q0, 0), st.full)
+                pk.tma_load(st.do, do, (b, h, q0, 0), st.full)
+    for g in pk.static_range(2):
+        with pk.role(4 + 4 * g, 4, regs=240):
+            w = pk.wave_id() % 4
+            key0 = k0 + 64 * g + 16 * w                 # this wave's 16 keys
+            t_t = pk.rt((16, BM), pk.f32, role="acc")   # keys x queries
+            acc_t = pk.rt((16, D), pk.f32, role="acc")
+            dk_acc, dv_acc = pk.zeros(acc_t), pk.zeros(acc_t)
+            pk.wait(kv_full, 0)
+            for step in pk.range(steps):
+                h, q0 = block(step)
+                s = ring.wait(step)
+                # the accumulators start from -LSE / scale and -delta, so that neither
+                # vector stays live beside them: P^T = exp2(scale2 * (S^T - LSE / scale))
+                lse_q = pk.load(pk.rv(t_t, "col"), lse, (b, h, q0), fill=math.inf)
+                st_ = pk.mma_ABt(pk.zeros(t_t) - lse_q * (1 / scale), kt[g], s.q)  # S^T = K Q^T
+                delta_q = pk.load(pk.rv(t_t, "col"), delta, (b, h, q0))
+                dpt = pk.mma_ABt(pk.zeros(t_t) - delta_q, vt[g], s.do)       # dP^T = V dO^T
+                keys, queries = pk.row_index(t_t, key0), pk.col_index(t_t, q0)
+                keep = keys < nk
+                if CAUSAL:
+                    keep = keep & (keys <= queries + offset)
+                p_t = pk.where(keep, pk.exp2(st_ * scale2), 0.0)
+                p_a = pk.convert(pk.rt((16, BM), DT, role="a"), p_t)
+                ds_t = p_t * dpt               # before the dV product: P^T dies here
+                pk.mma_AB(dv_acc, p_a, s.do)
+                pk.mma_AB(dk_acc, pk.convert(pk.rt((16, BM), DT, role="a"), ds_t), s.q)
+                if DQ_ATOMIC:                                          # dQ += dS K (scaled)
+                    ds_s = sds[g][step % 2]
+                    pk.store(ds_s, pk.transpose(ds_t).cast(DT), (0, 16 * w))
+                    pk.arrive(ds_ready[g])
+                    pk.wait(ds_ready[g], step % 2)
+                    for j in pk.static_range(D // 64):                 # 64 columns at a time
+                        dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
+                        pk.mma_AB(dq_part, ds_s, kt[g].atom(j), c=0)
+                        dq_out[g].store(dq, dq_part * scale, (b, h, q0, 64 * j),
+                                        use=step * (D // 64) + j, add=True)
+                ring.release(step)
+            pk.store(dk, (dk_acc * scale).cast(DT), (b, hk, key0, 0))
+            pk.store(dv, dv_acc.cast(DT), (b, hk, key0, 0))
+
+
+@pk.kernel(num_waves=12)
+def attention_bwd_dq(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
+                     do: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
+                     dq: pk.gl["DT", 4], scale: pk.f32, DT: pk.const = None,
+                     D: pk.const = 128, CAUSAL: pk.const = 0, BN: pk.const = 64,
+                     STAGES: pk.const = 2, TARGET: pk.const = "sm_90a"):
+    """Deterministic dQ (Hopper): a workgroup per 128 query rows, the key blocks in order,
+    dQ accumulated in registers: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
+    Grid (ceil(Nq / 128), Hq, B)."""
+    if TARGET != "sm_90a":
+        raise pk.NotSupportedYet(f"attention_bwd_dq has no schedule for {TARGET} yet")
+    nq, nk = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    qb, h, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
+    q0, offset = qb * 128, nk - nq
+    blocks = (nk + BN - 1) // BN
+    if CAUSAL:
+        blocks = _causal_blocks(blocks, q0 + 128, offset, BN)
+    sq = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
+    sdo = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
+    q_full = pk.mbarrier(4)
+    kv = pk.st((BN, D), DT, swizzle=8)
+    ring = pk.Ring(STAGES, fill=2, drain=8, k=kv, v=kv)
+    scale2 = scale * LOG2E
+    with pk.role(0, 4, regs=24):
+        with pk.if_(pk.wave_id() == 0):
+            for g in pk.static_range(2):
+                pk.tma_load(sq[g], q, (b, h, q0 + 64 * g, 0), q_full)
+                pk.tma_load(sdo[g], do, (b, h, q0 + 64 * g, 0), q_full)
+            for j in pk.range(blocks):
+                st = ring.acquire(j)
+                pk.tma_load(st.k, k, (b, h // group, j * BN, 0), st.full)
+                pk.tma_load(st.v, v, (b, h // group, j * BN, 0), st.full)
+    for g in pk.static_range(2):
+        with pk.role(4 + 4 * g, 4, regs=240):
+            row0 = q0 + 64 * g + 16 * (pk.wave_id() % 4)
+            s_t = pk.rt((16, BN), pk.f32, role="acc")
+            acc = pk.zeros(pk.rt((16, D), pk.f32, role="acc"))
+            s, dp = pk.empty(s_t), pk.empty(s_t)
+            pk.wait(q_full, 0)
+            lse_r = pk.load(pk.rv(acc, "row"), lse, (b, h, row0), fill=math.inf) * LOG2E
+            delta_r = pk.load(pk.rv(acc, "row"), delta, (b, h, row0))
+            for j in pk.range(blocks):
+                st = ring.wait(j)
+                pk.mma_ABt(s, sq[g], st.k, c=0)
+                pk.mma_ABt(dp, sdo[g], st.v, c=0)
+                cols, rows = pk.col_index(s_t, j * BN), pk.row_index(s_t, row0)
+                keep = cols < nk
+                if CAUSAL:
+                    keep = keep & (cols <= rows + offset)
+                p = pk.where(keep, pk.exp2(pk.fma(s, scale2, -lse_r)), 0.0)
+                ds = pk.convert(pk.rt((16, BN), DT, role="a"), p * (dp - delta_r))
+                pk.mma_AB(acc, ds, st.k)
+                ring.release(j)
+            pk.store(dq, (acc * scale).cast(DT), (b, h, row0, 0))
+
+
+def attention_bwd_launch(i: dict, target, deterministic: bool = False, **overrides):
+    """(prep, main, dq) launch plans for inputs `i` (q (B, Hq, Nq, D), k (B, Hkv, Nk, D)):
+    each (grid, consts); dq is None unless deterministic (then the main pass leaves dQ to
+    it). CAUSAL in i or overrides."""
+    from ..targets import get
+    t = get(target)
+    (b, hq, nq, d), (_, hkv, nk, _) = i["q"].shape, i["k"].shape
+    if t.family != "hopper":
+        raise NotImplementedError(f"attention_bwd has no schedule for {t.name} yet")
+    if d not in (64, 128):
+        raise ValueError(f"attention backward: head dim {d} is not supported; 64 or 128")
+    causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
+    prep = ((-(-nq // 64), hq, b), {"D": d})
+    main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
+                                       "DQ_ATOMIC": int(not deterministic),
+                                       "TARGET": t.name, **overrides})
+    dq = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
+                                    "TARGET": t.name}) if deterministic else None
+    return prep, main, dq

@@ -1,0 +1,202 @@
+"""Attention backward: the library's attention_bwd_prep / attention_bwd / attention_bwd_dq
+(Hopper schedule) in the emulator against float64 gradients written out from the math, at
+small ragged shapes (head dims 64 and 128, causal or not, MHA and GQA, f32 atomics and the
+deterministic dQ pass); static checks of the cubins; and pykittens.ops.attention's autograd on
+CPU tensors against torch's autograd of a float64 reference, including under
+torch.compile(fullgraph=True)."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pykittens as pk
+from pykittens import compiler
+from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
+from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
+                                             attention_bwd_launch, attention_bwd_prep)
+from conftest import rel_err
+
+DT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
+
+
+def reference_grads(q, k, v, do, scale, causal):
+    """float64 dQ, dK, dV of O = softmax(Q K^T scale) V for (B, H, N, D) arrays: GQA by
+    repeating K/V heads and summing their gradients over the group; rows that see no key have
+    P = 0."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    qd, kd, vd, dod = (x.astype(np.float64) for x in (q, k, v, do))
+    kk, vv = np.repeat(kd, g, 1), np.repeat(vd, g, 1)
+    s = qd @ kk.swapaxes(-1, -2) * scale
+    if causal:
+        s = np.where(np.arange(nk)[None, :] <= np.arange(nq)[:, None] + nk - nq, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))
+    lsum = p.sum(-1, keepdims=True)
+    p = np.where(lsum > 0, p / np.where(lsum > 0, lsum, 1), 0)
+    o = p @ vv
+    dp = dod @ vv.swapaxes(-1, -2)
+    ds = p * (dp - (dod * o).sum(-1, keepdims=True))
+    group_sum = lambda x: x.reshape(b, hkv, g, nk, d).sum(2)  # noqa: E731
+    return (scale * ds @ kk, group_sum(scale * ds.swapaxes(-1, -2) @ qd),
+            group_sum(p.swapaxes(-1, -2) @ dod))
+
+
+def backward(q, k, v, do, causal, deterministic):
+    """The forward and the three backward passes, as ops.attention runs them on CPU."""
+    scale, run = 1 / math.sqrt(q.shape[-1]), dict(target="sm_90a")
+    grid, consts = attention_fwd_launch({"q": q, "k": k, "v": v}, "sm_90a", CAUSAL=causal)
+    fwd = pk.emulate(attention_fwd, q, k, v, np.zeros_like(q),
+                     np.zeros(q.shape[:3], np.float32), scale, grid=grid, **run, **consts)
+    (pg, pc), (mg, mc), dq_plan = attention_bwd_launch(
+        {"q": q, "k": k}, "sm_90a", deterministic=deterministic, CAUSAL=causal)
+    delta = pk.emulate(attention_bwd_prep, fwd["o"], do, np.zeros(q.shape[:3], np.float32),
+                       grid=pg, **run, **pc)["delta"]
+    nan = lambda x, dt=None: np.full(x.shape, np.nan, dt or x.dtype)  # noqa: E731
+    out = pk.emulate(attention_bwd, q, k, v, do, fwd["lse"], delta,
+                     np.zeros(q.shape, np.float32), nan(k), nan(v), scale, grid=mg, **run,
+                     **mc)
+    dq = out["dq"]
+    if deterministic:
+        assert not dq.any()                       # the main pass leaves dQ to its own pass
+        dq = pk.emulate(attention_bwd_dq, q, k, v, do, fwd["lse"], delta, nan(q), scale,
+                        grid=dq_plan[0], **run, **dq_plan[1])["dq"]
+    return (dq, out["dk"], out["dv"]), reference_grads(q, k, v, do, scale, causal)
+
+
+def inputs(rng, b, hq, hkv, nq, nk, d, dt="bf16"):
+    mk = lambda h, n: rng.standard_normal((b, h, n, d)).astype(DT[dt])  # noqa: E731
+    return mk(hq, nq), mk(hkv, nk), mk(hkv, nk), mk(hq, nq)
+
+
+def check(got, want, tol=1e-2):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert np.isfinite(g.astype(np.float64)).all(), name
+        assert rel_err(g.astype(np.float64), w) < tol, name
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 130, 200), (1, 4, 2, 200, 100)])  # MHA, GQA 2:1
+def test_gradients_match_float64(rng, d, causal, shape):
+    got, want = backward(*inputs(rng, *shape, d), causal, deterministic=False)
+    check(got, want)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_deterministic_dq_pass(rng, causal):
+    """dQ from its own pass (key blocks in order, no atomics), f16, a 4:1 group."""
+    got, want = backward(*inputs(rng, 1, 4, 1, 150, 180, 64, "f16"), causal, True)
+    check(got, want)
+
+
+def test_rows_that_see_no_key_get_zero_gradients(rng):
+    """Causal with Nq > Nk: the first Nq - Nk queries see no key (LSE = -inf); their dQ is 0
+    and they add nothing to dK, dV."""
+    q, k, v, do = inputs(rng, 1, 2, 2, 120, 40, 64)
+    (dq, dk, dv), want = backward(q, k, v, do, 1, deterministic=False)
+    assert not dq[:, :, :80].any()
+    check((dq, dk, dv), want)
+
+
+def test_launch_names_what_is_missing():
+    shapes = {"q": np.empty((1, 2, 64, 96), np.float16), "k": np.empty((1, 2, 64, 96), np.float16)}
+    with pytest.raises(ValueError, match="head dim 96 is not supported"):
+        attention_bwd_launch(shapes, "sm_90a")
+
+
+@pytest.mark.parametrize("d,causal", [(128, 0), (64, 1)])
+def test_hopper_cubins_have_no_spills(d, causal):
+    """Every pass compiles without spills or stack; the main pass's loop holds the four
+    wgmma products (S^T, dP^T, dV, dK) and the dQ product, whose f32 partial sums the TMA
+    unit adds into dQ."""
+    shapes = {"q": np.empty((1, 4, 512, d), np.float16), "k": np.empty((1, 2, 512, d), np.float16)}
+    for det in (False, True):
+        plans = attention_bwd_launch(shapes, "sm_90a", deterministic=det, CAUSAL=causal)
+        for kernel, plan in zip((attention_bwd_prep, attention_bwd, attention_bwd_dq), plans):
+            if plan is None:
+                continue
+            rep = compiler.report(kernel, "sm_90a", DT="bf16", **plan[1])
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, (kernel.name, rep)
+    _, (_, consts), _ = attention_bwd_launch(shapes, "sm_90a", CAUSAL=causal)
+    ptx = compiler.assembly(attention_bwd, "sm_90a", DT="bf16", **consts)
+    assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile" in ptx
+    assert ptx.count("wgmma.mma_async") >= 5
+
+
+# ---- pykittens.ops.attention: autograd on CPU tensors ------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+def torch_reference(q, k, v, causal, scale):
+    """float64 attention and LSE in (B, N, H, D) by plain torch ops (autograd differentiates
+    it)."""
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    nq, nk = s.shape[-2:]
+    if causal:
+        s = s.masked_fill(torch.arange(nk)[None, :] > torch.arange(nq)[:, None] + nk - nq,
+                          -math.inf)
+    return (torch.softmax(s, -1) @ v).transpose(1, 2), torch.logsumexp(s, -1)
+
+
+def leaves(*shapes, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).to(dtype).requires_grad_() for s in shapes]
+
+
+@pytest.mark.parametrize("causal,deterministic,dtype", [(False, False, "bfloat16"),
+                                                        (True, True, "float16")])
+def test_op_gradients_match_torch_autograd(causal, deterministic, dtype):
+    """Gradients through O and through the LSE (return_lse=True) against torch autograd of
+    the float64 reference."""
+    import pykittens.ops as pko
+    q, k, v = leaves((1, 70, 4, 64), (1, 90, 2, 64), (1, 90, 2, 64),
+                     dtype=getattr(torch, dtype))
+    w = torch.randn(1, 70, 4, 64, generator=torch.Generator().manual_seed(5))
+    o, lse = pko.attention(q, k, v, causal=causal, return_lse=True,
+                           deterministic=deterministic)
+    ((o.float() * w).sum() + 0.25 * lse.sum()).backward()
+    leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    o64, lse64 = torch_reference(*leaves64, causal, 1 / 8)
+    ((o64 * w.double()).sum() + 0.25 * lse64.sum()).backward()
+    for x, x64 in zip((q, k, v), leaves64):
+        assert x.grad.dtype == x.dtype and x.grad.shape == x.shape
+        assert rel_err(x.grad.double().numpy(), x64.grad.numpy()) < 1e-2
+
+
+def test_op_backward_under_torch_compile_fullgraph():
+    """A module with projections around the op: torch.compile(fullgraph=True) runs forward
+    and backward with the same results as eager."""
+    import pykittens.ops as pko
+
+    class SelfAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(3)
+            self.qkv = torch.nn.Linear(128, 3 * 128, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(1, x.shape[1], 3, 2, 64).unbind(2)
+            return pko.attention(q, k, v, causal=True).flatten(2)
+
+    x = torch.randn(1, 48, 128, dtype=torch.bfloat16)
+    results = []
+    for model in (SelfAttention(), torch.compile(SelfAttention(), fullgraph=True)):
+        xi = x.clone().requires_grad_()
+        model(xi).float().square().sum().backward()
+        results.append((xi.grad, model.qkv.weight.grad if hasattr(model, "qkv")
+                        else model._orig_mod.qkv.weight.grad))
+    (gx, gw), (cx, cw) = results
+    assert torch.allclose(gx, cx) and torch.allclose(gw, cw)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fq = torch.empty(2, 33, 8, 128, dtype=torch.float16, requires_grad=True)
+        fk = torch.empty(2, 17, 2, 128, dtype=torch.float16, requires_grad=True)
+        pko.attention(fq, fk, fk).sum().backward()
+        assert fq.grad.shape == fq.shape and fk.grad.shape == fk.shape
