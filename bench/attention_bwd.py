@@ -66,9 +66,9 @@ def correctness(rows, details):
                 errs = [float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want)]
                 ok = max(errs) < 2e-2
                 shape = f"({b},{hq},{hkv},{nq},{nk},{d}){' causal' if causal else ''}"
-                rows.append(["grad", "deterministic" if det else "atomic dQ",
-                             str(dt).split(".")[1], shape,
-                             " ".join(f"{e:.1e}" for e in errs), "ok" if ok else "FAIL"])
+                _row(rows, "grad", "deterministic" if det else "atomic dQ",
+                     str(dt).split(".")[1], shape, " ".join(f"{e:.1e}" for e in errs),
+                     "ok" if ok else "FAIL")
                 details.append({"check": "gradients", "shape": shape, "dtype": str(dt),
                                 "deterministic": det, "rel_err_dq_dk_dv": errs, "ok": ok})
     q, k, v = _leaves(2, 1000, 1000, 8, 2, 128)
@@ -105,6 +105,12 @@ def _peers():
     return peers
 
 
+def _row(rows, *cells):
+    """A table row, also printed at once (a long run shows its progress)."""
+    rows.append(list(cells))
+    print("  ".join(map(str, cells)), flush=True)
+
+
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
@@ -119,7 +125,7 @@ def performance(rows, details):
         res = {}
         for name, fn in peers.items():
             if isinstance(fn, str):
-                rows.append(["perf", name, "bf16", shape, "-", fn])
+                _row(rows, "perf", name, "bf16", shape, "-", fn)
                 continue
 
             def fwd(f=fn):
@@ -132,7 +138,7 @@ def performance(rows, details):
             try:
                 t_fwd, t_all = graph_time(fwd, reps=5), graph_time(fwd_bwd, reps=5)
             except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
-                rows.append(["perf", name, "bf16", shape, "ERROR", str(e)[:60]])
+                _row(rows, "perf", name, "bf16", shape, "ERROR", str(e)[:60])
                 continue
             res[name] = {"fwd_s": t_fwd, "fwd_bwd_s": t_all,
                          "fwd_bwd_tflops": 3.5 * fwd_flops / t_all / 1e12,
@@ -140,8 +146,8 @@ def performance(rows, details):
         base = res.get("torch SDPA (cuDNN)", {}).get("fwd_bwd_tflops")
         for name, r in res.items():
             rel = f"{r['fwd_bwd_tflops'] / base:.2f}x cuDNN" if base else ""
-            rows.append(["perf", name, "bf16", shape,
-                         f"{r['fwd_bwd_tflops']:.0f} fwd+bwd, {r['bwd_tflops']:.0f} bwd", rel])
+            _row(rows, "perf", name, "bf16", shape,
+                 f"{r['fwd_bwd_tflops']:.0f} fwd+bwd, {r['bwd_tflops']:.0f} bwd", rel)
         details.append({"check": "attention_fwd_bwd_throughput", "shape": (b, hq, hkv, n, d),
                         "causal": causal, **res})
 

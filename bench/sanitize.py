@@ -1,7 +1,7 @@
 """compute-sanitizer over library kernels at small shapes (H200): memcheck, racecheck,
 synccheck and initcheck, one process per tool, a table of what each reports.
 
-    PYTHONPATH=. python3 bench/sanitize.py [attention ...]     # tools over the kernels
+    PYTHONPATH=. python3 bench/sanitize.py [attention attention_bwd]   # tools over the kernels
     PYTHONPATH=. python3 bench/sanitize.py --inner attention   # the kernels once (what the
                                                                # tools run)
 memcheck runs with --report-api-errors no: the host side's CUDA API noise (e.g. torch probing
@@ -39,7 +39,22 @@ def run_attention():
     torch.cuda.synchronize()
 
 
-KERNELS = {"attention": run_attention}
+def run_attention_bwd():
+    """The backward passes through pykittens.ops.attention's autograd: ragged, causal and
+    not, GQA, both head dims, f32-atomic and deterministic dQ."""
+    import torch
+    import pykittens.ops as pko
+    for b, hq, hkv, nq, nk, d, causal, det in (
+            (1, 2, 1, 130, 200, 64, 1, False), (1, 2, 2, 256, 256, 128, 0, False),
+            (1, 4, 2, 200, 130, 128, 1, True)):
+        q = torch.randn(b, nq, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(b, nk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn_like(k, requires_grad=True)
+        pko.attention(q, k, v, causal=bool(causal), deterministic=det).sum().backward()
+    torch.cuda.synchronize()
+
+
+KERNELS = {"attention": run_attention, "attention_bwd": run_attention_bwd}
 
 
 def summary(log: str) -> str:
