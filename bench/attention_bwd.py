@@ -90,7 +90,8 @@ def _peers():
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(
-                qt, kt, vt, is_causal=bool(causal), enable_gqa=kt.shape[1] != qt.shape[1])
+                qt, kt, vt, is_causal=bool(causal),
+                enable_gqa=kt.shape[1] != qt.shape[1]).transpose(1, 2)
 
     peers = {"pykittens": lambda q, k, v, c: pko.attention(q, k, v, causal=bool(c)),
              "pykittens deterministic": lambda q, k, v, c: pko.attention(

@@ -17,7 +17,9 @@ import sys
 TOOLS = {"memcheck": ["--tool", "memcheck", "--report-api-errors", "no"],
          "racecheck": ["--tool", "racecheck"],
          "synccheck": ["--tool", "synccheck"],
-         "initcheck": ["--tool", "initcheck"]}
+         # pykittens' kernels only: torch's reductions over an output the TMA unit wrote
+         # were reported as reads of uninitialised memory
+         "initcheck": ["--tool", "initcheck", "--kernel-name", "regex:attention"]}
 
 
 def run_attention():

@@ -7,10 +7,12 @@ Three passes, each a library kernel:
 - `attention_bwd_prep`: delta = rowsum(dO * O) per query row (f32);
 - `attention_bwd`: one workgroup per block of keys (and key/value head, batch) walks every
   query block of the group's heads, recomputes P from Q K^T and the LSE, and accumulates
-  dV = P^T dO and dK = dS^T Q in registers; each query block's dQ = dS K is added into an
-  f32 tensor with atomics (fast; the order of additions varies between runs);
-- `attention_bwd_dq` (deterministic): one workgroup per query block walks the key blocks in
-  order and accumulates dQ in registers (it recomputes S and dP: two more products).
+  dV = P^T dO and dK = dS^T Q in registers; with dq="atomic" it also adds each query
+  block's dQ = dS K into an f32 tensor (TMA reductions: the order of additions varies
+  between runs);
+- `attention_bwd_dq` (dq="pass", the default): one workgroup per query block walks the key
+  blocks in order and accumulates dQ in registers (it recomputes S and dP: two more
+  products, and still measured faster than the reductions; deterministic).
 with dS = P * (dP - delta), dP = dO V^T, all in the base-2 domain of the forward."""
 import math
 
@@ -63,11 +65,11 @@ def attention_bwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
     kv_full = pk.mbarrier(4)
     qo = pk.st((BM, D), DT, swizzle=8)
     ring = pk.Ring(STAGES, fill=2, drain=8, q=qo, do=qo)
-    # dS^T of a step, per consumer group; two buffers by step parity, so that a wave storing
-    # the next step's dS never overwrites one that a slower wave's dQ product still reads
+    # dS of a step (queries x keys: group g's 64 keys in sds[g]); two buffers by step
+    # parity, so that storing the next step's never overwrites one a slower wave still reads
     sds = [pk.empty(pk.st((BM, 64), DT, swizzle=8), count=2) for _ in range(2)]
-    ds_ready = pk.mbarrier(4, count=2)
-    # dQ's f32 partial sums leave through shared memory, added into `dq` by the TMA unit
+    ds_ready = pk.mbarrier(8)
+    # a group's 64-column blocks of dQ leave through shared memory, added into `dq` by the TMA
     dq_out = [pk.StagedStore((BM, 64), pk.f32) for _ in range(2)] if DQ_ATOMIC else None
     scale2 = scale * LOG2E
 
@@ -93,35 +95,45 @@ def attention_bwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
             t_t = pk.rt((16, BM), pk.f32, role="acc")   # keys x queries
             acc_t = pk.rt((16, D), pk.f32, role="acc")
             dk_acc, dv_acc = pk.zeros(acc_t), pk.zeros(acc_t)
+            # a step's LSE and delta (per query: columns) are loaded during the step before
+            h, q0 = block(0)
+            lse_q = pk.load(pk.rv(t_t, "col"), lse, (b, h, q0), fill=math.inf)
+            delta_q = pk.load(pk.rv(t_t, "col"), delta, (b, h, q0))
             pk.wait(kv_full, 0)
             for step in pk.range(steps):
                 h, q0 = block(step)
+                hn, qn = block(step + 1)
                 s = ring.wait(step)
-                # the accumulators start from -LSE / scale and -delta, so that neither
-                # vector stays live beside them: P^T = exp2(scale2 * (S^T - LSE / scale))
-                lse_q = pk.load(pk.rv(t_t, "col"), lse, (b, h, q0), fill=math.inf)
-                st_ = pk.mma_ABt(pk.zeros(t_t) - lse_q * (1 / scale), kt[g], s.q)  # S^T = K Q^T
-                delta_q = pk.load(pk.rv(t_t, "col"), delta, (b, h, q0))
-                dpt = pk.mma_ABt(pk.zeros(t_t) - delta_q, vt[g], s.do)       # dP^T = V dO^T
+                # S^T and dP^T start from -LSE / scale and -delta: P^T = exp2(scale2 S^T)
+                st_ = pk.mma_ABt(pk.zeros(t_t) - lse_q * (1 / scale), kt[g], s.q,
+                                 in_flight=1)                           # S^T = K Q^T
+                dpt = pk.mma_ABt(pk.zeros(t_t) - delta_q, vt[g], s.do,
+                                 in_flight=1)                           # dP^T = V dO^T
                 keys, queries = pk.row_index(t_t, key0), pk.col_index(t_t, q0)
                 keep = keys < nk
                 if CAUSAL:
                     keep = keep & (keys <= queries + offset)
                 p_t = pk.where(keep, pk.exp2(st_ * scale2), 0.0)
                 p_a = pk.convert(pk.rt((16, BM), DT, role="a"), p_t)
-                ds_t = p_t * dpt               # before the dV product: P^T dies here
-                pk.mma_AB(dv_acc, p_a, s.do)
-                pk.mma_AB(dk_acc, pk.convert(pk.rt((16, BM), DT, role="a"), ds_t), s.q)
-                if DQ_ATOMIC:                                          # dQ += dS K (scaled)
-                    ds_s = sds[g][step % 2]
-                    pk.store(ds_s, pk.transpose(ds_t).cast(DT), (0, 16 * w))
-                    pk.arrive(ds_ready[g])
-                    pk.wait(ds_ready[g], step % 2)
-                    for j in pk.static_range(D // 64):                 # 64 columns at a time
+                pk.mma_AB(dv_acc, p_a, s.do, in_flight=2)               # dV += P^T dO
+                pk.mma_wait(dpt, in_flight=1)
+                ds_t = p_t * dpt
+                if DQ_ATOMIC:                      # dS^T (this group's 64 keys), transposed
+                    pk.store(sds[g][step % 2], pk.transpose(ds_t).cast(DT), (0, 16 * w))
+                pk.mma_AB(dk_acc, pk.convert(pk.rt((16, BM), DT, role="a"), ds_t), s.q,
+                          in_flight=1)                                  # dK += dS^T Q
+                if DQ_ATOMIC:
+                    pk.arrive(ds_ready)
+                    pk.wait(ds_ready, step % 2)
+                    for j in pk.static_range(g, D // 64, 2):   # this group's 64 columns of dQ
                         dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
-                        pk.mma_AB(dq_part, ds_s, kt[g].atom(j), c=0)
-                        dq_out[g].store(dq, dq_part * scale, (b, h, q0, 64 * j),
-                                        use=step * (D // 64) + j, add=True)
+                        pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=1)
+                        pk.mma_AB(dq_part, sds[1][step % 2], kt[1].atom(j))  # dS K, all keys
+                        dq_out[g].store(dq, dq_part * scale, (b, h, q0, 64 * j), use=step,
+                                        add=True)
+                pk.mma_wait(dk_acc)
+                pk.load(lse_q, lse, (b, hn, qn), fill=math.inf)        # the next step's
+                pk.load(delta_q, delta, (b, hn, qn))
                 ring.release(step)
             pk.store(dk, (dk_acc * scale).cast(DT), (b, hk, key0, 0))
             pk.store(dv, dv_acc.cast(DT), (b, hk, key0, 0))
@@ -171,23 +183,30 @@ def attention_bwd_dq(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
             delta_r = pk.load(pk.rv(acc, "row"), delta, (b, h, row0))
             for j in pk.range(blocks):
                 st = ring.wait(j)
-                pk.mma_ABt(s, sq[g], st.k, c=0)
-                pk.mma_ABt(dp, sdo[g], st.v, c=0)
+                pk.mma_ABt(s, sq[g], st.k, c=0, in_flight=1)
+                pk.mma_ABt(dp, sdo[g], st.v, c=0, in_flight=1)        # S has retired
                 cols, rows = pk.col_index(s_t, j * BN), pk.row_index(s_t, row0)
                 keep = cols < nk
                 if CAUSAL:
                     keep = keep & (cols <= rows + offset)
-                p = pk.where(keep, pk.exp2(pk.fma(s, scale2, -lse_r)), 0.0)
+                p = pk.where(keep, pk.exp2(pk.fma(s, scale2, -lse_r)), 0.0)  # under dO V^T
+                pk.mma_wait(dp)
                 ds = pk.convert(pk.rt((16, BN), DT, role="a"), p * (dp - delta_r))
                 pk.mma_AB(acc, ds, st.k)
                 ring.release(j)
             pk.store(dq, (acc * scale).cast(DT), (b, h, row0, 0))
 
 
-def attention_bwd_launch(i: dict, target, deterministic: bool = False, **overrides):
+DQ_SCHEDULES = ("pass", "atomic")
+# dQ by its own pass measured faster than the f32 TMA reductions on the H200 (docs/PERF.md)
+DQ_DEFAULT = "pass"
+
+
+def attention_bwd_launch(i: dict, target, dq: str = DQ_DEFAULT, **overrides):
     """(prep, main, dq) launch plans for inputs `i` (q (B, Hq, Nq, D), k (B, Hkv, Nk, D)):
-    each (grid, consts); dq is None unless deterministic (then the main pass leaves dQ to
-    it). CAUSAL in i or overrides."""
+    each (grid, consts). dq="pass": the main pass leaves dQ to `attention_bwd_dq` (a fixed
+    order of additions: deterministic); dq="atomic": the main pass adds dQ into an f32
+    tensor itself, and the third plan is None. CAUSAL in i or overrides."""
     from ..targets import get
     t = get(target)
     (b, hq, nq, d), (_, hkv, nk, _) = i["q"].shape, i["k"].shape
@@ -195,11 +214,13 @@ def attention_bwd_launch(i: dict, target, deterministic: bool = False, **overrid
         raise NotImplementedError(f"attention_bwd has no schedule for {t.name} yet")
     if d not in (64, 128):
         raise ValueError(f"attention backward: head dim {d} is not supported; 64 or 128")
+    if dq not in DQ_SCHEDULES:
+        raise ValueError(f"attention backward: dq={dq!r}; choose one of {DQ_SCHEDULES}")
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     prep = ((-(-nq // 64), hq, b), {"D": d})
     main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
-                                       "DQ_ATOMIC": int(not deterministic),
-                                       "TARGET": t.name, **overrides})
-    dq = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
-                                    "TARGET": t.name}) if deterministic else None
-    return prep, main, dq
+                                       "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
+                                       **overrides})
+    dq_plan = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
+                                         "TARGET": t.name}) if dq == "pass" else None
+    return prep, main, dq_plan
