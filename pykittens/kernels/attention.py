@@ -13,6 +13,8 @@ import math
 
 import pykittens as pk
 
+from .attention_cdna import CDNA_TARGETS, cdna_attention, cdna_launch
+
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -174,11 +176,15 @@ def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   o: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], scale: pk.f32,
                   DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
                   BN: pk.const = 128, STAGES: pk.const = 2, OVERLAP: pk.const = 1,
-                  PINGPONG: pk.const = 1, WG: pk.const = 2, TARGET: pk.const = "sm_90a"):
+                  PINGPONG: pk.const = 1, WG: pk.const = 2, TARGET: pk.const = "sm_90a",
+                  MAP: pk.const = "head-first"):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
-    (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper."""
+    (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper; on CDNA 8 waves and a grid of
+    B Hq ceil(Nq / 256) in the order MAP names (attention_cdna)."""
     if TARGET == "sm_90a":
         _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG, WG)
+    elif TARGET in CDNA_TARGETS:
+        cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET)
     else:
         raise pk.NotSupportedYet(f"attention_fwd has no schedule for {TARGET} yet")
 
@@ -218,7 +224,7 @@ def attention_fwd_launch(i: dict, target, **overrides):
                          "heads (GQA groups)")
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     if t.family != "hopper":
-        raise NotImplementedError(f"attention_fwd has no schedule for {t.name} yet")
+        return cdna_launch(b, hq, nq, d, t.name, CAUSAL=causal, **overrides)
     consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "OVERLAP": 1,
               "PINGPONG": 1, "WG": 2, "num_waves": 12, "TARGET": t.name, **overrides}
     return (-(-nq // (64 * consts["WG"])), hq, b), consts
