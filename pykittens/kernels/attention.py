@@ -177,14 +177,14 @@ def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
                   BN: pk.const = 128, STAGES: pk.const = 2, OVERLAP: pk.const = 1,
                   PINGPONG: pk.const = 1, WG: pk.const = 2, TARGET: pk.const = "sm_90a",
-                  MAP: pk.const = "head-first"):
+                  MAP: pk.const = "head-first", PIN: pk.const = ""):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
     (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper; on CDNA 8 waves and a grid of
     B Hq ceil(Nq / 256) in the order MAP names (attention_cdna)."""
     if TARGET == "sm_90a":
         _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, OVERLAP, PINGPONG, WG)
     elif TARGET in CDNA_TARGETS:
-        cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET)
+        cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, PIN=PIN)
     else:
         raise pk.NotSupportedYet(f"attention_fwd has no schedule for {TARGET} yet")
 

@@ -128,7 +128,7 @@ def _xcds(TARGET):
 
 
 def cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, cu_q=None,
-                   cu_k=None):
+                   cu_k=None, PIN=""):
     """The body of attention_fwd (and attention_fwd_varlen, given cu_q/cu_k) on CDNA."""
     seq = _Dense(q, k, MAP, TARGET) if cu_q is None else \
         _Packed(q, k, cu_q, cu_k, MAP, TARGET)
@@ -146,85 +146,91 @@ def cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, cu_q=
 
     ks = pk.empty(pk.st((BN, D), DT), count=2)
     vs = pk.empty(pk.st((BN, D), DT), count=2)
-    with pk.if_((k.shape[-1] == D) & (v.shape[-1] == D)):
-        qt = pk.load(pk.rt((ROWS, D), DT, "row", role="b"), q, seq.qo(row0), end=seq.end)
-        ot = pk.zeros(pk.rt((D, ROWS), pk.f32, role="acc"))           # O^T
-        s = pk.empty(pk.rt((BN, ROWS), pk.f32, role="acc"))            # S^T of one key block
-        p = pk.empty(s.type)                                           # its exponentials
-        pt = pk.empty(pk.rt((BN, ROWS), DT, "col", role="b", krun=4))  # P^T, B of O^T += V^T P^T
-        kt = pk.empty(pk.rt((BN, D), DT, "row", role="a"))             # K, A of S^T = K Q^T
-        vt = pk.empty(pk.rt((BN, D), DT, "col", role="a", krun=4))     # V stored K x M: A^T
-        m = pk.full(pk.rv(s, "col"), -math.inf)      # running max of each query (base 2)
-        l_ = pk.zeros(m.type)                        # running sum
-        alpha = pk.empty(m.type)                     # rescale of what was summed before
+    qt = pk.load(pk.rt((ROWS, D), DT, "row", role="b"), q, seq.qo(row0), end=seq.end)
+    ot = pk.zeros(pk.rt((D, ROWS), pk.f32, role="acc", pin=PIN or None))  # O^T
+    s = pk.empty(pk.rt((BN, ROWS), pk.f32, role="acc"))                # S^T of a block
+    kt = pk.empty(pk.rt((BN, D), DT, "row", role="a"))                 # K: A of K Q^T
+    vt = pk.empty(pk.rt((BN, D), DT, "col", role="a", krun=4))         # V (K x M): A^T
+    p = pk.empty(s.type)                                               # its exponentials
+    pt = pk.empty(pk.rt((BN, ROWS), DT, "col", role="b", krun=4))      # P^T: B of V^T P^T
+    m = pk.full(pk.rv(s, "col"), -math.inf)      # running max of each query (base 2)
+    l_ = pk.zeros(m.type)                        # running sum
+    alpha = pk.empty(m.type)                     # rescale of what was summed before
 
-        def fetch(ring, src, j):
-            pk.load(ring[j % 2], src, seq.kv(j * BN), direct=True)
+    def fetch(ring, src, j):
+        pk.load(ring[j % 2], src, seq.kv(j * BN), direct=True)
 
-        def softmax(j):
-            """Block j's scores (in s): masked, then P = exp2(S scale2 - max) into p, the
-            running max m updated and alpha set."""
-            col0 = j * BN
-            masked = col0 + BN > nk
-            if CAUSAL:
-                masked = masked | (col0 + BN > row0 + offset + 1)
-            with pk.if_(masked):
-                # the first key each query does not see: nk, or its causal limit
-                limit = pk.min(pk.col_index(s, row0 + offset + 1), nk) if CAUSAL else nk
-                pk.where(pk.row_index(s, col0) - limit < 0, s, -math.inf, out=s)
-            m_new = pk.max(m, pk.col_max(s) * scale2)
-            base = pk.where(m_new > -math.inf, m_new, 0.0)       # queries with no key yet
-            pk.exp2(pk.fma(s, scale2, -base), out=p)
-            pk.exp2(m - base, out=alpha)
-            m.set(m_new)
+    def softmax(j):
+        """Block j's scores S^T (in s) masked; the running max m, its rescale alpha and
+        the running sum l updated; P^T = exp2(S^T scale2 - m) converted into p."""
+        col0 = j * BN
+        masked = col0 + BN > nk
+        if CAUSAL:
+            masked = masked | (col0 + BN > row0 + offset + 1)
+        with pk.if_(masked):
+            # the first key each query does not see: nk, or its causal limit
+            limit = pk.min(pk.col_index(s, row0 + offset + 1), nk) if CAUSAL else nk
+            pk.where(pk.row_index(s, col0) - limit < 0, s, -math.inf, out=s)
+        m_new = pk.max(m, pk.col_max(s) * scale2)
+        base = pk.where(m_new > -math.inf, m_new, 0.0)       # queries with no key yet
+        pk.exp2(pk.fma(s, scale2, -base), out=p)
+        pk.exp2(m - base, out=alpha)
+        m.set(m_new)
 
-        fetch(ks, k, 0)
-        fetch(ks, k, 1)
-        fetch(vs, v, 0)
-        pk.barrier()
-        pk.load(kt, ks[0], (0, 0))
-        pk.barrier()                                  # every wave has read K_0: refill its stage
-        fetch(ks, k, 2)
-        fetch(vs, v, 1)
-        pk.mma_ABt(s, kt, qt, c=0)
-        softmax(0)
-        pk.load(kt, ks[1], (0, 0))
-        pk.barrier()
-        with pk.pingpong() as pp:
-            for j in pk.range(blocks):
-                with _cluster(pp.compute):
-                    pk.mma_ABt(s, kt, qt, c=0)                    # S_{j+1}, under ...
-                    ot *= alpha                                   # ... block j's softmax end
-                    l_.set(l_ * alpha)
-                    pk.col_sum(p, into=l_)
-                    pk.convert(pt, p)
-                with _cluster(pp.memory):
-                    with pk.if_(j + 3 < blocks):
-                        fetch(ks, k, j + 3)
-                    pk.load(vt, vs[j % 2], (0, 0))
-                with _cluster(pp.compute):
-                    pk.mma_AtB(ot, vt, pt)                        # O += V_j^T P_j^T, under ...
-                    softmax(j + 1)                                # ... block j+1's softmax
-                with _cluster(pp.memory):
-                    with pk.if_(j + 2 < blocks):
-                        fetch(vs, v, j + 2)
-                    pk.load(kt, ks[j % 2], (0, 0))
-        seen = l_ > 0.0
-        inv = pk.where(seen, l_, 1.0)
-        pk.store(o, pk.transpose(ot / inv), seq.qo(row0), end=seq.end)
-        pk.store(lse, pk.where(seen, (m + pk.log2(inv)) * LN2, -math.inf), seq.lse(row0),
-                 end=seq.end_lse)
+    fetch(ks, k, 0)
+    fetch(ks, k, 1)
+    fetch(vs, v, 0)
+    pk.barrier()
+    pk.load(kt, ks[0], (0, 0))
+    pk.barrier()                              # every wave has read K_0: refill its stage
+    fetch(ks, k, 2)
+    fetch(vs, v, 1)
+    pk.mma_ABt(s, kt, qt, c=0)
+    softmax(0)
+    pk.load(kt, ks[1], (0, 0))
+    pk.barrier()
+    with pk.pingpong() as pp:
+        for j in pk.range(blocks):
+            with _cluster(pp.compute):
+                pk.mma_ABt(s, kt, qt, c=0)                # S_{j+1}, under block j's
+                ot *= alpha                               # softmax end
+                l_.set(l_ * alpha)
+                pk.col_sum(p, into=l_)
+                pk.convert(pt, p)
+            with _cluster(pp.memory):
+                with pk.if_(j + 3 < blocks):
+                    fetch(ks, k, j + 3)
+                pk.load(vt, vs[j % 2], (0, 0))
+            with _cluster(pp.compute):
+                pk.mma_AtB(ot, vt, pt)                    # O += V_j^T P_j^T, under
+                softmax(j + 1)                            # block j+1's softmax
+            with _cluster(pp.memory):
+                with pk.if_(j + 2 < blocks):
+                    fetch(vs, v, j + 2)
+                pk.load(kt, ks[j % 2], (0, 0))
+    seen = l_ > 0.0
+    inv = pk.where(seen, l_, 1.0)
+    pk.store(o, pk.transpose(ot / inv), seq.qo(row0), end=seq.end)
+    pk.store(lse, pk.where(seen, (m + pk.log2(inv)) * LN2, -math.inf), seq.lse(row0),
+             end=seq.end_lse)
 
 
 CDNA_TARGETS = ("gfx942", "gfx950")
 MAPS = ("head-first", "naive")
 
 
+# Keys per block: the largest whose code object keeps every value in registers (no scratch,
+# no spills) at 8 waves, 2 per SIMD, 256 registers each (tests/test_attention_cdna.py).
+# gfx942 reads V^T from LDS one 16-bit element at a time (no transposing LDS read), which
+# takes more registers in flight.
+BLOCK_KEYS = {("gfx950", 64): 64, ("gfx950", 128): 32, ("gfx942", 64): 32, ("gfx942", 128): 32}
+
+
 def cdna_launch(batch, heads, nq, d, target, CAUSAL=0, **overrides):
-    """(grid, consts) of attention_fwd on a CDNA target: 8 waves, 64-key blocks, a flat grid
-    of batch * heads * ceil(nq / 256) workgroups in head-first order."""
-    consts = {"D": d, "CAUSAL": int(CAUSAL), "BN": 64, "MAP": "head-first", "num_waves": WAVES,
-              "TARGET": target, **overrides}
+    """(grid, consts) of attention_fwd on a CDNA target: 8 waves, BLOCK_KEYS keys per
+    block, a flat grid of batch * heads * ceil(nq / 256) workgroups in head-first order."""
+    consts = {"D": d, "CAUSAL": int(CAUSAL), "BN": BLOCK_KEYS[target, d], "MAP": "head-first",
+              "PIN": "", "num_waves": WAVES, "TARGET": target, **overrides}
     if consts["MAP"] not in MAPS:
         raise ValueError(f"attention: grid mapping {consts['MAP']!r} is not one of {MAPS}")
     return (batch * heads * -(-nq // BLOCK_Q),), consts
@@ -236,7 +242,7 @@ def attention_fwd_varlen(q: pk.gl["DT", 3], k: pk.gl["DT", 3], v: pk.gl["DT", 3]
                          cu_seqlens_q: pk.gl[pk.i32, 1], cu_seqlens_k: pk.gl[pk.i32, 1],
                          scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                          CAUSAL: pk.const = 0, BN: pk.const = 64, MAP: pk.const = "head-first",
-                         TARGET: pk.const = "gfx950"):
+                         PIN: pk.const = "", TARGET: pk.const = "gfx950"):
     """attention_fwd over a packed batch of B sequences of different lengths: q, o
     (Hq, total_q, D) and k, v (Hkv, total_k, D) are (H, total, D) views of packed
     (total, H, D) tensors, lse is (Hq, total_q) f32, and int32 cu_seqlens_q / cu_seqlens_k
@@ -245,7 +251,7 @@ def attention_fwd_varlen(q: pk.gl["DT", 3], k: pk.gl["DT", 3], v: pk.gl["DT", 3]
     (attention_fwd_varlen_launch)."""
     if TARGET in CDNA_TARGETS:
         cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET,
-                       cu_seqlens_q, cu_seqlens_k)
+                       cu_seqlens_q, cu_seqlens_k, PIN)
     else:
         raise pk.NotSupportedYet(f"attention_fwd_varlen has no schedule for {TARGET} yet")
 
