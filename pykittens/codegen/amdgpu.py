@@ -42,8 +42,8 @@ class AMDGPURenderer(Renderer):
         less those AGPRs (LLVM does not count registers that only inline asm names; AGPRs
         start at a multiple of 4 past the VGPRs). LLVM reads the attribute on gfx90a-class
         chips as half of a VGPR+AGPR total (GCNSubtarget::getBaseMaxNumVGPRs doubles it),
-        and without AGPRs of its own gives that total to VGPRs when a SIMD holds 2 or more
-        of the workgroup's waves, half of it with 1; a total above the share is ignored."""
+        which its VGPRs may fill when it allocates no AGPRs, and ignores a total above the
+        wave's share: so half the cap, which also bounds VGPRs when it does use AGPRs."""
         vlow = min((first for f, first, _ in pins if f == "v"), default=None)
         agprs = max((first + n for f, first, n in pins if f == "a"), default=0)
         t = self.p.target
@@ -52,9 +52,7 @@ class AMDGPURenderer(Renderer):
             share = t.unified_regs // per_simd // t.reg_granule * t.reg_granule
             left = (share - agprs) // 4 * 4
             vlow = left if vlow is None else min(vlow, left)
-        if vlow is None:
-            return None
-        return vlow // 2 if per_simd > 1 else vlow
+        return None if vlow is None else vlow // 2
 
     # -- edge code, marked in the line table ------------------------------------------------
     # The report counts the main loop's instructions that an interior tile runs apart from

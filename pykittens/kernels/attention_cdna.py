@@ -257,8 +257,9 @@ def attention_fwd_varlen(q: pk.gl["DT", 3], k: pk.gl["DT", 3], v: pk.gl["DT", 3]
 
 
 def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides):
-    """(grid, consts) of attention_fwd_varlen for inputs `i` (q (Hq, total_q, D), k and v
-    (Hkv, total_k, D), cu_seqlens_q and cu_seqlens_k: host arrays, or give max_seqlen_q)."""
+    """(grid, consts) of attention_fwd_varlen for inputs `i`: q (Hq, total_q, D), k and v
+    (Hkv, total_k, D), and cu_seqlens_q, cu_seqlens_k (arrays or tensors, read here to check
+    them and to size the grid by the longest query sequence, unless max_seqlen_q is given)."""
     from ..targets import get
     t = get(target)
     (hq, _, d), (hkv, tk, dk) = i["q"].shape, i["k"].shape
@@ -271,15 +272,22 @@ def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides)
     if hkv < 1 or hq % hkv:
         raise ValueError(f"attention: {hq} query heads are not a multiple of {hkv} key/value "
                          "heads (GQA groups)")
-    cu_q, cu_k = i["cu_seqlens_q"], i["cu_seqlens_k"]
-    batch = len(cu_q) - 1
-    if batch < 1 or len(cu_k) != batch + 1:
-        raise ValueError(f"attention: cu_seqlens_q ({len(cu_q)}) and cu_seqlens_k "
-                         f"({len(cu_k)}) must both hold B + 1 >= 2 offsets")
-    if max_seqlen_q is None:
-        max_seqlen_q = max(int(cu_q[b + 1]) - int(cu_q[b]) for b in range(batch))
     if t.family == "hopper":
-        raise NotImplementedError("attention_fwd_varlen has no Hopper schedule yet")
+        raise pk.NotSupportedYet("attention_fwd_varlen has no Hopper schedule yet")
+    cu = {}
+    for name, total in (("cu_seqlens_q", i["q"].shape[1]), ("cu_seqlens_k", tk)):
+        c = [int(x) for x in i[name].tolist()]
+        if len(c) < 2 or c[0] < 0 or c[-1] > total or any(b < a for a, b in zip(c, c[1:])):
+            raise ValueError(f"attention: {name} must be B + 1 >= 2 non-decreasing offsets "
+                             f"from 0 to at most {total}, got {c[:8]}")
+        cu[name] = c
+    batch = len(cu["cu_seqlens_q"]) - 1
+    if len(cu["cu_seqlens_k"]) != batch + 1:
+        raise ValueError(f"attention: cu_seqlens_q and cu_seqlens_k hold {batch + 1} and "
+                         f"{len(cu['cu_seqlens_k'])} offsets; both must hold B + 1")
+    if max_seqlen_q is None:
+        c = cu["cu_seqlens_q"]
+        max_seqlen_q = max(b - a for a, b in zip(c, c[1:]))
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     grid, consts = cdna_launch(batch, hq, max(1, max_seqlen_q), d, t.name, CAUSAL=causal,
                                **overrides)

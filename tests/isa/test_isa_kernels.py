@@ -76,7 +76,8 @@ def test_pinned_gemm_example(target):
     code object has no hazard on either chip and runs from the code object with the
     dynamic checks on. The same listing with the renderer's s_nops taken out has the read
     of the accumulator too close to the loop's last MFMA (on gfx942 6 wait states where 11
-    are needed), which the static check reports."""
+    are needed), which the static check reports (on gfx950 LLVM's own instructions happen
+    to fill the gaps)."""
     import runpy
     from pykittens import compiler
     pinned_gemm = runpy.run_path(os.path.join(ROOT, "docs/examples/pinned_gemm.py"))["pinned_gemm"]
@@ -91,8 +92,7 @@ def test_pinned_gemm_example(target):
     assert rel_err(c, ref) < 1e-6
     bare = "\n".join(ln for ln in asm.split("\n") if not ln.strip().startswith("s_nop"))
     found = isa.check_hazards(bare, target)
-    assert found                             # the renderer's s_nops are what keeps it clean
-    if target == "gfx942":
+    if target == "gfx942":                   # the renderer's s_nops are what keeps it clean
         assert ("v_accvgpr_read_b32", "a0", "xdl-write-read") in {
             (v.consumer.split(" at ")[0], v.register, v.rule) for v in found}
         assert min(v.actual for v in found if v.rule == "xdl-write-read") == 6
