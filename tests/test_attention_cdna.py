@@ -5,7 +5,6 @@ of the code objects (no scratch, MFMAs and the ping-pong's priorities and barrie
 executed main loop, no wait-state hazards). Expected values come from numpy, never from the
 kernel's own helpers."""
 import math
-import warnings
 
 import ml_dtypes
 import numpy as np
@@ -146,29 +145,23 @@ def test_varlen_sequences_longer_than_a_block(rng):
 
 @pytest.mark.parametrize("target", CDNA)
 def test_code_objects_compute_attention(target, rng):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_dense(target, 1, 2, 1, 40, 70, 64, 1, "bf16", rng, isa_run=True)
-        run_varlen(target, [20, 7], [35, 0], 2, 2, 128, 0, "f16", rng, isa_run=True)
+    run_dense(target, 1, 2, 1, 40, 70, 64, 1, "bf16", rng, isa_run=True)
+    run_varlen(target, [20, 7], [35, 0], 2, 2, 128, 0, "f16", rng, isa_run=True)
 
 
 @pytest.mark.parametrize("target", CDNA)
 def test_pinned_output_accumulator_on_the_isa_emulator(target, rng):
     """PIN='a0': O^T lives in a0.. for the whole kernel (its MFMAs inline asm on the pinned
     range, its rescale word by word through v_accvgpr_read/write)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_dense(target, 1, 2, 1, 40, 70, 128, 1, "bf16", rng, isa_run=True, PIN="a0")
+    run_dense(target, 1, 2, 1, 40, 70, 128, 1, "bf16", rng, isa_run=True, PIN="a0")
 
 
 # ---- static checks of the code objects ------------------------------------------------------
 
 def build(kernel, target, **consts):
-    """(report, main-loop instructions) of one compiled kernel."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")      # LLVM notes asm clobbering reserved AGPRs
-        obj = compiler.code_object(kernel, target, **consts)
-        rep = compiler.report(kernel, target, **consts)
+    """(report, main-loop instructions, assembly) of one compiled kernel."""
+    obj = compiler.code_object(kernel, target, **consts)
+    rep = compiler.report(kernel, target, **consts)
     insts, labels = hsaco.instructions(amdgpu.disassemble(obj, target), rep["kernel"])
     return rep, hsaco.main_loop(insts, labels).instructions(insts), \
         compiler.assembly(kernel, target, **consts)

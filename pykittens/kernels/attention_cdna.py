@@ -6,22 +6,27 @@ the accumulator's lanes, the softmax reduces columns (`pk.col_max`, `pk.col_sum`
 converts in registers into a krun=4 B operand, O^T += V^T P^T takes V^T from LDS as a krun=4
 A operand, and O leaves through `pk.transpose`.
 
-K and V blocks go from memory straight into LDS (`direct=True`), each double-buffered, and
-are fetched 1.5 blocks ahead. The waves form two groups one barrier phase apart
-(`pk.pingpong`); an iteration is four clusters, so while one group computes at raised
-priority, the other reads LDS and issues the next fetches:
+K and V blocks of BN keys go from memory straight into LDS (`direct=True`), each
+double-buffered, and are fetched 1.5 blocks ahead. The waves form two groups one barrier
+phase apart (`pk.pingpong`); an iteration is four clusters, so that while one group computes
+at raised priority the other reads LDS and issues the next fetches:
 
-    compute  S_{j+1} = K_{j+1} Q^T      | O *= alpha_j, l = l alpha_j + colsum P_j, P_j -> bf16
+    compute  S_{j+1} = K_{j+1} Q^T      | O *= alpha_j, l = l alpha_j + colsum P_j, P_j -> DT
     memory   fetch K_{j+3}              | V_j: LDS -> registers
-    compute  O += V_j^T P_j^T           | softmax of S_{j+1}: max, alpha_{j+1}, P_{j+1}
+    compute  O += V_j^T P_j^T           | softmax of S_{j+1}: mask, max, alpha_{j+1}, P_{j+1}
     memory   fetch V_{j+2}              | K_{j+2}: LDS -> registers
 
-so each MFMA cluster carries the other block's softmax for the scheduler to interleave. The
-last iteration's S_{j+1} is of a block past the end, which the mask removes entirely.
+Each MFMA cluster carries the other block's softmax for the scheduler to interleave (LLVM
+places the arithmetic; it may move some of it to where its result is read). The last
+iteration's S_{j+1} is of a block past the end, which the mask removes entirely.
 
 The grid is one-dimensional and head-first (chiplet.attention_head_first): all workgroups
 that read one KV head are consecutive logical ids, chunked onto one XCD so its L2 holds that
-head's K and V; the prologue decodes (batch, head, q block) from the launch index."""
+head's K and V; the prologue decodes (batch, head, q block) from the launch index.
+
+PIN="a0" places O^T on a0.. for the whole kernel (MFMAs as inline asm on the pinned range);
+its rescale then goes through v_accvgpr_read/write every block, about twice the VALU work of
+leaving O^T to LLVM's allocator, so it is off by default (docs/targets/cdna.md)."""
 from __future__ import annotations
 
 import contextlib
