@@ -115,7 +115,10 @@ def test_docs_cdna_examples_agree(doc, monkeypatch):
                 return res
             for k, v in res.items():
                 if not np.array_equal(got[k].view(np.uint8), v.view(np.uint8)):
-                    assert rel_err(got[k], v.astype(np.float64)) < 1e-6, (kernel.name, k)
+                    a, b = got[k].astype(np.float64), v.astype(np.float64)
+                    inf = np.isinf(b)                # e.g. LSE of rows that see no key
+                    assert np.array_equal(a[inf], b[inf]), (kernel.name, k)
+                    assert rel_err(a[~inf], b[~inf]) < 1e-6, (kernel.name, k)
             seen.append(kernel.name)
         return res
 
