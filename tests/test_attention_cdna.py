@@ -187,6 +187,9 @@ def test_code_object_static_checks(target, d, causal):
     per = {"gfx942": 8, "gfx950": 16}[target]                  # K of one bf16 MFMA
     want = bn // 32 * (d // per) + d // 32 * (bn // per)       # S^T = K Q^T, O^T += V^T P^T
     assert rep["loop_mfma"] == rep["loop_executed"]["mfma"] == want, rep
+    dma = [a for o, a in body if o.startswith("buffer_load") and a.endswith(" lds")]
+    per_wave = bn * d * 2 // (8 * 64 * {"gfx942": 4, "gfx950": 16}[target])
+    assert len(dma) == rep["loop_executed"]["vmem"] == 2 * per_wave      # K and V: DMA only
     ops = [op for op, _ in body]
     assert ops.count("s_barrier") == 4                          # four clusters a block
     first = ops.index("s_setprio")
