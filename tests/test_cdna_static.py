@@ -98,6 +98,61 @@ def test_pinned_gemm_runs_its_mfmas_on_the_pinned_registers(target):
     assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0
 
 
+@pk.kernel(num_waves=8)
+def pinned_under_pressure(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], PIN: pk.const = "v72"):
+    keep = pk.load(pk.rt((64, 16), pk.f32, pin=PIN), x)      # 16 pinned registers
+    t = pk.load(pk.rt((64, 128), pk.f32), x)                 # 128 of LLVM's own, and more
+    pk.store(out, pk.exp2(t) * 3.0 + t, (0, 0))
+    pk.store(out, keep * 2.0, (0, 128))
+
+
+@pytest.mark.parametrize("num_waves", [4, 8])
+@pytest.mark.parametrize("target", CDNA)
+def test_vgpr_pins_bound_the_allocator(target, num_waves):
+    """LLVM doubles "amdgpu-num-vgpr" on these chips (a VGPR+AGPR total): asked for the
+    lowest pin itself, it allocated up to v143 over the pins at v72..v87 and the ISA
+    emulator read the pinned tile back clobbered. Under pressure it must spill instead."""
+    rep = build(pinned_under_pressure, target, num_waves=num_waves)[1]
+    assert rep["vgpr"] == 88 and rep["vgpr_spill"] > 0, rep
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_pinned_agprs_come_out_of_the_wave_share(target):
+    """8 waves are 2 per SIMD, 256 registers each: with 16 AGPRs pinned LLVM gets the VGPRs
+    below 240 (it counted only its own VGPRs and made 256 + 16, a kernel that cannot run)."""
+    rep = build(pinned_under_pressure, target, PIN="a0")[1]
+    assert (rep["agpr"], rep["unified_vgpr"], rep["occupancy_waves_per_simd"]) == (16, 256, 2)
+
+
+@pk.kernel(num_waves=1)
+def decaying_gemm(a: pk.gl[pk.bf16, 2], bt: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2]):
+    acc = pk.zeros(pk.rt((32, 128), pk.f32, role="acc", pin="a0"))   # a0..a63
+    for k in pk.range(a.shape[1] // 32):
+        acc *= 0.5                                                    # a pinned tile, in place
+        pk.mma_ABt(acc, pk.load(pk.rt((32, 32), pk.bf16, role="a"), a, (0, k * 32)),
+                   pk.load(pk.rt((128, 32), pk.bf16, "row", role="b"), bt, (0, k * 32)))
+    pk.store(c, acc)
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_pinned_tile_updates_in_place_word_by_word(target, rng):
+    """acc *= 0.5 on a pinned tile reads, scales and writes back one register at a time, so
+    the tile never sits in VGPRs whole; the code object computes it (ISA emulator)."""
+    obj, rep, insts, loop = build(decaying_gemm, target)
+    moves = [(op, arg) for op, arg in loop.instructions(insts) if op.startswith("v_accvgpr")]
+    regs = [arg.split(",")[1].strip() if op.endswith("read_b32") else arg.split(",")[0]
+            for op, arg in moves]
+    assert [op[-8:-4] for op, _ in moves] == ["read", "rite"] * 64
+    assert regs == [f"a{i // 2}" for i in range(128)]
+    a = rng.standard_normal((32, 96)).astype(pk.bf16.np)
+    bt = rng.standard_normal((128, 96)).astype(pk.bf16.np)
+    want = sum(0.5 ** (2 - i) * a[:, 32 * i:32 * i + 32].astype(np.float64)
+               @ bt[:, 32 * i:32 * i + 32].astype(np.float64).T for i in range(3))
+    got = pk.emulate(decaying_gemm, a, bt, np.zeros((32, 128), np.float32), grid=1,
+                     target=target, isa=True)["c"]
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
 # ---- plain fp8 on gfx950: the f8f6f4 MFMAs without scales -----------------------------------
 
 from test_mma import gemm as wave_gemm  # noqa: E402  (64x64 per workgroup, 32x32 per wave)

@@ -538,3 +538,21 @@ def test_mma_needs_role_tiles():
 
     with pytest.raises(pk.KernelError, match="d must be an accumulator tile"):
         k.specialize()
+
+
+@pytest.mark.parametrize("target", ["gfx950", "sm_90a"])
+def test_comparisons_broadcast_a_vector_on_either_side(target):
+    """`tile < vector` (Python asks the vector first, its class deriving from the tile's)
+    and `vector > tile` both compare the tile with the vector broadcast along its axis."""
+    @pk.kernel
+    def compare(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):
+        t = pk.load(pk.rt((16, 64), pk.f32), x)
+        v = pk.row_max(t) * 0.5
+        pk.store(out, pk.where(t < v, t, 0.0), (0, 0))
+        pk.store(out, pk.where(v > t, 0.0, t), (16, 0))
+
+    x = np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)
+    got = pk.emulate(compare, x, np.zeros((32, 64), np.float32), grid=1, target=target)["out"]
+    half = x.max(1, keepdims=True) * 0.5
+    assert np.array_equal(got[:16], np.where(x < half, x, 0.0))
+    assert np.array_equal(got[16:], np.where(half > x, 0.0, x))

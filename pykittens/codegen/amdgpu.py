@@ -29,13 +29,30 @@ class AMDGPURenderer(Renderer):
         if any(f == "a" for f, _, _ in pins):
             # The register allocator gets no AGPRs: the pinned accumulators are ours alone.
             extra += ' "amdgpu-agpr-alloc"="0"'
-        vlow = min((first for f, first, _ in pins if f == "v"), default=None)
-        if vlow is not None:
-            # Cap the allocator below the lowest pinned VGPR.
-            extra += f' "amdgpu-num-vgpr"="{vlow}"'
+        cap = self._vgpr_cap(pins)
+        if cap is not None:
+            extra += f' "amdgpu-num-vgpr"="{cap}"'
         attrs = (f'attributes #0 = {{ "amdgpu-flat-work-group-size"="{threads},{threads}" '
                  f'"target-cpu"="{self.p.target.name}" "uniform-work-group-size"="true"{extra} }}')
         return attrs + "\n\n" + self._line_table_metadata()
+
+    def _vgpr_cap(self, pins):
+        """The "amdgpu-num-vgpr" value that keeps LLVM's allocator below the lowest pinned
+        VGPR and, with pinned AGPRs, inside the wave's share of the unified register file
+        less those AGPRs (LLVM does not count registers that only inline asm names; AGPRs
+        start at a multiple of 4 past the VGPRs). LLVM reads the attribute on gfx90a-class
+        chips as half of a VGPR+AGPR total (GCNSubtarget::getBaseMaxNumVGPRs doubles it),
+        which its VGPRs may fill when it allocates no AGPRs, and ignores a total above the
+        wave's share: so half the cap, which also bounds VGPRs when it does use AGPRs."""
+        vlow = min((first for f, first, _ in pins if f == "v"), default=None)
+        agprs = max((first + n for f, first, n in pins if f == "a"), default=0)
+        t = self.p.target
+        per_simd = -(-self.p.num_waves // t.simds_per_cu)
+        if agprs:
+            share = t.unified_regs // per_simd // t.reg_granule * t.reg_granule
+            left = (share - agprs) // 4 * 4
+            vlow = left if vlow is None else min(vlow, left)
+        return None if vlow is None else vlow // 2
 
     # -- edge code, marked in the line table ------------------------------------------------
     # The report counts the main loop's instructions that an interior tile runs apart from
@@ -90,22 +107,24 @@ class AMDGPURenderer(Renderer):
         pin = getattr(reg.type, "pin", None)
         if pin is None:
             return super().read(reg)
-        f, first = pin
         n_words = reg.type.dwords
-        words = []
-        for i in range(n_words):
-            asm = f"v_accvgpr_read_b32 $0, a{first + i}" if f == "a" else f"v_mov_b32 $0, v{first + i}"
-            # The words land in VGPRs LLVM picked, written by inline asm, which LLVM does not
-            # count as VALU writes: an MFMA intrinsic reading them next needs the wait states
-            # after the last word (kernels with intrinsic MFMAs only).
-            after = self.ws.valu_write_mfma_read if self.hz_intrinsic and i == n_words - 1 else 0
-            asm = self._guarded(asm, reads=[(f, first + i)], after=after)
-            r = self.fresh()
-            self.ins(f'{r} = call i32 asm sideeffect "{asm}", "=v"()')
-            words.append(Value(r, "i32", 0))
+        words = [self._read_word(reg, i, last=i == n_words - 1) for i in range(n_words)]
         packed = self.build(words) if len(words) > 1 else words[0]
         n, ety = reg.type.nslots, llty(reg.type.dtype)
         return self.op(f"bitcast {packed} to <{n} x {ety}>", ety, n)
+
+    def _read_word(self, reg, i, last=True) -> Value:
+        """Word i (32 bits) of a pinned tile, as an i32 LLVM holds in a VGPR of its choice."""
+        f, first = reg.type.pin
+        asm = f"v_accvgpr_read_b32 $0, a{first + i}" if f == "a" else f"v_mov_b32 $0, v{first + i}"
+        # The words land in VGPRs LLVM picked, written by inline asm, which LLVM does not
+        # count as VALU writes: an MFMA intrinsic reading them next needs the wait states
+        # after the last word (kernels with intrinsic MFMAs only).
+        after = self.ws.valu_write_mfma_read if self.hz_intrinsic and last else 0
+        asm = self._guarded(asm, reads=[(f, first + i)], after=after)
+        r = self.fresh()
+        self.ins(f'{r} = call i32 asm sideeffect "{asm}", "=v"()')
+        return Value(r, "i32", 0)
 
     def write(self, reg, v: Value):
         pin = getattr(reg.type, "pin", None)
@@ -114,18 +133,57 @@ class AMDGPURenderer(Renderer):
         n = reg.type.nslots
         if v.n != n:
             v = self.splat(v, n)
-        f, first = pin
         k = reg.type.dwords
         words = self.op(f"bitcast {v} to <{k} x i32>", "i32", k)
         for i in range(k):
-            w = self.extract(words, i)
-            r = first + i
-            asm = f"v_accvgpr_write_b32 a{r}, $0" if f == "a" else f"v_mov_b32 v{r}, $0"
-            # An f32 value may come straight from an MFMA intrinsic's result registers, and
-            # LLVM does not see this asm as the VALU read that must wait for them.
-            before = self.hz_intrinsic_after_write if i == 0 and reg.type.dtype == T.f32 else 0
-            asm = self._guarded(asm, writes=[(f, r)], before=before)
-            self.ins(f'call void asm sideeffect "{asm}", "v,~{{{f}{r}}}"({w})')
+            self._write_word(reg, i, self.extract(words, i), first_word=i == 0)
+
+    def _write_word(self, reg, i, w: Value, first_word=True):
+        f, first = reg.type.pin
+        r = first + i
+        asm = f"v_accvgpr_write_b32 a{r}, $0" if f == "a" else f"v_mov_b32 v{r}, $0"
+        # An f32 value may come straight from an MFMA intrinsic's result registers, and
+        # LLVM does not see this asm as the VALU read that must wait for them.
+        before = self.hz_intrinsic_after_write if first_word and reg.type.dtype == T.f32 else 0
+        asm = self._guarded(asm, writes=[(f, r)], before=before)
+        self.ins(f'call void asm sideeffect "{asm}", "v,~{{{f}{r}}}"({w})')
+
+    def _updates_pinned(self, op) -> bool:
+        """An elementwise op that rewrites a pinned tile from itself (acc *= alpha)."""
+        return getattr(getattr(op.dst, "type", None), "pin", None) is not None and \
+            op.dst in op.srcs and op.dst.type.nslots > 1
+
+    def _pinned_wordwise(self, op, fn):
+        """dst <- fn(operands) for a pinned dst that is one of the operands, one 32-bit word
+        at a time: read the word, compute, write it back. The tile never sits in VGPRs
+        whole, as reading it all before writing it back would have it (asm keeps order)."""
+        dst = op.dst
+        n, per = dst.type.nslots, max(1, 4 // dst.type.dtype.bytes)
+        ety = llty(dst.type.dtype)
+        others = {}
+        for s_ in op.srcs:
+            if s_ is not dst and s_ not in others:
+                v = self.read(s_)
+                others[s_] = self.splat(v, n) if v.n not in (0, n) else v
+        words = dst.type.dwords
+        for i in range(words):
+            w = self._read_word(dst, i, last=i == words - 1)
+            cur = self.op(f"bitcast i32 {w.text} to {ety if per == 1 else f'<{per} x {ety}>'}",
+                          ety, 0 if per == 1 else per)
+            idx = list(range(i * per, (i + 1) * per))
+            vals = [cur if s_ is dst else
+                    (others[s_] if others[s_].n == 0 else
+                     (self.extract(others[s_], idx[0]) if per == 1 else
+                      self.pick(others[s_], idx))) for s_ in op.srcs]
+            res = fn(vals)
+            out = self.op(f"bitcast {res} to i32", "i32", 0)
+            self._write_word(dst, i, out, first_word=i == 0)
+
+    def r_bin(self, op):
+        if self._updates_pinned(op):
+            d = op.dst.type.dtype
+            return self._pinned_wordwise(op, lambda v: self.binary(op.attrs["op"], v[0], v[1], d))
+        super().r_bin(op)
 
     # -- wait states around the inline asm --------------------------------------------------
     # LLVM's hazard recognizer does not look inside inline asm, and LLVM never touches pinned
@@ -539,9 +597,6 @@ class AMDGPURenderer(Renderer):
         ok = self._and(self.op(f"icmp eq i32 {self.op(f'srem i32 {n_last.text}, {vec}', 'i32', 0).text}, 0", "i1", 0),
                        self.op(f"icmp eq i32 {self.op(f'srem i32 {c0.text}, {vec}', 'i32', 0).text}, 0", "i1", 0))
         dma_l, reg_l, join = self.branch(ok, "lds_dma", "lds_copy", "lds_done")
-        self.start_block(reg_l)
-        super().r_gload_lds(op)
-        self.ins(f"br label %{join}")
         self.start_block(dma_l)
         rsrc = self.resource(gl)
         lrow = self.lane_base(lay, 0, "workgroup")
@@ -584,6 +639,11 @@ class AMDGPURenderer(Renderer):
             self.call("void", "llvm.amdgcn.raw.ptr.buffer.load.lds",
                       [f"ptr addrspace(8) {rsrc}", f"ptr addrspace(3) {ptr.text}",
                        f"i32 {size}", str(voff), "i32 0", "i32 0", "i32 0"])
+        self.ins(f"br label %{join}")
+        # the ordinary copy last: the line table marks it edge code up to the join, and the
+        # DMA side above stays main code (the report's executed loop counts it)
+        self.start_block(reg_l)
+        super().r_gload_lds(op)
         self.ins(f"br label %{join}")
         self.start_block(join)
 

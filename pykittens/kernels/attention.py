@@ -13,6 +13,8 @@ import math
 
 import pykittens as pk
 
+from .attention_cdna import CDNA_TARGETS, cdna_attention, cdna_launch
+
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -231,12 +233,16 @@ def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
                   BN: pk.const = 128, STAGES: pk.const = 2, PINGPONG: pk.const = 0,
                   WG: pk.const = 2, PERSISTENT: pk.const = 0, LAZY: pk.const = 1,
-                  TARGET: pk.const = "sm_90a"):
+                  TARGET: pk.const = "sm_90a", MAP: pk.const = "head-first",
+                  PIN: pk.const = ""):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
-    (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper."""
+    (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper; on CDNA 8 waves and a grid of
+    B Hq ceil(Nq / 256) in the order MAP names (attention_cdna)."""
     if TARGET == "sm_90a":
         _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT,
                 LAZY)
+    elif TARGET in CDNA_TARGETS:
+        cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, PIN=PIN)
     else:
         raise pk.NotSupportedYet(f"attention_fwd has no schedule for {TARGET} yet")
 
@@ -275,7 +281,7 @@ def attention_fwd_launch(i: dict, target, **overrides):
                          "heads (GQA groups)")
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     if t.family != "hopper":
-        raise NotImplementedError(f"attention_fwd has no schedule for {t.name} yet")
+        return cdna_launch(b, hq, nq, d, t.name, CAUSAL=causal, **overrides)
     # chosen on the H200 (docs/PERF.md): 64-row head dims take three consumers in ping-pong
     wide = {"WG": 3, "PINGPONG": 1, "num_waves": 16} if d == 64 else {}
     consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0, "WG": 2,

@@ -208,6 +208,19 @@ class RV(RT):
     def shape(self):
         return (self.type.length,)
 
+    # `tile < vector`: Python asks the right operand first when its class derives from the
+    # left one's, so a vector would compare itself against the tile. Decline, and the tile's
+    # own comparison broadcasts the vector.
+    def _cmp(self, op, o):
+        if isinstance(o, RT) and not isinstance(o, RV):
+            return NotImplemented
+        return self._bin(op, o)
+
+    def __lt__(self, o): return self._cmp("lt", o)
+    def __le__(self, o): return self._cmp("le", o)
+    def __gt__(self, o): return self._cmp("gt", o)
+    def __ge__(self, o): return self._cmp("ge", o)
+
 
 class ST(Tile):
     """Workgroup-shared tile (LDS / shared memory)."""

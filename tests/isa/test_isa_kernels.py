@@ -76,7 +76,8 @@ def test_pinned_gemm_example(target):
     code object has no hazard on either chip and runs from the code object with the
     dynamic checks on. The same listing with the renderer's s_nops taken out has the read
     of the accumulator too close to the loop's last MFMA (on gfx942 6 wait states where 11
-    are needed), which the static check reports."""
+    are needed), which the static check reports (on gfx950 LLVM's own instructions happen
+    to fill the gaps)."""
     import runpy
     from pykittens import compiler
     pinned_gemm = runpy.run_path(os.path.join(ROOT, "docs/examples/pinned_gemm.py"))["pinned_gemm"]
@@ -91,8 +92,7 @@ def test_pinned_gemm_example(target):
     assert rel_err(c, ref) < 1e-6
     bare = "\n".join(ln for ln in asm.split("\n") if not ln.strip().startswith("s_nop"))
     found = isa.check_hazards(bare, target)
-    assert found                             # the renderer's s_nops are what keeps it clean
-    if target == "gfx942":
+    if target == "gfx942":                   # the renderer's s_nops are what keeps it clean
         assert ("v_accvgpr_read_b32", "a0", "xdl-write-read") in {
             (v.consumer.split(" at ")[0], v.register, v.rule) for v in found}
         assert min(v.actual for v in found if v.rule == "xdl-write-read") == 6
@@ -115,7 +115,10 @@ def test_docs_cdna_examples_agree(doc, monkeypatch):
                 return res
             for k, v in res.items():
                 if not np.array_equal(got[k].view(np.uint8), v.view(np.uint8)):
-                    assert rel_err(got[k], v.astype(np.float64)) < 1e-6, (kernel.name, k)
+                    a, b = got[k].astype(np.float64), v.astype(np.float64)
+                    inf = np.isinf(b)                # e.g. LSE of rows that see no key
+                    assert np.array_equal(a[inf], b[inf]), (kernel.name, k)
+                    assert rel_err(a[~inf], b[~inf]) < 1e-6, (kernel.name, k)
             seen.append(kernel.name)
         return res
 
