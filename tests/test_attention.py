@@ -11,7 +11,9 @@ import pytest
 
 import pykittens as pk
 from pykittens import compiler
-from pykittens.kernels.attention import attention_fwd, attention_fwd_launch, hopper_schedules
+from pykittens.kernels.attention import (attention_fwd, attention_fwd_launch,
+                                         attention_fwd_varlen, attention_fwd_varlen_launch,
+                                         hopper_schedules)
 from conftest import rel_err
 
 DT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
@@ -88,6 +90,36 @@ def test_rows_that_see_no_key_and_a_late_maximum(rng):
     check(o, lse, want)
     assert np.all(o[:, :, :100] == 0) and np.all(np.isneginf(lse[:, :, :100]))
     check(*run(q, k, v, 1, LAZY=0))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_packed_variable_lengths(rng, d, causal):
+    """attention_fwd_varlen on Hopper: four sequences of different lengths packed along
+    the rows (one with no queries, one with no keys, one longer than a block), each against
+    its own float64 attention; rows outside every sequence stay untouched."""
+    lq, lk = [50, 0, 200, 20], [70, 30, 260, 0]
+    cq, ck = (np.cumsum([0] + n).astype(np.int32) for n in (lq, lk))
+    hq, hkv = 4, 2
+    q = rng.standard_normal((hq, cq[-1] + 5, d)).astype(DT["bf16"])    # 5 rows past the end
+    k = rng.standard_normal((hkv, ck[-1], d)).astype(DT["bf16"])
+    v = rng.standard_normal((hkv, ck[-1], d)).astype(DT["bf16"])
+    i = {"q": q, "k": k, "v": v, "cu_seqlens_q": cq, "cu_seqlens_k": ck}
+    grid, consts = attention_fwd_varlen_launch(i, "sm_90a", CAUSAL=causal)
+    scale = 1 / math.sqrt(d)
+    got = pk.emulate(attention_fwd_varlen, q, k, v, np.full(q.shape, 7.0, q.dtype),
+                     np.full(q.shape[:2], 7.0, np.float32), cq, ck, scale, grid=grid,
+                     target="sm_90a", **consts)
+    for b in range(4):
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        if lq[b] and not lk[b]:                  # no keys: O = 0, LSE = -inf
+            assert not got["o"][:, rows].astype(np.float32).any()
+            assert np.all(np.isneginf(got["lse"][:, rows]))
+        elif lq[b]:
+            want = reference(q[None, :, rows], k[None, :, keys], v[None, :, keys], scale,
+                             causal)
+            check(got["o"][None, :, rows], got["lse"][None, :, rows], want)
+    assert np.all(got["o"][:, cq[-1]:] == 7.0) and np.all(got["lse"][:, cq[-1]:] == 7.0)
 
 
 def test_launch_checks_name_the_limit(rng):

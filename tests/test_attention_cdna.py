@@ -13,9 +13,9 @@ import pytest
 import pykittens as pk
 from pykittens import chiplet, compiler, isa
 from pykittens.analysis import hsaco
-from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
-from pykittens.kernels.attention_cdna import (BLOCK_KEYS, attention_fwd_varlen,
-                                              attention_fwd_varlen_launch, cdna_grid)
+from pykittens.kernels.attention import (attention_fwd, attention_fwd_launch,
+                                         attention_fwd_varlen, attention_fwd_varlen_launch)
+from pykittens.kernels.attention_cdna import BLOCK_KEYS, cdna_grid
 from pykittens.toolchain import amdgpu
 from conftest import rel_err
 
@@ -254,7 +254,7 @@ def test_varlen_launch_and_hopper():
     with pytest.raises(ValueError, match="non-decreasing"):
         attention_fwd_varlen_launch({**i, "cu_seqlens_k": np.array([0, 90, 80], np.int32)},
                                     "gfx950")
-    with pytest.raises(pk.NotSupportedYet, match="no Hopper schedule yet"):
-        attention_fwd_varlen_launch(i, "sm_90a")
+    grid, consts = attention_fwd_varlen_launch(i, "sm_90a")   # 3 consumers of 64 rows
+    assert grid == (1, 4, 2) and consts["WG"] == 3 and consts["TARGET"] == "sm_90a"
     with pytest.raises(pk.NotSupportedYet, match="attention_fwd_varlen has no schedule"):
-        compiler.tile_ir(attention_fwd_varlen, DT="bf16", D=64, TARGET="sm_90a")
+        compiler.tile_ir(attention_fwd_varlen, DT="bf16", D=64, TARGET="sm_80")

@@ -268,26 +268,96 @@ def attention_fwd_launch(i: dict, target, **overrides):
     and says so: head dims 64 and 128, Hq a multiple of Hkv, 16-bit element types."""
     from ..targets import get
     t = get(target)
-    (b, hq, nq, d), (bk, hkv, nk, dk) = i["q"].shape, i["k"].shape
-    if d != dk or tuple(i["v"].shape) != (bk, hkv, nk, d) or bk != b:
-        raise ValueError(f"attention: q {tuple(i['q'].shape)}, k {tuple(i['k'].shape)} and "
-                         f"v {tuple(i['v'].shape)} must agree in batch, head dim and (k, v) "
-                         "sequence length")
+    (b, hq, nq, d), bk = i["q"].shape, i["k"].shape[0]
+    if bk != b:
+        raise ValueError(f"attention: q {tuple(i['q'].shape)} and k {tuple(i['k'].shape)} "
+                         "must agree in batch")
+    _check_heads(i["q"].shape, i["k"].shape, i["v"].shape)
+    causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
+    if t.family != "hopper":
+        return cdna_launch(b, hq, nq, d, t.name, CAUSAL=causal, **overrides)
+    consts = _hopper_consts(d, causal, t.name, {"PERSISTENT": 0, **overrides})
+    blocks = -(-nq // (64 * consts["WG"]))
+    if consts["PERSISTENT"]:
+        return (min(blocks * hq * b, t.num_cus),), consts
+    return (blocks, hq, b), consts
+
+
+def _check_heads(q_shape, k_shape, v_shape):
+    """Head dims 64 or 128, one head dim and (k, v) length, Hq a multiple of Hkv: shapes
+    whose last three dims are (H, N, D)."""
+    (hq, _, d), (hkv, nk, dk) = q_shape[-3:], k_shape[-3:]
+    if d != dk or tuple(v_shape) != tuple(k_shape):
+        raise ValueError(f"attention: q {tuple(q_shape)}, k {tuple(k_shape)} and v "
+                         f"{tuple(v_shape)} must agree in head dim, and k and v in shape")
     if d not in (64, 128):
         raise ValueError(f"attention: head dim {d} is not supported; the kernels take 64 "
                          "or 128")
     if hkv < 1 or hq % hkv:
         raise ValueError(f"attention: {hq} query heads are not a multiple of {hkv} key/value "
                          "heads (GQA groups)")
+
+
+def _hopper_consts(d, causal, target, overrides) -> dict:
+    """The Hopper schedule's launch defaults, chosen on the H200 (docs/PERF.md): 64-wide
+    head dims take three consumers in ping-pong."""
+    wide = {"WG": 3, "PINGPONG": 1, "num_waves": 16} if d == 64 else {}
+    return {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0, "WG": 2,
+            "LAZY": 1, "num_waves": 12, "TARGET": target, **wide, **overrides}
+
+
+@pk.kernel(num_waves=12)
+def attention_fwd_varlen(q: pk.gl["DT", 3], k: pk.gl["DT", 3], v: pk.gl["DT", 3],
+                         o: pk.gl["DT", 3], lse: pk.gl[pk.f32, 2],
+                         cu_seqlens_q: pk.gl[pk.i32, 1], cu_seqlens_k: pk.gl[pk.i32, 1],
+                         scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
+                         CAUSAL: pk.const = 0, BN: pk.const = 128, STAGES: pk.const = 2,
+                         PINGPONG: pk.const = 0, WG: pk.const = 2, LAZY: pk.const = 1,
+                         MAP: pk.const = "head-first", PIN: pk.const = "",
+                         TARGET: pk.const = "sm_90a"):
+    """attention_fwd over a packed batch of B sequences of different lengths: q, o
+    (Hq, total_q, D) and k, v (Hkv, total_k, D) are (H, total, D) views of packed
+    (total, H, D) tensors, lse is (Hq, total_q) f32, and int32 cu_seqlens_q / cu_seqlens_k
+    (B + 1) hold where each sequence starts (sequence b: rows cu[b] .. cu[b + 1]). Causal
+    masks are bottom-right aligned per sequence. Grid and constants:
+    attention_fwd_varlen_launch."""
+    if TARGET == "sm_90a":
+        _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, 0, LAZY,
+                cu_seqlens_q, cu_seqlens_k)
+    elif TARGET in CDNA_TARGETS:
+        cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET,
+                       cu_seqlens_q, cu_seqlens_k, PIN)
+    else:
+        raise pk.NotSupportedYet(f"attention_fwd_varlen has no schedule for {TARGET} yet")
+
+
+def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides):
+    """(grid, consts) of attention_fwd_varlen for inputs `i`: q (Hq, total_q, D), k and v
+    (Hkv, total_k, D), and cu_seqlens_q, cu_seqlens_k (arrays or tensors, read here to check
+    them and to size the grid by the longest query sequence, unless max_seqlen_q is given).
+    Hopper: grid (ceil(max_seqlen_q / (64 WG)), Hq, B); CDNA: B Hq ceil(max_seqlen_q / 256)
+    workgroups in head-first order."""
+    from ..targets import get
+    t = get(target)
+    _check_heads(i["q"].shape, i["k"].shape, i["v"].shape)
+    (hq, _, d), tk = i["q"].shape, i["k"].shape[1]
+    cu = {}
+    for name, total in (("cu_seqlens_q", i["q"].shape[1]), ("cu_seqlens_k", tk)):
+        c = [int(x) for x in i[name].tolist()]
+        if len(c) < 2 or c[0] < 0 or c[-1] > total or any(b < a for a, b in zip(c, c[1:])):
+            raise ValueError(f"attention: {name} must be B + 1 >= 2 non-decreasing offsets "
+                             f"from 0 to at most {total}, got {c[:8]}")
+        cu[name] = c
+    batch = len(cu["cu_seqlens_q"]) - 1
+    if len(cu["cu_seqlens_k"]) != batch + 1:
+        raise ValueError(f"attention: cu_seqlens_q and cu_seqlens_k hold {batch + 1} and "
+                         f"{len(cu['cu_seqlens_k'])} offsets; both must hold B + 1")
+    if max_seqlen_q is None:
+        c = cu["cu_seqlens_q"]
+        max_seqlen_q = max(b - a for a, b in zip(c, c[1:]))
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     if t.family != "hopper":
-        return cdna_launch(b, hq, nq, d, t.name, CAUSAL=causal, **overrides)
-    # chosen on the H200 (docs/PERF.md): 64-row head dims take three consumers in ping-pong
-    wide = {"WG": 3, "PINGPONG": 1, "num_waves": 16} if d == 64 else {}
-    consts = {"D": d, "CAUSAL": causal, "BN": 128, "STAGES": 2, "PINGPONG": 0, "WG": 2,
-              "PERSISTENT": 0, "LAZY": 1, "num_waves": 12, "TARGET": t.name, **wide,
-              **overrides}
-    blocks = -(-nq // (64 * consts["WG"]))
-    if consts["PERSISTENT"]:
-        return (min(blocks * hq * b, t.num_cus),), consts
-    return (blocks, hq, b), consts
+        return cdna_launch(batch, hq, max(1, max_seqlen_q), d, t.name, CAUSAL=causal,
+                           **overrides)
+    consts = _hopper_consts(d, causal, t.name, overrides)
+    return (max(1, -(-max_seqlen_q // (64 * consts["WG"]))), hq, batch), consts
