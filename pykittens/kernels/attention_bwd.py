@@ -42,16 +42,25 @@ def attention_bwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
                   DQ_ATOMIC: pk.const = 1, TARGET: pk.const = "sm_90a"):
+    """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
+    workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
+    Grid and constants: attention_bwd_launch."""
+    if TARGET == "sm_90a":
+        _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
+                    DQ_ATOMIC)
+    else:
+        raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
+
+
+def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
+                DQ_ATOMIC):
     """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
     (64 per consumer) and then each query block's Q and dO into a ring; two consumer
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
     memory, P^T and dS^T in registers, and dV += P^T dO, dK += dS^T Q with the converted
     registers as wgmma's A operand. With DQ_ATOMIC, dS goes through shared memory into
     dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, added into the f32
-    `dq` (scaled) by TMA reductions.
-    Grid (ceil(Nk / 128), Hkv, B)."""
-    if TARGET != "sm_90a":
-        raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
+    `dq` (scaled) by TMA reductions. Grid (ceil(Nk / 128), Hkv, B)."""
     nq, nk = q.shape[2], k.shape[2]
     group = q.shape[1] // k.shape[1]
     kb, hk, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
@@ -145,11 +154,18 @@ def attention_bwd_dq(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                      dq: pk.gl["DT", 4], scale: pk.f32, DT: pk.const = None,
                      D: pk.const = 128, CAUSAL: pk.const = 0, BN: pk.const = 64,
                      STAGES: pk.const = 2, TARGET: pk.const = "sm_90a"):
-    """Deterministic dQ (Hopper): a workgroup per 128 query rows, the key blocks in order,
-    dQ accumulated in registers: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
-    Grid (ceil(Nq / 128), Hq, B)."""
-    if TARGET != "sm_90a":
+    """dQ of one block of query rows per workgroup, the key blocks in order (deterministic).
+    Grid and constants: attention_bwd_launch."""
+    if TARGET == "sm_90a":
+        _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES)
+    else:
         raise pk.NotSupportedYet(f"attention_bwd_dq has no schedule for {TARGET} yet")
+
+
+def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES):
+    """Hopper: a workgroup per 128 query rows, the key blocks in order, dQ accumulated in
+    registers: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
+    Grid (ceil(Nq / 128), Hq, B)."""
     nq, nk = q.shape[2], k.shape[2]
     group = q.shape[1] // k.shape[1]
     qb, h, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
