@@ -15,7 +15,9 @@ from .values import GL, Scalar
 class GlobalSpec:
     """Annotation `pk.gl[dtype, rank]` or `pk.gl[dtype, (None, 1024)]` (None = runtime).
     The dtype may be the name of a pk.const (`pk.gl["DT", 2]`): it is then inferred from the
-    tensor passed at launch, so one kernel serves several element types."""
+    tensor passed at launch, so one kernel serves several element types. So may a dim
+    (`pk.gl["DT", (None, "D")]`): a static dim whose size the const gives, inferred from the
+    tensor when the const is not passed."""
     dtype: T.DType | str
     shape: tuple
 
@@ -32,7 +34,8 @@ class _GL:
             if not 1 <= shape <= 4:
                 raise TypeError(f"global tensor rank must be 1..4, not {shape}")
             shape = (None,) * shape
-        shape = tuple(None if d is None else int(d) for d in shape)
+        shape = tuple(None if d is None else d if isinstance(d, str) else int(d)
+                      for d in shape)
         return GlobalSpec(dtype if isinstance(dtype, str) and dtype not in T.DTYPES
                           else T.dtype_of(dtype), shape)
 
@@ -75,6 +78,12 @@ class Kernel:
                     raise KernelError(f"parameter {p.name!r} takes its dtype from "
                                       f"{ann.dtype!r}, which is not a pk.const parameter",
                                       self.loc, self.name)
+                for d in ann.shape:
+                    if isinstance(d, str) and (d not in sig.parameters or
+                                               sig.parameters[d].annotation is not const):
+                        raise KernelError(f"parameter {p.name!r} takes a dim from {d!r}, "
+                                          "which is not a pk.const parameter",
+                                          self.loc, self.name)
             elif isinstance(ann, T.DType):
                 self.params.append(Param(p.name, "scalar", T.ScalarType(ann)))
             elif ann is const:
@@ -133,11 +142,16 @@ class Kernel:
         return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc)
 
     def resolve(self, p: Param, consts: dict) -> Param:
-        """The parameter with a dtype named by a const replaced by that const's value."""
-        if p.kind == "gl" and isinstance(p.type.dtype, str):
-            return Param(p.name, p.kind, T.GlobalType(T.dtype_of(consts[p.type.dtype]),
-                                                      p.type.shape))
-        return p
+        """The parameter with a dtype or dims named by consts replaced by their values."""
+        if p.kind != "gl":
+            return p
+        dtype, shape = p.type.dtype, p.type.shape
+        if isinstance(dtype, str):
+            dtype = T.dtype_of(consts[dtype])
+        if any(isinstance(d, str) for d in shape):
+            shape = tuple(_static_dim(self, p.name, d, consts[d]) if isinstance(d, str) else d
+                          for d in shape)
+        return Param(p.name, p.kind, T.GlobalType(dtype, shape))
 
     def __call__(self, *a, **k):
         raise KernelError("a pykittens kernel is not called directly: use "
@@ -145,6 +159,13 @@ class Kernel:
 
     def __repr__(self):
         return f"<pykittens kernel {self.name}>"
+
+
+def _static_dim(k: Kernel, param: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KernelError(f"const {name}={value!r} gives a dim of {param!r}: it must be a "
+                          "positive int", k.loc, k.name)
+    return value
 
 
 def _hashable(v) -> bool:

@@ -39,7 +39,13 @@ def bind_args(kernel, args: tuple, kwargs: dict, *, device: str = "cpu") -> tupl
             got = _elem_type(kernel, p, v)
             if consts.get(dname) is None:
                 consts[dname] = got
-            p = kernel.resolve(p, consts)
+        if p.kind == "gl":
+            for i, d in enumerate(p.type.shape):          # dims named by consts
+                if isinstance(d, str) and consts.get(d, kernel.const_defaults.get(d)) is None:
+                    _elem_type(kernel, p, v)
+                    if len(v.shape) == len(p.type.shape):
+                        consts[d] = int(v.shape[i])
+            p = kernel.resolve(p, {**kernel.const_defaults, **consts})
         out[p.name] = _check_tensor(kernel, p, v, device) if p.kind == "gl" else \
             _check_scalar(kernel, p, v)
     return out, consts
