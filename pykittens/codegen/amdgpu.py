@@ -43,14 +43,17 @@ class AMDGPURenderer(Renderer):
         start at a multiple of 4 past the VGPRs). LLVM reads the attribute on gfx90a-class
         chips as half of a VGPR+AGPR total (GCNSubtarget::getBaseMaxNumVGPRs doubles it),
         which its VGPRs may fill when it allocates no AGPRs, and ignores a total above the
-        wave's share: so half the cap, which also bounds VGPRs when it does use AGPRs."""
+        wave's share: so half the cap, which also bounds VGPRs when it does use AGPRs.
+        With pinned AGPRs the total stays at most the 256 VGPRs: above that LLVM selects
+        the AGPR forms of its MFMAs (SIMachineFunctionInfo's MayNeedAGPRs) and allocates
+        their results in AGPRs, amdgpu-agpr-alloc notwithstanding, over the pinned ones."""
         vlow = min((first for f, first, _ in pins if f == "v"), default=None)
         agprs = max((first + n for f, first, n in pins if f == "a"), default=0)
         t = self.p.target
         per_simd = -(-self.p.num_waves // t.simds_per_cu)
         if agprs:
             share = t.unified_regs // per_simd // t.reg_granule * t.reg_granule
-            left = (share - agprs) // 4 * 4
+            left = min((share - agprs) // 4 * 4, t.vgprs)
             vlow = left if vlow is None else min(vlow, left)
         return None if vlow is None else vlow // 2
 
