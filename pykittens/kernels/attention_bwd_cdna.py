@@ -62,6 +62,10 @@ def cdna_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, DQ_A
     group = hq // hkv
     k_blocks = (nk + BLOCK_KEYS - 1) // BLOCK_KEYS
     b, hk, kb = cdna_grid(pk.program_id(0), batch, hkv, k_blocks, 1, _xcds(TARGET), MAP)
+    # in range by construction; clamped, the compiler knows it, and drops the range checks
+    # of every access (the loop then keeps no mask of them in scalar registers)
+    b = pk.maximum(pk.minimum(b, batch - 1), 0)
+    hk = pk.maximum(pk.minimum(hk, hkv - 1), 0)
     offset, k0 = nk - nq, kb * BLOCK_KEYS
     w = pk.wave_id()
     key0 = k0 + w * KEYS_PER_WAVE                      # this wave's first key
@@ -73,7 +77,8 @@ def cdna_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, DQ_A
 
     def block(step):
         """(query head, first query row) of a step of the walk."""
-        return hk * group + step // per_head, (first + step % per_head) * BM
+        h = pk.maximum(pk.minimum(hk * group + step // per_head, hq - 1), 0)   # (clamped)
+        return h, (first + step % per_head) * BM
 
     qs = pk.empty(pk.st((BM, D), DT), count=2)
     dos = pk.empty(pk.st((BM, D), DT), count=2)
@@ -91,11 +96,17 @@ def cdna_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, DQ_A
     dv_t = pk.zeros(pk.rt((D, KEYS_PER_WAVE), pk.f32, role="acc", pin=f"a{D // 2}"))
     k_b = pk.load(pk.rt((KEYS_PER_WAVE, D), DT, "row", role="b"), k, (b, hk, key0, 0))
     v_b = pk.load(pk.rt((KEYS_PER_WAVE, D), DT, "row", role="b"), v, (b, hk, key0, 0))
-    if DQ_ATOMIC:                                      # all 128 keys, this wave's columns
-        k_dq = pk.load(pk.rt((BLOCK_KEYS, dq_cols), DT, "col", role="b", mma=dq_mma), k,
-                       (b, hk, k0, w * dq_cols))
+    k_dq = []                        # (atomic) the block's 128 keys, this wave's columns
+    for c in pk.static_range(WAVES if DQ_ATOMIC else 0):
+        # through LDS, 32 keys at a time (a gather from memory holds a lane mask per element)
+        pk.load(qs[1], k, (b, hk, k0 + c * KEYS_PER_WAVE, 0), direct=True)
+        pk.barrier()
+        k_dq.append(pk.load(pk.rt((KEYS_PER_WAVE, dq_cols), DT, "col", role="b", mma=dq_mma),
+                            qs[1], (0, w * dq_cols)))
+        pk.barrier()
     operand_t = pk.rt((BM, KEYS_PER_WAVE), DT, "col", role="b", krun=4)
     transposed_t = pk.rt((BM, D), DT, "col", role="a", krun=4)        # Q^T, dO^T (K x M)
+    operand_a = pk.rt((BM, D), DT, "row", role="a")                   # Q, dO
     fetch(0)
     for step in pk.range(steps):
         h, q0 = block(step)
@@ -105,11 +116,10 @@ def cdna_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, DQ_A
             fetch(step + 1)
         lse_r = pk.load(pk.rv(s_t, "row"), lse, (b, h, q0), fill=math.inf)
         delta_r = pk.load(pk.rv(s_t, "row"), delta, (b, h, q0))
-        q_a = pk.load(pk.rt((BM, D), DT, "row", role="a"), qs[st], (0, 0))
-        do_a = pk.load(pk.rt((BM, D), DT, "row", role="a"), dos[st], (0, 0))
         with _compute():
-            s = pk.mma_ABt(pk.empty(s_t), q_a, k_b, c=0)
-            dp = pk.mma_ABt(pk.empty(s_t), do_a, v_b, c=0)
+            s = pk.mma_ABt(pk.empty(s_t), pk.load(operand_a, qs[st], (0, 0)), k_b, c=0)
+            dp = pk.mma_ABt(pk.empty(s_t), pk.load(operand_a, dos[st], (0, 0)), v_b, c=0)
+            pk.interleave([("ds_read", 2), ("mfma", 1)], repeat=2 * D // 8)
         # rows past Nq read LSE = +inf: P = 0 there
         p = pk.exp2(pk.fma(s, scale2, -(lse_r * LOG2E)))
         masked = key0 + KEYS_PER_WAVE > nk
@@ -121,20 +131,20 @@ def cdna_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, DQ_A
             if CAUSAL:
                 keep = keep & (keys <= queries + offset)
             pk.where(keep, p, 0.0, out=p)
-        do_t = pk.load(transposed_t, dos[st], (0, 0))
-        q_t = pk.load(transposed_t, qs[st], (0, 0))
         ds = p * (dp - delta_r)
         with _compute():
-            pk.mma_AtB(dv_t, do_t, pk.convert(operand_t, p))              # dV^T += dO^T P
-            pk.mma_AtB(dk_t, q_t, pk.convert(operand_t, ds))              # dK^T += Q^T dS
+            pk.mma_AtB(dv_t, pk.load(transposed_t, dos[st], (0, 0)), pk.convert(operand_t, p))
+            pk.mma_AtB(dk_t, pk.load(transposed_t, qs[st], (0, 0)), pk.convert(operand_t, ds))
+            pk.interleave([("ds_read", 4), ("mfma", 1)], repeat=2 * D // 8)
         if DQ_ATOMIC:
             pk.store(sds, ds.cast(DT), (0, w * KEYS_PER_WAVE))
             pk.barrier()
-            ds_a = pk.load(pk.rt((BM, BLOCK_KEYS), DT, "row", role="a", mma=dq_mma), sds,
-                           (0, 0))
+            part = pk.empty(pk.rt((BM, dq_cols), pk.f32, role="acc", mma=dq_mma))
             with _compute():
-                part = pk.mma_AB(pk.empty(pk.rt((BM, dq_cols), pk.f32, role="acc",
-                                                mma=dq_mma)), ds_a, k_dq, c=0)
+                for c in pk.static_range(WAVES):
+                    ds_a = pk.load(pk.rt((BM, KEYS_PER_WAVE), DT, "row", role="a", mma=dq_mma),
+                                   sds, (0, c * KEYS_PER_WAVE))
+                    pk.mma_AB(part, ds_a, k_dq[c], c=0 if c == 0 else None)
             pk.atomic_add(dq, part * scale, (b, h, q0, w * dq_cols))
     pk.store(dk, pk.transpose(dk_t * scale).cast(DT), (b, hk, key0, 0))
     pk.store(dv, pk.transpose(dv_t).cast(DT), (b, hk, key0, 0))
