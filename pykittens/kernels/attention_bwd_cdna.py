@@ -162,6 +162,9 @@ def cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARG
     block_q = DQ_ROWS * WAVES
     q_blocks = (nq + block_q - 1) // block_q
     b, h, qb = cdna_grid(pk.program_id(0), batch, heads, q_blocks, group, _xcds(TARGET), MAP)
+    b = pk.maximum(pk.minimum(b, batch - 1), 0)        # (clamped: see cdna_bwd)
+    h = pk.maximum(pk.minimum(h, heads - 1), 0)
+    qb = pk.maximum(pk.minimum(qb, q_blocks - 1), 0)
     hk, offset = h // group, nk - nq
     if CAUSAL:
         qb = q_blocks - 1 - qb                         # the longest rows start first
@@ -183,33 +186,32 @@ def cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARG
     do_b = pk.load(pk.rt((DQ_ROWS, D), DT, "row", role="b"), do, (b, h, row0, 0))
     lse2 = pk.load(pk.rv(t_t, "col"), lse, (b, h, row0), fill=math.inf) * LOG2E
     delta_c = pk.load(pk.rv(t_t, "col"), delta, (b, h, row0))
-    dq_t = pk.zeros(pk.rt((D, DQ_ROWS), pk.f32, role="acc"))          # dQ^T
+    dq_t = pk.zeros(pk.rt((D, DQ_ROWS), pk.f32, role="acc", pin="a0"))   # dQ^T, in AGPRs
     fetch(0)
     for j in pk.range(blocks):
         st = j % 2
         pk.barrier()
         with pk.if_(j + 1 < blocks):
             fetch(j + 1)
-        k_a = pk.load(pk.rt((BN, D), DT, "row", role="a"), ks[st], (0, 0))
-        v_a = pk.load(pk.rt((BN, D), DT, "row", role="a"), vs[st], (0, 0))
+        operand_a = pk.rt((BN, D), DT, "row", role="a")
         with _compute():
-            s_t = pk.mma_ABt(pk.empty(t_t), k_a, q_b, c=0)                # S^T = K Q^T
-            dp_t = pk.mma_ABt(pk.empty(t_t), v_a, do_b, c=0)              # dP^T = V dO^T
+            s_t = pk.mma_ABt(pk.empty(t_t), pk.load(operand_a, ks[st], (0, 0)), q_b, c=0)
+            dp_t = pk.mma_ABt(pk.empty(t_t), pk.load(operand_a, vs[st], (0, 0)), do_b, c=0)
+            pk.interleave([("ds_read", 2), ("mfma", 1)], repeat=2 * D // 8)
         p_t = pk.exp2(pk.fma(s_t, scale2, -lse2))
         masked = j * BN + BN > nk
         if CAUSAL:
             masked = masked | (j * BN + BN - 1 > row0 + offset)
         with pk.if_(masked):
-            keys, queries = pk.row_index(t_t, j * BN), pk.col_index(t_t, row0)
-            keep = keys < nk
-            if CAUSAL:
-                keep = keep & (keys <= queries + offset)
-            pk.where(keep, p_t, 0.0, out=p_t)
-        k_t = pk.load(pk.rt((BN, D), DT, "col", role="a", krun=4), ks[st], (0, 0))
+            # the first key each query does not see: Nk, or its causal limit
+            limit = pk.min(pk.col_index(t_t, row0 + offset + 1), nk) if CAUSAL else nk
+            pk.where(pk.row_index(t_t, j * BN) - limit < 0, p_t, 0.0, out=p_t)
         ds_t = pk.convert(pk.rt((BN, DQ_ROWS), DT, "col", role="b", krun=4),
                           p_t * (dp_t - delta_c))
-        with _compute():
-            pk.mma_AtB(dq_t, k_t, ds_t)                                   # dQ^T += K^T dS^T
+        with _compute():                                                  # dQ^T += K^T dS^T
+            pk.mma_AtB(dq_t, pk.load(pk.rt((BN, D), DT, "col", role="a", krun=4), ks[st],
+                                     (0, 0)), ds_t)
+            pk.interleave([("ds_read", 4), ("mfma", 1)], repeat=D // 8)
     pk.store(dq, pk.transpose(dq_t * scale).cast(DT), (b, h, row0, 0))
 
 
