@@ -54,8 +54,8 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                     DQ_ATOMIC)
     elif TARGET in CDNA_TARGETS:
-        cdna_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC,
-                 MAP, TARGET)
+        cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
+                 TARGET)
     else:
         raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
 
