@@ -42,7 +42,7 @@ def attention_bwd_prep(o: pk.gl["DT", 4], do: pk.gl["DT", 4], delta: pk.gl[pk.f3
 @pk.kernel(num_waves=12)
 def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEAD],
                   do: pk.gl["DT", HEAD], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
-                  dq: pk.gl[pk.f32, HEAD], dk: pk.gl["DT", HEAD], dv: pk.gl["DT", HEAD],
+                  dq: pk.gl[pk.f32, 4], dk: pk.gl["DT", HEAD], dv: pk.gl["DT", HEAD],
                   scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
                   DQ_ATOMIC: pk.const = 1, TARGET: pk.const = "sm_90a",
