@@ -20,8 +20,6 @@ import pykittens as pk
 
 from .attention import LOG2E, _causal_blocks
 
-LN2 = math.log(2.0)
-
 
 @pk.kernel(num_waves=4)
 def attention_bwd_prep(o: pk.gl["DT", 4], do: pk.gl["DT", 4], delta: pk.gl[pk.f32, 3],
