@@ -235,6 +235,16 @@ MUTATIONS: list[Mutation] = [
        ["tests/test_mma.py::test_block_scaled_mma_on_gfx950"],
        "ISA emulator against float64 (`test_mma::test_block_scaled_mma_on_gfx950`, the "
        "language guide's MX example)"),
+    _m("barrier-without-fences", AMDGPU_PY,
+       """        self.ins('fence syncscope("workgroup") release')
+        self.call("void", "llvm.amdgcn.s.barrier", [])
+        self.ins('fence syncscope("workgroup") acquire')""",
+       """        self.call("void", "llvm.amdgcn.s.barrier", [])""",
+       "pk.barrier() as a bare s_barrier, without the workgroup fences that make LLVM wait "
+       "for the wave's LDS accesses (s_waitcnt lgkmcnt(0)) first",
+       [LIB, "-k", "library_kernel and gemm"],
+       "ISA emulator: another wave touches LDS bytes whose DS write is still in flight "
+       "(every gemm; `test_direct_to_lds_from_the_code_object`)"),
     _m("float-to-int-truncates", LLVM_PY,
        "                                   [str(r)]), e, n)",
        "                                   [str(v)]), e, n)",
