@@ -372,10 +372,10 @@ def run_one(m: Mutation | None, tests, timeout: float, full: bool, keep: bool = 
         mods = sorted({_module(p) for p, _, _ in m.edits}) if m else ["pykittens"]
         if m:
             apply(m, repo)
-        probe = ("import importlib, os, sys\n"
+        probe = (f"import importlib, os\nroot = os.path.realpath({repo!r})\n"
                  f"for name in {mods!r}:\n"
-                 "    mod = importlib.import_module(name)\n"
-                 f"    assert os.path.realpath(mod.__file__).startswith(os.path.realpath({repo!r})), mod.__file__\n"
+                 "    f = os.path.realpath(importlib.import_module(name).__file__)\n"
+                 "    assert f.startswith(root), f'{name} imported from {f}, not the copy'\n"
                  "import pykittens.compiler, pykittens.codegen.amdgpu\n")
         r = subprocess.run([sys.executable, "-c", probe], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=120)

@@ -106,7 +106,8 @@ def test_shared_tiles_from_the_code_object(target, dt, sw, lay):
     xp[:m, :n] = x.astype(np.float64)
     ref = np.concatenate([xp[32 * b + 8 * (3 - w):32 * b + 8 * (4 - w)]
                           for b in range(2) for w in range(4)]) + 1
-    assert np.array_equal(got["back"].astype(np.float64), ref[:m, :n].astype(npd).astype(np.float64))
+    assert np.array_equal(got["back"].astype(np.float64),
+                          ref[:m, :n].astype(npd).astype(np.float64))
 
 
 @pytest.mark.parametrize("target", CDNA)
