@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Mutation check of the CDNA lowering and code generation: plant one realistic bug at a
+"""Mutation check of the CDNA lowering and code generation (and Hopper's wgmma descriptors,
+which only a GPU would otherwise execute): plant one realistic bug at a
 time in a private copy of the repository and run the part of the project's own test suite
 that should notice it. Every mutation must be caught (its tests fail); one that is not is a
 gap in the oracles.
@@ -85,11 +86,13 @@ GFX942_PY = "pykittens/targets/gfx942.py"
 GFX950_PY = "pykittens/targets/gfx950.py"
 AMDGPU_PY = "pykittens/codegen/amdgpu.py"
 LLVM_PY = "pykittens/codegen/llvm.py"
+NVPTX_PY = "pykittens/codegen/nvptx.py"
 LANE_PY = "pykittens/lower/lane.py"
 LOWER_PY = "pykittens/lower/lower.py"
 LIB = "tests/isa/test_isa_kernels.py"          # library kernels from their code objects
 HAZ = "tests/test_cdna_hazards.py"
 PINNED_WAITS = "tests/isa/test_isa_hazards.py::test_pinned_mfma_accumulator_read_waits"
+WGMMA_DESC = "tests/test_hopper_static.py::test_wgmma_descriptors_follow_the_ptx_isa"
 
 MUTATIONS: list[Mutation] = [
     # -- hardware facts: targets/ ----------------------------------------------------------
@@ -305,6 +308,23 @@ MUTATIONS: list[Mutation] = [
        ["tests/test_mma.py::test_gemm_bf16_matches_numpy", f"{LIB}::test_pinned_gemm_example"],
        "both emulators against numpy: every multi-tile mma (`test_mma`, `test_kernels`, "
        "`test_library_kernel_from_its_code_object`)"),
+    # -- Hopper's wgmma descriptors (only a GPU runs them; the check reads the IR) -----------
+    _m("wgmma-desc-stride", NVPTX_PY,
+       "(1024 >> 4) << 32",
+       "(512 >> 4) << 32",
+       "wgmma descriptor: the stride byte offset of a 128B-swizzled operand as 512 bytes (4 "
+       "rows) instead of one 8-row core-matrix group",
+       [WGMMA_DESC],
+       "the descriptor fields against the PTX ISA's Matrix Descriptor Format "
+       "(`test_hopper_static::test_wgmma_descriptors_follow_the_ptx_isa`)"),
+    _m("wgmma-kstep-block", NVPTX_PY,
+       "return (kbyte // 128) * t.shape[0] * 128 + kbyte % 128",
+       "return kbyte",
+       "K steps of a K-major operand wider than 128 bytes run on along the row instead of "
+       "into the next 128-byte column block",
+       [WGMMA_DESC],
+       "the start addresses of the K16 steps against the 128B-swizzle atom layout "
+       "(`test_hopper_static::test_wgmma_descriptors_follow_the_ptx_isa`)"),
 ]
 
 
