@@ -19,7 +19,7 @@ TOOLS = {"memcheck": ["--tool", "memcheck", "--report-api-errors", "no"],
          "synccheck": ["--tool", "synccheck"],
          # pykittens' kernels only: torch's reductions over an output the TMA unit wrote
          # were reported as reads of uninitialised memory
-         "initcheck": ["--tool", "initcheck", "--kernel-name", "regex:attention"]}
+         "initcheck": ["--tool", "initcheck", "--kernel-name", "kns=attention"]}
 
 
 def run_attention():

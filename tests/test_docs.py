@@ -1,4 +1,4 @@
-"""The language guide's snippets run: every ```python block of docs/language.md, in order, in
+"""The language guide's and the README's snippets run: every ```python block, in order, in
 one namespace (a block may end with asserts). Line numbers in tracebacks and kernel errors are
 those of the Markdown file."""
 import os
@@ -16,3 +16,12 @@ def test_guide_has_snippets():
 
 def test_guide_snippets_run():
     run_doc_blocks(GUIDE, "language_md")
+
+
+def test_readme_snippets_run():
+    """The README's examples (a kernel in the emulator; the torch op forward and backward)."""
+    import pytest
+    pytest.importorskip("torch")
+    readme = os.path.join(ROOT, "README.md")
+    assert len(doc_python_blocks(readme)) == 2
+    run_doc_blocks(readme, "readme_md")

@@ -111,3 +111,48 @@ def test_wgmma_needs_the_whole_warpgroup(rng):
                                               r"waves \[0, 1, 2, 3\] only \[0, 1\] reached"):
         pk.emulate(_partial_wgmma, a, b, np.zeros((64, 64), np.float32), grid=1,
                    target="sm_90a", ONLY=2)
+
+
+@pk.kernel(num_waves=12)
+def three_roles(out: pk.gl[pk.f32, 2], OVERLAP: pk.const = 0):
+    """Each role adds its number into the rows of its waves; with OVERLAP the last role
+    covers waves 0..7, overlapping the first."""
+    t = pk.rt((1, 64), pk.f32)
+    row = pk.wave_id()
+    with pk.role(0, 4, regs=24):
+        pk.store(out, pk.load(t, out, (row, 0)) + 1.0, (row, 0))
+    with pk.role(4, 4, regs=240):
+        pk.store(out, pk.load(t, out, (row, 0)) + 2.0, (row, 0))
+    with pk.role(0, 8) if OVERLAP else pk.role(8, 4):
+        pk.store(out, pk.load(t, out, (row, 0)) + 4.0, (row, 0))
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_roles_over_other_waves_chain_as_else_branches(overlap):
+    """Disjoint roles nest as if/else (each later role in the else branch of the ones before
+    it); a role overlapping an earlier one is a branch of its own. Either way each wave runs
+    exactly the roles that name it."""
+    got = pk.emulate(three_roles, np.zeros((12, 64), np.float32), grid=1, target="sm_90a",
+                     OVERLAP=overlap)["out"][:, 0]
+    want = [1 + 4 * overlap] * 4 + [2 + 4 * overlap] * 4 + [0 if overlap else 4] * 4
+    np.testing.assert_array_equal(got, want)
+    top = compiler.tile_ir(three_roles, OVERLAP=overlap).body.ops
+    roles = [op for op in top if op.kind == "if"]
+    assert len(roles) == (2 if overlap else 1)
+    assert len(roles[0].regions) == 2                         # role 2 (and 3) in its else
+
+
+def test_atom_and_reducing_tma_store_errors():
+    @pk.kernel(num_waves=4)
+    def bad_atom(x: pk.gl[pk.bf16, 2]):
+        pk.empty(pk.st((64, 128), pk.bf16, swizzle=8)).atom(2)
+
+    with pytest.raises(pk.KernelError, match=r"atom\(2\): .* has 2 column block\(s\)"):
+        compiler.tile_ir(bad_atom)
+
+    @pk.kernel(num_waves=4)
+    def bad_add(x: pk.gl[pk.i32, 2]):
+        pk.tma_store(x, pk.empty(pk.st((8, 64), pk.i32)), (0, 0), add=True)
+
+    with pytest.raises(pk.KernelError, match="adds f32, f16 or bf16 tiles, not i32"):
+        compiler.tile_ir(bad_add)

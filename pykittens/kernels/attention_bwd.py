@@ -22,7 +22,6 @@ from .attention import LOG2E, _causal_blocks
 from .attention_bwd_cdna import cdna_bwd, cdna_bwd_dq, cdna_bwd_launch
 from .attention_cdna import CDNA_TARGETS
 
-LN2 = math.log(2.0)
 # (B, H, N, D) views whose head dim is the const D: static, so bounds on it fold away
 HEAD = (None, None, None, "D")
 
