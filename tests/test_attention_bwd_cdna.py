@@ -43,9 +43,16 @@ def forward64(q, k, v, scale, causal):
     return o.astype(q.dtype), lse.astype(np.float32)
 
 
+def bhnd_view(x):
+    """x as a (B, H, N, D) view of a (B, N, H, D) array, as ops.attention passes tensors."""
+    return np.ascontiguousarray(x.swapaxes(1, 2)).swapaxes(1, 2)
+
+
 def backward(target, q, k, v, do, causal, isa_run=False):
     """The three passes as ops.attention runs them, the main and dQ passes on `target`
-    (the ISA emulator with isa_run); returns (dq, dk, dv) and the float64 gradients."""
+    (the ISA emulator with isa_run), on (B, H, N, D) views; returns (dq, dk, dv) and the
+    float64 gradients."""
+    q, k, v, do = (bhnd_view(x) for x in (q, k, v, do))
     scale = 1 / math.sqrt(q.shape[-1])
     o, lse = forward64(q, k, v, scale, causal)
     (pg, pc), (mg, mc), (dg, dc) = attention_bwd_launch({"q": q, "k": k}, target,
