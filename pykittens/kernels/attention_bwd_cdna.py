@@ -57,10 +57,11 @@ def _clamp(x, n):
 
 
 class _Interleave:
-    """How many LDS reads and elementwise instructions go beside each MFMA of a 32x32
-    product over a 16-bit operand of D x 32 per lane group, from the target's facts: the
-    MFMA's K, and whether LDS reads can transpose (four 16-bit values a read) or read K
-    runs across rows one element at a time."""
+    """The 4-wave interleave of a 32x32 product of D / K MFMAs (K or M of the product = D,
+    16-bit operands): per MFMA the LDS reads of its operand slice, the MFMA, then some
+    elementwise work. The read counts come from the target's facts: the MFMA's K, and
+    whether LDS reads transpose (four 16-bit values a read) or must read K runs that go
+    down a column one element at a time."""
 
     def __init__(self, TARGET, DT, D):
         from pykittens.targets import get
