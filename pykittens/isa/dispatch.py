@@ -87,11 +87,10 @@ def run(hsaco: bytes, target: str, params, args: dict, grid, num_waves: int, *,
     padded rows); returns every tensor after the run, by parameter name. Wait-state
     hazards and registers read before their loads were waited for are errors unless
     switched off."""
+    from ..runtime.args import check_grid
     prog = program(hsaco, target, kernel)
-    grid = tuple(int(g) for g in ((grid,) if isinstance(grid, int) else grid))
+    grid = check_grid(grid)
     grid3 = grid + (1,) * (3 - len(grid))
-    if not 1 <= len(grid) <= 3 or min(grid) < 1:
-        raise ValueError(f"grid must be 1 to 3 positive workgroup counts, not {grid}")
     wave = prog.info.wavefront_size
     if num_waves * wave > prog.info.max_flat_workgroup_size:
         raise ValueError(f"{prog.name} was compiled for at most "
@@ -152,13 +151,15 @@ def emulate(kernel, *args, grid, target: str = "gfx950", pad_rows: bool = False,
     global tensor after the run, by parameter name; the inputs are not modified)."""
     from .. import compiler
     from ..lower import lower
-    from ..runtime.args import bind_args
+    from ..runtime.args import bind_args, check_grid, check_kernel
     from ..targets import get as get_target
+    check_kernel(kernel, "isa.emulate")
     t = get_target(target)
     if t.family != "cdna":
         raise ValueError(f"the ISA emulator runs AMD code objects (gfx942, gfx950), not "
                          f"{t.name}; use pk.emulate(..., isa=False) for {t.name}")
     bound, consts = bind_args(kernel, args, kwargs)
+    check_grid(grid, kernel)
     prog = lower(kernel.specialize(**consts), t)
     arrays = {k: np.asarray(v) for k, v in bound.items() if not np.isscalar(v)}
     obj = compiler.compile_lane(prog, aligned=aligned(arrays, pad_rows))
