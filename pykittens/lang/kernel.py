@@ -141,8 +141,15 @@ class Kernel:
     def resolve(self, p: Param, consts: dict) -> Param:
         """The parameter with a dtype named by a const replaced by that const's value."""
         if p.kind == "gl" and isinstance(p.type.dtype, str):
-            return Param(p.name, p.kind, T.GlobalType(T.dtype_of(consts[p.type.dtype]),
-                                                      p.type.shape))
+            value = consts[p.type.dtype]
+            try:
+                d = T.dtype_of(value)
+            except TypeError:
+                raise KernelError(f"compile-time constant {p.type.dtype}={value!r} (the element "
+                                  f"type of {p.name!r}) is not an element type pykittens "
+                                  f"takes: use one of {', '.join(T.DTYPES)}", self.loc,
+                                  self.name) from None
+            return Param(p.name, p.kind, T.GlobalType(d, p.type.shape))
         return p
 
     def __call__(self, *a, **k):

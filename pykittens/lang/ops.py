@@ -850,7 +850,35 @@ def range(start, stop=None, step=1):  # noqa: A001
         yield Scalar(idx)
     finally:
         tr.blocks.pop()
-    _check_carried(body, before, caller.f_locals)
+    _check_carried(body, before, caller.f_locals, _loop_targets(caller.f_code))
+
+
+_LOOP_TARGETS: dict = {}
+
+
+def _loop_targets(code) -> frozenset:
+    """Names a `for` statement of `code` binds (e.g. the variable of a pk.static_range loop
+    inside a pk.range body): a Python number those change is expected to change."""
+    got = _LOOP_TARGETS.get(code)
+    if got is None:
+        import dis
+        names, ins = set(), list(dis.get_instructions(code))
+        for i, x in enumerate(ins):
+            if x.opname != "FOR_ITER":
+                continue
+            j, want = i + 1, 1
+            while j < len(ins) and want:
+                y = ins[j]
+                if y.opname.startswith("UNPACK_"):
+                    want += (y.argval if isinstance(y.argval, int) else 1) - 1
+                elif y.opname.startswith("STORE_"):
+                    names.add(y.argval)
+                    want -= 1
+                elif y.opname not in ("NOP", "EXTENDED_ARG", "CACHE"):
+                    break
+                j += 1
+        got = _LOOP_TARGETS[code] = frozenset(n for n in names if isinstance(n, str))
+    return got
 
 
 def _carriable(v) -> bool:
@@ -858,7 +886,8 @@ def _carriable(v) -> bool:
                                             and not isinstance(v, (bool, np.bool_)))
 
 
-def _check_carried(body: Block, before: dict, after: dict) -> None:
+def _check_carried(body: Block, before: dict, after: dict,
+                   loop_targets: frozenset = frozenset()) -> None:
     """The body is traced once: a name that read a tile or scalar from before the loop and
     was then rebound to a value made in the loop (`acc = acc + t`, `off = off + 64`) does
     not carry anything from one iteration to the next, and a Python number the body
@@ -888,7 +917,7 @@ def _check_carried(body: Block, before: dict, after: dict) -> None:
                         f"value): compute it from the loop index instead (e.g. "
                         f"`{name} = start + i * step`)")
         if not hasattr(old, "type") and not isinstance(new, (Tile, Scalar)) and \
-                _carriable(new) and new != old:
+                _carriable(new) and new != old and name not in loop_targets:
             raise error(f"`{name}` is a Python number that this pk.range body changes "
                         f"({old!r} -> {new!r}); the body is traced once, so the loop would "
                         f"use {old!r} in every iteration: compute it from the loop index "

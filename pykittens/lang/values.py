@@ -73,11 +73,9 @@ class Scalar:
             return NotImplemented
         o = as_scalar(other) if not isinstance(other, Scalar) else other
         a, b = (o, self) if reverse else (self, o)
-        if op == "div" and not (a.dtype.is_float or b.dtype.is_float):
-            raise error("`/` of integer scalars is true division, and a fractional "
-                        "coordinate would be rounded: use `//` for integer (floor) division, "
-                        "or .cast(pk.f32) an operand for a float quotient")
-        d = T.f32 if (a.dtype.is_float or b.dtype.is_float) else T.i32
+        # `/` is true division (an f32 quotient, as in Python); such a value is refused
+        # where an integer is needed (as_index), so it can never round into a coordinate
+        d = T.f32 if (a.dtype.is_float or b.dtype.is_float or op == "div") else T.i32
         if op in ("and", "or") and a.dtype == b.dtype == T.boolean:
             d = T.boolean              # `(c1) & (c2)` stays a condition for pk.if_
         a, b = as_scalar(a, d), as_scalar(b, d)

@@ -34,7 +34,14 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 class ArgumentError(KernelError, TypeError, ValueError):
     """A bad argument to a kernel launch or emulation (also a TypeError/ValueError, as the
-    launchers raised before these checks were shared)."""
+    launchers raised before these checks were shared). `site` is where the user made the
+    call; the message shows it after the kernel's own line."""
+
+    def __init__(self, message: str, loc=None, kernel: str | None = None, site=None):
+        super().__init__(message, loc, kernel)
+        self.site = site
+        if site is not None and site != loc:
+            self.args = (f"{self.args[0]} (called at {site})",)
 
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -64,11 +71,10 @@ def call_site() -> Loc | None:
 def fail(msg: str, kernel=None, site: Loc | None = None) -> ArgumentError:
     """An ArgumentError naming the kernel (its definition line) and where it was called."""
     site = site or call_site()
-    where = f" (called at {site})" if site is not None else ""
     if kernel is None:
-        return ArgumentError(msg + where, site)
-    return ArgumentError(msg + where, getattr(kernel, "loc", None),
-                         getattr(kernel, "name", None))
+        return ArgumentError(msg, site)
+    return ArgumentError(msg, getattr(kernel, "loc", None), getattr(kernel, "name", None),
+                         site)
 
 
 def check_kernel(kernel, what: str):
@@ -173,8 +179,8 @@ def check_tensor(v, *, name: str, dtype=None, rank: int | None = None, shape=Non
     if device == "cuda":
         if dev != "cuda":
             where = "on the CPU" if dev == "cpu" else f"on {dev}"
-            raise fail(f"{name} is {where}; move it to the GPU first (x.cuda() or "
-                       f"x.to('cuda:{device_index or 0}'))" +
+            to = "cuda" if device_index is None else f"cuda:{device_index}"
+            raise fail(f"{name} is {where}; move it to the GPU with .to('{to}')" +
                        ("; numpy arrays run with pk.emulate" if isinstance(v, np.ndarray)
                         else ""), kernel)
         if device_index is not None and index is not None and index != device_index:
@@ -333,11 +339,7 @@ def bind_args(kernel, args: tuple, kwargs: dict, *, device: str = "cpu",
             got = element_type(v, label, kernel)
             if consts.get(dname) is None:
                 consts[dname] = got
-            try:
-                p = kernel.resolve(p, consts)
-            except TypeError as e:
-                raise fail(f"compile-time constant {dname}={consts[dname]!r} is not an element "
-                           f"type: {e}", kernel, site) from None
+            p = kernel.resolve(p, consts)
         if p.kind == "gl":
             check_tensor(v, name=label, dtype=p.type.dtype, rank=p.type.rank,
                          shape=p.type.shape, device=device, kernel=kernel)
