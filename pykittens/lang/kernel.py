@@ -160,6 +160,39 @@ class Kernel:
         return f"<pykittens kernel {self.name}>"
 
 
+class NotAKernel(KernelError, TypeError):
+    """A plain function (or anything else) where a @pk.kernel is needed."""
+
+
+def require_kernel(obj, what: str) -> "Kernel":
+    """`obj` itself if it is a @pk.kernel; otherwise an error that names the function's own
+    file and line and says to decorate it."""
+    if isinstance(obj, Kernel):
+        return obj
+    code = getattr(obj, "__code__", None)
+    name = getattr(obj, "__name__", type(obj).__name__)
+    if code is not None:
+        raise NotAKernel(f"{what} takes a @pk.kernel, but {name!r} is a plain "
+                         f"{type(obj).__name__}: put @pk.kernel (or @pk.kernel(num_waves=...)) "
+                         f"above `def {name}`", Loc(code.co_filename, code.co_firstlineno))
+    raise NotAKernel(f"{what} takes a @pk.kernel function, not {type(obj).__name__}",
+                     _outside_pykittens())
+
+
+def _outside_pykittens() -> Loc | None:
+    """The innermost frame outside the pykittens package: the user's call."""
+    import os
+    import sys
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(pkg) and not fn.startswith("<frozen"):
+            return Loc(fn, f.f_lineno)
+        f = f.f_back
+    return None
+
+
 def const_key(consts: dict) -> tuple:
     """A key that tells constants apart by value and type: 1, 1.0 and True are equal in
     Python but trace differently, and two objects that print alike (e.g. grid mappings

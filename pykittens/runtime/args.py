@@ -80,18 +80,8 @@ def fail(msg: str, kernel=None, site: Loc | None = None) -> ArgumentError:
 def check_kernel(kernel, what: str):
     """`kernel` must be a @pk.kernel; a plain function (the decorator forgotten) is named
     with its own file and line."""
-    from ..lang.kernel import Kernel
-    if isinstance(kernel, Kernel):
-        return kernel
-    code = getattr(kernel, "__code__", None)
-    name = getattr(kernel, "__name__", type(kernel).__name__)
-    if code is not None:
-        loc = Loc(code.co_filename, code.co_firstlineno)
-        raise ArgumentError(f"{what} takes a @pk.kernel, but {name!r} is a plain "
-                            f"{type(kernel).__name__}: put @pk.kernel (or "
-                            f"@pk.kernel(num_waves=...)) above `def {name}`", loc)
-    raise fail(f"{what} takes a @pk.kernel function as its first argument, not "
-               f"{type(kernel).__name__}")
+    from ..lang.kernel import require_kernel
+    return require_kernel(kernel, what)
 
 
 def check_grid(grid, kernel=None, *, what: str = "grid") -> tuple[int, ...]:
