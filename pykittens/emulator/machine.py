@@ -919,4 +919,5 @@ def run_program(prog: LaneProgram, args: dict, grid) -> dict:
         for y in range(grid[1]):
             for x in range(grid[0]):
                 m.run_workgroup((x, y, z))
-    return {n: b.flat.reshape(b.shape) for n, b in bufs.items()}
+    out = {id(b): b.flat.reshape(b.shape) for b in bufs.values()}
+    return {n: out[id(b)] for n, b in bufs.items()}
