@@ -8,8 +8,16 @@ from pykittens.kernels import scaled_add
 
 def test_launch_needs_gpu_tensors():
     x = np.ones((4, 64), np.float32)
-    with pytest.raises(pk.KernelError, match="needs at least one GPU tensor"):
+    with pytest.raises(pk.KernelError, match="argument 'x' of scaled_add is on the CPU; move "
+                                             "it to the GPU"):
         pk.launch(scaled_add, x, x, x, 1.0, grid=1)
+
+    @pk.kernel
+    def no_tensors(n: pk.i32):
+        pass
+
+    with pytest.raises(pk.KernelError, match="needs at least one GPU tensor"):
+        pk.launch(no_tensors, 1, grid=1)
 
 
 def test_launch_checks_arguments_first():
@@ -17,7 +25,7 @@ def test_launch_checks_arguments_first():
     with pytest.raises(pk.KernelError, match="missing argument"):
         pk.launch(scaled_add, x, x, grid=1)
     with pytest.raises(pk.KernelError, match="element type i32 but the kernel expects f32"):
-        pk.launch(scaled_add, x, x, np.ones((4, 64), np.int32), 1.0, grid=1, DT="f32")
+        pk.emulate(scaled_add, x, x, np.ones((4, 64), np.int32), 1.0, grid=1, DT="f32")
 
 
 def test_hip_path_says_where_it_runs():

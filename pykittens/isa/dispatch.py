@@ -97,7 +97,7 @@ def run(hsaco: bytes, target: str, params, args: dict, grid, num_waves: int, *,
                          f"{prog.info.max_flat_workgroup_size // wave} waves per "
                          f"workgroup, not {num_waves}")
     mem = Memory()
-    values, tensors = {}, {}
+    values, tensors, placed = {}, {}, {}
     for p in params:
         if p.name not in args:
             raise ValueError(f"no value for kernel argument {p.name!r}")
@@ -106,6 +106,13 @@ def run(hsaco: bytes, target: str, params, args: dict, grid, num_waves: int, *,
             values[p.name] = v.item() if isinstance(v, np.generic) else v
             continue
         a = np.asarray(v)
+        key = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str) \
+            if a.size else id(v)
+        if key in placed:              # the same array under two names: one allocation,
+            tensors[p.name] = tensors[placed[key]]          # as on the GPU
+            values[p.name] = values[placed[key]]
+            continue
+        placed[key] = p.name
         strides = strides_for(a.shape, pad_rows)
         extent = sum((d - 1) * s for d, s in zip(a.shape, strides)) + 1 if a.size else 0
         addr = mem.alloc(extent * a.dtype.itemsize, p.name)
