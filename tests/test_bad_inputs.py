@@ -24,7 +24,7 @@ from pykittens.kernels.attention_cdna import cdna_launch
 from pykittens.runtime import cuda as rc
 from pykittens.runtime.args import ArgumentError
 
-from conftest import ROOT, assert_names_line, line_of
+from conftest import ROOT, assert_names_line
 
 HERE = __file__
 F32 = np.float32

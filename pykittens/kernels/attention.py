@@ -291,8 +291,8 @@ def _need_shapes(i: dict, names, rank: int, layout: str) -> None:
             raise ValueError(f"attention: the inputs need {name!r} (a {layout} tensor)")
         shape = getattr(i[name], "shape", None)
         if shape is None or len(shape) != rank:
-            raise ValueError(f"attention: {name} must be a {layout} array or tensor, got "
-                             f"{'shape ' + str(tuple(shape)) if shape is not None else type(i[name]).__name__}")
+            got = f"shape {tuple(shape)}" if shape is not None else type(i[name]).__name__
+            raise ValueError(f"attention: {name} must be a {layout} array or tensor, got {got}")
 
 
 def _check_heads(q_shape, k_shape, v_shape):

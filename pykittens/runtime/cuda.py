@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+import threading
 
 from ..ir import types as T
 from . import args as args_check
@@ -125,6 +126,7 @@ def _init():
 
 
 _CTX: dict[int, object] = {}
+_CTX_LOCK = threading.Lock()
 
 
 class _OnDevice:
@@ -134,12 +136,14 @@ class _OnDevice:
 
     def __init__(self, device: int):
         d = _init()
-        if device not in _CTX:
-            n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
-            if not 0 <= device < n:
-                raise CudaError(f"CUDA device {device} does not exist; this machine has {n}")
-            dev = check(d.cuDeviceGet(device), "cuDeviceGet")
-            _CTX[device] = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        with _CTX_LOCK:                 # retain each primary context once, from any thread
+            if device not in _CTX:
+                n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
+                if not 0 <= device < n:
+                    raise CudaError(f"CUDA device {device} does not exist; this machine has {n}")
+                dev = check(d.cuDeviceGet(device), "cuDeviceGet")
+                _CTX[device] = check(d.cuDevicePrimaryCtxRetain(dev),
+                                     "cuDevicePrimaryCtxRetain")
         self.d, self.ctx, self.pushed = d, _CTX[device], False
 
     def __enter__(self):

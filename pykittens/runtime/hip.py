@@ -21,6 +21,7 @@ import ctypes.util
 import hashlib
 import os
 import sys
+import threading
 
 from .. import targets
 from ..analysis.hsaco import kernel as kernel_info
@@ -198,17 +199,20 @@ class HipModule:
 
 
 _MODULES: dict[tuple[str, int], HipModule] = {}
+_LOCK = threading.Lock()
 
 
 def load(hsaco: bytes) -> HipModule:
-    """The module for this code object on the current device, loaded once per process."""
+    """The module for this code object on the current device, loaded once per process
+    (whichever thread asks first)."""
     lib = hip_runtime()
     dev = ctypes.c_int()
     _check(lib, lib.hipGetDevice(ctypes.byref(dev)), "hipGetDevice")
     key = (hashlib.sha256(hsaco).hexdigest(), dev.value)
-    if key not in _MODULES:
-        _MODULES[key] = HipModule(hsaco)
-    return _MODULES[key]
+    with _LOCK:
+        if key not in _MODULES:
+            _MODULES[key] = HipModule(hsaco)
+        return _MODULES[key]
 
 
 def launch(hsaco: bytes, kernel_name: str, params, values: dict, *, grid, num_waves: int,
