@@ -148,6 +148,10 @@ API = [
      r"grid must be 1 to 3 positive sizes below 2\^31"),
     ("4-d grid", lambda: pk.emulate(copy2, X(), X(), 1.0, 1, grid=(1, 1, 1, 1)), "MARK-copy",
      r"grid must be an int or a tuple of 1 to 3 ints"),
+    ("broadcast output", lambda: pk.emulate(copy2, X(), np.broadcast_to(X(1, 64), (16, 64)),
+                                            1.0, 1, grid=2), "MARK-copy",
+     r"argument 'out' of copy2 repeats elements \(a stride of 0, e.g. from expand\(\) or "
+     r"np.broadcast_to\) and the kernel writes it"),
     ("TMA row pitch", lambda: pk.emulate(KERNELS["tma_scale"].kernel, X(64, 100,
                                          ml_dtypes.bfloat16), X(64, 100, ml_dtypes.bfloat16),
                                          grid=(1, 2), target="sm_90a"), None,
@@ -164,6 +168,12 @@ def test_kernel_api(call, marker, msg):
         assert_names_line(e.value, HERE, f"# {marker}")
     if isinstance(e.value, ArgumentError):
         assert f"(called at {HERE}:" in str(e.value)       # and where the user called
+
+
+def test_a_broadcast_input_is_fine():
+    row = X(1, 64)
+    got = pk.emulate(copy2, np.broadcast_to(row, (16, 64)), X(), 2.0, 1, grid=2)["out"]
+    assert np.array_equal(got, np.repeat(2 * row, 16, axis=0))
 
 
 def test_unknown_target_and_isa_on_hopper():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..lower import lower
-from ..runtime.args import bind_args, check_grid, check_kernel, check_tma_args
+from ..runtime.args import bind_args, check_grid, check_kernel, check_program_args
 from .machine import run_program
 
 
@@ -28,7 +28,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
     bound, consts = bind_args(kernel, args, kwargs)
     grid = check_grid(grid, kernel)
     prog = lower(kernel.specialize(**consts), target)
-    check_tma_args(prog, bound, kernel)
+    check_program_args(prog, bound, kernel)
     arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
     if any(isinstance(v, np.ndarray) and v.size == 0 for v in arrays.values()):
         return {p.name: np.array(arrays[p.name]) for p in prog.params if p.kind == "gl"}

@@ -61,10 +61,10 @@ class _GlobalBuf:
         self.strides = tuple(reversed(st))
         self.track = track
         if track:
-            n = self.flat.size
-            self.w_unit, self.w_time = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-            self.a_unit, self.a_time = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
-            self.r_unit, self.r_time = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+            n, i32 = self.flat.size, np.int32        # (times: a workgroup's own clock)
+            self.w_unit, self.w_time = np.full(n, -1, i32), np.full(n, -1, i32)
+            self.a_unit, self.a_time = np.full(n, -1, i32), np.full(n, -1, i32)
+            self.r_unit, self.r_time = np.full(n, -1, i32), np.full(n, -1, i32)
             self.r_many = np.zeros(n, bool)          # read by two or more workgroups
 
     def label(self) -> str:
@@ -871,18 +871,6 @@ def _lds_written_ranges(prog) -> list[tuple[int, int]]:
     return out
 
 
-def _written_params(prog) -> set:
-    """Names of the global tensors some op of the program writes."""
-    from ..ir.nodes import walk
-    out = set()
-    for op in walk(prog.body):
-        if op.kind in ("gstore", "gatomic_add"):
-            out.add(op.srcs[0].name)
-        elif op.kind == "tma_store":
-            out.add(op.attrs["gl"].name)
-    return out
-
-
 def _view_key(a):
     """Arguments with equal keys are the same view of the same memory (an in-place
     update): they share one buffer, as they share memory on the GPU."""
@@ -898,7 +886,8 @@ def run_program(prog: LaneProgram, args: dict, grid) -> dict:
     modified)."""
     grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
     bufs, scalars, views = {}, {}, {}
-    written = _written_params(prog)
+    from ..runtime.args import written_params
+    written = written_params(prog)
     for p in prog.params:
         if p.name not in args:
             raise KernelError(f"missing argument {p.name!r}", None, prog.name)

@@ -158,7 +158,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", pad_rows: bool = False,
     global tensor after the run, by parameter name; the inputs are not modified)."""
     from .. import compiler
     from ..lower import lower
-    from ..runtime.args import bind_args, check_grid, check_kernel
+    from ..runtime.args import bind_args, check_grid, check_kernel, check_program_args
     from ..targets import get as get_target
     check_kernel(kernel, "isa.emulate")
     t = get_target(target)
@@ -168,6 +168,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", pad_rows: bool = False,
     bound, consts = bind_args(kernel, args, kwargs)
     check_grid(grid, kernel)
     prog = lower(kernel.specialize(**consts), t)
+    check_program_args(prog, bound, kernel)
     arrays = {k: np.asarray(v) for k, v in bound.items() if not np.isscalar(v)}
     obj = compiler.compile_lane(prog, aligned=aligned(arrays, pad_rows))
     return run(obj, t.name, prog.params, bound, grid, prog.num_waves, kernel=prog.name,

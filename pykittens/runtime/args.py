@@ -380,6 +380,33 @@ def check_scalar(v, name: str, d: T.DType, kernel=None):
     return v
 
 
+def written_params(prog) -> set:
+    """Names of the global tensors some op of a lowered program writes."""
+    from ..ir.nodes import walk
+    out = set()
+    for op in walk(prog.body):
+        if op.kind in ("gstore", "gatomic_add"):
+            out.add(op.srcs[0].name)
+        elif op.kind == "tma_store":
+            out.add(op.attrs["gl"].name)
+    return out
+
+
+def check_program_args(prog, bound: dict, kernel=None) -> None:
+    """The checks that need the lowered program: TMA's alignment rules for the tensors it
+    copies, and no written tensor that repeats elements (a stride of 0 from expand() or
+    broadcast_to), which the GPU's workgroups would all write at once."""
+    check_tma_args(prog, bound, kernel)
+    for name in sorted(written_params(prog)):
+        v = bound.get(name)
+        if v is None or not _is_tensor_like(v):
+            continue
+        if any(d > 1 and s == 0 for d, s in zip(v.shape, _strides(v))):
+            raise fail(f"argument {name!r} of {prog.name} repeats elements (a stride of 0, "
+                       "e.g. from expand() or np.broadcast_to) and the kernel writes it; pass "
+                       "a tensor with its own memory (x.contiguous() / x.copy())", kernel)
+
+
 def check_tma_args(prog, bound: dict, kernel=None) -> None:
     """Tensors a lowered program copies with TMA must meet TMA's alignment rules (the same
     check on the GPU and in the emulator)."""
@@ -391,5 +418,5 @@ def check_tma_args(prog, bound: dict, kernel=None) -> None:
 
 
 __all__ = ["ArgumentError", "bind_args", "call_site", "check_grid", "check_kernel",
-           "check_overlaps", "check_scalar", "check_tensor", "check_tma_args", "element_type",
-           "memory_span", "same_view"]
+           "check_overlaps", "check_program_args", "check_scalar", "check_tensor",
+           "check_tma_args", "element_type", "memory_span", "same_view", "written_params"]

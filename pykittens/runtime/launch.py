@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from ..ir.errors import KernelError
-from .args import bind_args, check_grid, check_kernel, check_tma_args, fail
+from .args import bind_args, check_grid, check_kernel, check_program_args, fail
 
 _modules: dict = {}
 _lock = threading.Lock()
@@ -83,7 +83,7 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
         else:
             entry = entry[1]
     code, prog = entry
-    check_tma_args(prog, bound, kernel)
+    check_program_args(prog, bound, kernel)
     if prog.target.family == "cdna":
         from . import hip
         hip.launch(code, prog.name, prog.params, bound, grid=grid, num_waves=prog.num_waves,
