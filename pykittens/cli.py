@@ -268,6 +268,9 @@ def main(argv=None) -> int:
             what, code = "toolchain error", 1
         elif isinstance(e, ISAError):
             what, code = "ISA emulator", 1
+        elif _user_frame(e) is not None:         # raised by the user's own code
+            what, code = "error", 1
+            e = f"{_user_frame(e)}: {type(e).__name__}: {e}"
         elif isinstance(e, (ValueError, TypeError, OSError)):
             what, code = "error", 1
         else:
@@ -275,6 +278,21 @@ def main(argv=None) -> int:
                          "where)", 1
         print(f"pykittens: {what}: {_one_line(e)}", file=sys.stderr)
         return code
+
+
+def _user_frame(e):
+    """file:line of the innermost frame of the exception outside pykittens and the Python
+    and site-packages libraries: where the user's own code (a KernelSpec, say) raised it."""
+    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    lib = tuple(p for p in {os.path.dirname(os.__file__), os.path.dirname(np.__file__)} if p)
+    tb, found = e.__traceback__, None
+    while tb is not None:
+        fn = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not fn.startswith(pkg) and not fn.startswith(lib) and "site-packages" not in fn \
+                and not fn.startswith("<"):
+            found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
 
 
 if __name__ == "__main__":

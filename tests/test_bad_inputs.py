@@ -734,6 +734,12 @@ FLOATGRID = KernelSpec("double", double, inputs, lambda i: {"out": 2.0 * i["x"]}
 
 def not_decorated(x: pk.gl[pk.f32, 2]):
     pass
+
+def broken_inputs(s, d, rng):
+    return {"x": np.zeros(s[5])}
+
+BROKEN = KernelSpec("double", double, broken_inputs, lambda i: {"out": 2.0 * i["x"]},
+                    lambda i, t: ((1,), {}), ("out",), shapes=((4, 64),))
 '''
 
 CLI = [
@@ -809,6 +815,8 @@ USER_CLI = [
      r"race on global tensor 'out'"),
     ("float grid", ["emulate", "{f}:FLOATGRID", "--target", "gfx950"], 1,
      r"grid sizes must be ints, got 1.0"),
+    ("error in the spec", ["emulate", "{f}:BROKEN", "--target", "gfx950"], 1,
+     r"pykittens: error: {f}:\d+: IndexError: tuple index out of range"),
     ("syntax error", ["compile", "{bad}:k", "--target", "gfx942"], 2,
      r"could not load {bad}:3: SyntaxError"),
     ("error on import", ["compile", "{boom}:k", "--target", "gfx942"], 2,
