@@ -234,7 +234,9 @@ def attention_bwd_launch(i: dict, target, dq: str = DQ_DEFAULT, **overrides):
     order of additions: deterministic); dq="atomic": the main pass adds dQ into an f32
     tensor itself, and the third plan is None. CAUSAL in i or overrides."""
     from ..targets import get
+    from .attention import _need_shapes
     t = get(target)
+    _need_shapes(i, ("q", "k"), 4, "(B, H, N, D)")
     (b, hq, nq, d), (_, hkv, nk, _) = i["q"].shape, i["k"].shape
     if d not in (64, 128):
         raise ValueError(f"attention backward: head dim {d} is not supported; 64 or 128")
