@@ -44,6 +44,16 @@ def attention_bwd():
                     yield kernel, {"DT": dt, **plan[1]}
 
 
+def chiplet_l2():
+    """gemm_ws under every tile order bench/chiplet_l2.py measures."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import chiplet_l2 as bench
+    from pykittens.kernels import KERNELS
+    for case in bench.cases():
+        yield KERNELS["gemm_ws"].kernel, bench.plan(*case)[1]
+
+
 RAGGED = ("attention_bwd",)
 
 

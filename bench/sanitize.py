@@ -1,11 +1,20 @@
 """compute-sanitizer over library kernels at small shapes (H200): memcheck, racecheck,
 synccheck and initcheck, one process per tool, a table of what each reports.
 
-    PYTHONPATH=. python3 bench/sanitize.py [attention attention_bwd]   # tools over the kernels
+    PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd litmus]
     PYTHONPATH=. python3 bench/sanitize.py --inner attention   # the kernels once (what the
                                                                # tools run)
+    SANITIZE_TOOLS=racecheck,initcheck ... # only these tools
+`library` is every kernel of pykittens.kernels.KERNELS built for sm_90a, at its small
+(ragged) shapes, checked against float64 as it runs. `litmus` compiles bench/litmus/handoff.cu
+(nvcc) and runs each of its shared-memory hand-offs plainly (mismatches seen by the consumer)
+and under racecheck: what the tool reports for a correct mbarrier hand-off, beside a
+__syncthreads control and a real race.
+
 memcheck runs with --report-api-errors no: the host side's CUDA API noise (e.g. torch probing
-for features) is not a kernel's memory error."""
+for features) is not a kernel's memory error. initcheck looks at pykittens' kernels only:
+torch's own kernels reading an output the TMA unit wrote were reported as reads of
+uninitialised memory."""
 from __future__ import annotations
 
 import math
@@ -19,7 +28,65 @@ TOOLS = {"memcheck": ["--tool", "memcheck", "--report-api-errors", "no"],
          "synccheck": ["--tool", "synccheck"],
          # pykittens' kernels only: torch's reductions over an output the TMA unit wrote
          # were reported as reads of uninitialised memory
-         "initcheck": ["--tool", "initcheck", "--kernel-name", "kns=attention"]}
+         "initcheck": ["--tool", "initcheck", "--print-limit", "1000"]}
+
+
+def _pykittens_kernels(name: str) -> list[str]:
+    """initcheck's filter: the entry names of the family's kernels."""
+    if name != "library":
+        return ["--kernel-name", "kns=attention"]
+    from pykittens.kernels import KERNELS
+    names = sorted({s.kernel.name for s in KERNELS.values() if "sm_90a" in s.targets})
+    return ["--kernel-name", "regex=^(" + "|".join(names) + ")$"]
+
+
+def run_library():
+    """Every library kernel for sm_90a at its small (ragged) shapes against its float64
+    numpy reference. Only copies touch the buffers besides the kernel (inputs and NaN-poisoned
+    outputs go up by memcpy, results come down the same way), so initcheck sees every
+    initialisation and no other kernel's reads."""
+    import numpy as np
+    import torch
+    from pykittens.bench.gpu import TORCH_DT
+    from pykittens.ir.types import dtype_of
+    from pykittens.kernels import KERNELS
+    from pykittens.kernels.spec import rel_err
+    from pykittens.runtime.launch import launch
+
+    def up(v):
+        if not isinstance(v, np.ndarray):
+            return v
+        if v.dtype.kind in "iu":
+            return torch.from_numpy(v).to("cuda")
+        return torch.from_numpy(v.astype(np.float32)).to(TORCH_DT[v.dtype.name]).to("cuda")
+
+    rng, wrong = np.random.default_rng(0), []
+    for spec in KERNELS.values():
+        if "sm_90a" not in spec.targets:
+            continue
+        partials = getattr(spec, "partials", ())
+        for dt in spec.dtypes:
+            for shape in spec.shapes:
+                inputs = spec.make_inputs(shape, dtype_of(dt), rng)
+                for name in spec.outputs:
+                    inputs[name] = np.full_like(inputs[name], np.nan)
+                grid, consts = spec.launch(inputs, "sm_90a")
+                t = {k: up(v) for k, v in inputs.items()}
+                launch(spec.kernel, grid=grid, **t, **consts)
+                torch.cuda.synchronize()
+                ref = spec.reference(inputs)
+                for name in spec.outputs:
+                    got = t[name].cpu().double().numpy()
+                    if name in partials:
+                        got = got.sum(axis=0)
+                    err = rel_err(got, ref[name])
+                    if not err <= spec.tolerance(dt):
+                        wrong.append((spec.name, dt, shape, name, err))
+    for w in wrong:
+        print("WRONG:", *w)
+    print(f"library: {len(wrong)} wrong results")
+    if wrong:
+        raise SystemExit(1)
 
 
 def run_attention():
@@ -56,13 +123,42 @@ def run_attention_bwd():
     torch.cuda.synchronize()
 
 
-KERNELS = {"attention": run_attention, "attention_bwd": run_attention_bwd}
+KERNELS = {"library": run_library, "attention": run_attention,
+           "attention_bwd": run_attention_bwd}
+LITMUS = {0: "syncthreads", 1: "every-lane", 2: "warp-sync-lane0 (pk.arrive)",
+          3: "lane0-only", 4: "none (a real race)"}
+
+
+def litmus(sanitizer: str, out: str | None) -> list[tuple]:
+    """Rows (variant, plain run's mismatches, racecheck's verdict) of bench/litmus/handoff.cu."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    exe = "/tmp/handoff"
+    nvcc = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc")
+    subprocess.run([nvcc, "-O2", "-arch=sm_90a", "-o", exe,
+                    os.path.join(here, "litmus", "handoff.cu")], check=True)
+    rows = []
+    for v, what in LITMUS.items():
+        plain = subprocess.run([exe, str(v), "4096", "264"], capture_output=True, text=True)
+        seen = re.search(r"(\d+) mismatches", plain.stdout)
+        p = subprocess.run([sanitizer, "--tool", "racecheck", exe, str(v), "64", "4"],
+                           capture_output=True, text=True, timeout=600)
+        if out:
+            with open(os.path.join(out, f"litmus-{v}-racecheck.log"), "w") as f:
+                f.write(p.stdout + p.stderr)
+        rows.append((f"litmus {v}", what, seen.group(1) if seen else plain.stdout.strip(),
+                     summary(p.stdout + p.stderr)))
+    return rows
 
 
 def summary(log: str) -> str:
-    """The tool's verdict line, e.g. 'ERROR SUMMARY: 0 errors'."""
-    found = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: [^\n]*", log)
-    return "; ".join(found) if found else "no summary (see log)"
+    """The tool's verdict line, e.g. 'ERROR SUMMARY: 0 errors', and the kernels its printed
+    reports point at."""
+    found = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: \d+ \w+(?: displayed \([^)]*\))?", log)
+    verdict = "; ".join(found) if found else "no summary (see log)"
+    where = sorted(set(re.findall(r"(?:^=========\s+|access )at (\w+)(?:\(|\+0x)", log, re.M)))
+    host = len(re.findall(r"Host API memory access error", log))
+    return verdict + (f" in {', '.join(where)}" if where else "") + \
+        (f" ({host} host-side)" if host else "")
 
 
 def main() -> int:
@@ -71,12 +167,21 @@ def main() -> int:
         for name in args[1:] or KERNELS:
             KERNELS[name]()
         return 0
-    names = args or list(KERNELS)
+    names = list(args or [*KERNELS, "litmus"])
     sanitizer = os.environ.get("COMPUTE_SANITIZER", "/usr/local/cuda/bin/compute-sanitizer")
     out = os.environ.get("OUT")
     rows, bad = [], False
+    if "litmus" in names:
+        names.remove("litmus")
+        for r in litmus(sanitizer, out):
+            print(f"{r[0]:10} {r[1]:28} mismatches {r[2]:>6}  racecheck: {r[3]}", flush=True)
     for name in names:
         for tool, flags in TOOLS.items():
+            if os.environ.get("SANITIZE_TOOLS") and \
+                    tool not in os.environ["SANITIZE_TOOLS"].split(","):
+                continue
+            if tool == "initcheck":
+                flags = flags + _pykittens_kernels(name)
             p = subprocess.run([sanitizer, *flags, sys.executable, __file__, "--inner", name],
                                capture_output=True, text=True, timeout=900)
             log = p.stdout + p.stderr

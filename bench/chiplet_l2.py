@@ -1,0 +1,174 @@
+"""Ground truth for the cache simulator on the H200: gemm_ws (bf16, 128 x 256 blocks) under
+several tile orders, persistent and not, from 4096³ to 16384³ — Nsight Compute's L2 hit rate
+and DRAM bytes read beside the simulator's, and the kernel's time under each order.
+
+    PYKITTENS_CACHE=$PWD/.pkcache python3 bench/prebuild.py chiplet_l2   # PTX, no GPU needed
+    PYTHONPATH=. python3 bench/chiplet_l2.py          # ncu over every case, timing, table last
+    PYTHONPATH=. python3 bench/chiplet_l2.py --inner  # every case launched once (what ncu sees)
+    PYTHONPATH=. python3 bench/chiplet_l2.py --table docs/perf/chiplet-l2-2026-12-01.json
+                                   # a saved run against the models, no GPU needed
+
+ncu flushes the caches before each profiled launch (its default cache control), so each
+figure is one cold launch; the timing is the median of graph-captured launches (warm).
+Details go to $OUT/chiplet_l2.json when OUT is set."""
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import os
+import subprocess
+import sys
+
+SIZES = (4096, 8192, 16384)
+ORDERS = ("row-major", "grouped:W=4", "grouped:W=8", "grouped:W=16")
+METRICS = ("lts__t_sector_hit_rate.pct", "dram__bytes_read.sum")
+UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "%": 1}
+
+
+def cases():
+    """(size, order, persistent) in launch order."""
+    return list(itertools.product(SIZES, ORDERS, (1, 0)))
+
+
+def plan(size, order, persistent):
+    """(grid, consts) of gemm_ws at size³ with the tile order forced to `order`."""
+    import numpy as np
+    from pykittens.kernels import gemm_ws_launch
+    shapes = {"a": np.empty((size, size), np.float16), "b": np.empty((size, size), np.float16),
+              "c": np.empty((size, size), np.float16)}
+    (grid,), consts = gemm_ws_launch(shapes, "sm_90a")
+    consts = {**consts, "DT": "bf16", "OUT": "bf16", "MAP": order, "PERSISTENT": persistent}
+    if not persistent:
+        grid = consts["TM"] * consts["TN"]
+    return (grid,), consts
+
+
+def simulated(size, order):
+    """The cache simulator's L2 hit rate and DRAM bytes for the order (it does not model
+    persistent kernels: the same figures for both)."""
+    from pykittens import chiplet
+    op = chiplet.Gemm(size, size, size, bm=128, bn=256, bk=64)
+    r = chiplet.simulate(op, chiplet.parse_mapping(order, op, "sm_90a"), "sm_90a")
+    return r.l2_hit_rate, r.hbm_bytes
+
+
+def partitioned(size, order):
+    """An experiment, not yet the library's model: the H200's L2 as two partitions (the
+    Hopper architecture whitepaper: each partition caches data for the SMs of the GPCs
+    attached to it), consecutive blocks on alternate partitions, each partition an LRU of
+    half the L2 in front of the whole L2 holding each line once (where it is homed). The
+    hit rate counts both lookups of a request that misses the near partition, as ncu's
+    lts__t_sector_hit_rate counts every L2 tag lookup."""
+    from pykittens import chiplet, targets
+    from pykittens.chiplet.sim import Machine
+    t = targets.get("sm_90a")
+    l2 = t.l2_bytes_per_xcd
+    machine = Machine(t.name, 2, t.num_cus // 2, l2 // 2, l2, t.cache_line_bytes, True)
+    op = chiplet.Gemm(size, size, size, bm=128, bn=256, bk=64)
+    r = chiplet.simulate(op, chiplet.parse_mapping(order, op, "sm_90a"), machine=machine)
+    hits = r.l2_hit_rate * r.l2_request_bytes + r.llc_hit_rate * r.llc_request_bytes
+    return hits / (r.l2_request_bytes + r.llc_request_bytes), r.hbm_read_bytes
+
+
+def table(details) -> str:
+    """The run's rows beside both models, and how often each is within 5 points (L2) and
+    15% (DRAM bytes) of ncu."""
+    from pykittens.bench import text_table
+    rows, close = [], {"sim": [0, 0], "2-part": [0, 0]}
+    for d in details:
+        sim = simulated(d["size"], d["order"])
+        part = partitioned(d["size"], d["order"])
+        for name, (l2, dram) in (("sim", sim), ("2-part", part)):
+            close[name][0] += abs(l2 - d["l2_hit_ncu"]) <= 0.05
+            close[name][1] += abs(dram / d["dram_read_ncu"] - 1) <= 0.15
+        rows.append([f"{d['size']}³", d["order"], "persistent" if d["persistent"] else "per tile",
+                     f"{d['ms']:.3f}", f"{d['tflops']:.0f}", f"{d['l2_hit_ncu']:.1%}",
+                     f"{sim[0]:.1%}", f"{part[0]:.1%}", f"{d['dram_read_ncu'] / 1e6:.0f}",
+                     f"{sim[1] / 1e6:.0f}", f"{part[1] / 1e6:.0f}"])
+    n = len(details)
+    foot = "\n".join(f"{k}: L2 within 5 points {v[0]}/{n}, DRAM within 15% {v[1]}/{n}"
+                     for k, v in close.items())
+    return text_table(rows, ["shape", "order", "grid", "ms", "TFLOP/s", "L2 ncu", "L2 sim",
+                             "L2 2-part", "DRAM MB ncu", "DRAM MB sim", "DRAM MB 2-part"]) + \
+        "\n" + foot
+
+
+def _tensors(size):
+    import torch
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    return a, b, torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
+
+
+def _launcher(size, order, persistent, a, b, c):
+    import pykittens as pk
+    from pykittens.kernels import KERNELS
+    grid, consts = plan(size, order, persistent)
+    return lambda: pk.launch(KERNELS["gemm_ws"].kernel, a, b, c, grid=grid, **consts)
+
+
+def inner() -> int:
+    import torch
+    for size, group in itertools.groupby(cases(), key=lambda c: c[0]):
+        t = _tensors(size)
+        for _, order, persistent in group:
+            _launcher(size, order, persistent, *t)()
+    torch.cuda.synchronize()
+    return 0
+
+
+def profile() -> list[dict]:
+    """ncu's metrics per case, in launch order."""
+    ncu = os.environ.get("NCU", "/usr/local/cuda/bin/ncu")
+    p = subprocess.run([ncu, "--csv", "--kernel-name", "gemm_ws", "--metrics", ",".join(METRICS),
+                        sys.executable, os.path.abspath(__file__), "--inner"],
+                       capture_output=True, text=True, timeout=540)
+    rows = [r for r in csv.DictReader(io.StringIO(
+        "\n".join(line for line in p.stdout.splitlines() if line.startswith('"'))))]
+    by_id: dict[str, dict] = {}
+    for r in rows:
+        value = float(r["Metric Value"].replace(",", "")) * UNITS.get(r["Metric Unit"], 1)
+        by_id.setdefault(r["ID"], {})[r["Metric Name"]] = value
+    got = [by_id[k] for k in sorted(by_id, key=int)]
+    if len(got) != len(cases()):
+        raise RuntimeError(f"ncu profiled {len(got)} launches, expected {len(cases())}:\n"
+                           f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return got
+
+
+def main() -> int:
+    if "--inner" in sys.argv:
+        return inner()
+    import json
+    if "--table" in sys.argv:
+        with open(sys.argv[sys.argv.index("--table") + 1]) as f:
+            print(table(json.load(f)["results"]))
+        return 0
+
+    import torch
+    from pykittens.bench.gpu import graph_time
+    measured = profile()
+    details = []
+    for (size, group) in itertools.groupby(enumerate(cases()), key=lambda c: c[1][0]):
+        t = _tensors(size)
+        for i, (_, order, persistent) in group:
+            sec = graph_time(_launcher(size, order, persistent, *t), reps=10)
+            l2_sim, dram_sim = simulated(size, order)
+            m = measured[i]
+            d = {"size": size, "order": order, "persistent": persistent,
+                 "ms": sec * 1e3, "tflops": 2 * size ** 3 / sec / 1e12,
+                 "l2_hit_ncu": m[METRICS[0]] / 100, "dram_read_ncu": m[METRICS[1]],
+                 "l2_hit_sim": l2_sim, "dram_read_sim": dram_sim}
+            details.append(d)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "chiplet_l2.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "results": details}, f, indent=2)
+    print(table(details))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
