@@ -606,9 +606,15 @@ LIB = [
         {"q": Z(2, 64, 64), "k": Z(2, 64, 64), "v": Z(2, 64, 64),
          "cu_seqlens_q": np.array([0, 32, 64]), "cu_seqlens_k": np.array([0, 64])}, "sm_90a"),
      ValueError, r"hold 3 and 2 offsets; both must hold B \+ 1"),
-    ("bwd on CDNA", lambda: attention_bwd_launch({"q": Z(1, 2, 64, 64), "k": Z(1, 2, 64, 64)},
-                                                 "gfx942"),
-     NotImplementedError, r"attention_bwd has no schedule for gfx942 yet"),
+    ("bwd atomic dQ on CDNA", lambda: attention_bwd_launch(
+        {"q": Z(1, 2, 64, 64), "k": Z(1, 2, 64, 64)}, "gfx942", dq="atomic"),
+     ValueError, r"dq='atomic' is not available on gfx942: .* use dq='pass'"),
+    ("bwd mapping on CDNA", lambda: attention_bwd_launch(
+        {"q": Z(1, 2, 64, 64), "k": Z(1, 2, 64, 64)}, "gfx950", MAP="diagonal"),
+     ValueError, r"grid mapping 'diagonal' is not one of"),
+    ("bwd heads on CDNA", lambda: attention_bwd_launch(
+        {"q": Z(1, 3, 64, 64), "k": Z(1, 2, 64, 64)}, "gfx950"),
+     ValueError, r"3 query heads are not a multiple of 2 key/value heads"),
     ("bwd head dim", lambda: attention_bwd_launch({"q": Z(1, 2, 64, 32), "k": Z(1, 2, 64, 32)},
                                                   "sm_90a"),
      ValueError, r"attention backward: head dim 32 is not supported"),

@@ -153,6 +153,38 @@ def test_pinned_tile_updates_in_place_word_by_word(target, rng):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pk.kernel(num_waves=4)
+def pinned_beside_llvms_mfma(a: pk.gl[pk.bf16, 2], bt: pk.gl[pk.bf16, 2],
+                             c: pk.gl[pk.f32, 2], s: pk.gl[pk.f32, 2]):
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", pin="a0"))
+    for k in pk.range(a.shape[1] // 32):
+        ta = pk.load(pk.rt((32, 32), pk.bf16, role="a"), a, (0, k * 32))
+        tb = pk.load(pk.rt((32, 32), pk.bf16, "row", role="b"), bt, (0, k * 32))
+        prod = pk.mma_ABt(pk.empty(pk.rt((32, 32), pk.f32, role="acc")), ta, tb, c=0)
+        pk.mma_ABt(acc, ta, tb)                                  # pinned, in place
+        pk.store(s, prod, (0, k * 32))                           # LLVM's own MFMA
+    pk.store(c, acc)
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_llvms_mfmas_keep_off_pinned_agprs(target, rng):
+    """At one wave per SIMD a VGPR budget above 256 made LLVM select the AGPR forms of its
+    own MFMAs and put their results on a0.., over the pinned accumulator (the ISA emulator
+    read it back clobbered): with AGPRs pinned, LLVM's MFMAs write VGPRs."""
+    obj, rep, insts, loop = build(pinned_beside_llvms_mfma, target)
+    dests = [arg.split(",")[0] for op, arg in insts if hsaco.classify(op) == "mfma"]
+    assert "a[0:15]" in dests and all(d.startswith("v[") for d in dests if d != "a[0:15]")
+    a = rng.standard_normal((32, 64)).astype(pk.bf16.np)
+    bt = rng.standard_normal((32, 64)).astype(pk.bf16.np)
+    got = pk.emulate(pinned_beside_llvms_mfma, a, bt, np.zeros((32, 32), np.float32),
+                     np.zeros((32, 64), np.float32), grid=1, target=target, isa=True)
+    a64, b64 = a.astype(np.float64), bt.astype(np.float64)
+    assert np.allclose(got["c"], a64 @ b64.T, rtol=1e-5, atol=1e-4)
+    for k in range(2):
+        blk = slice(32 * k, 32 * k + 32)
+        assert np.allclose(got["s"][:, blk], a64[:, blk] @ b64[:, blk].T, rtol=1e-5, atol=1e-4)
+
+
 # ---- plain fp8 on gfx950: the f8f6f4 MFMAs without scales -----------------------------------
 
 from test_mma import gemm as wave_gemm  # noqa: E402  (64x64 per workgroup, 32x32 per wave)

@@ -223,6 +223,31 @@ def test_static_dims_are_python_ints():
     assert cols == 64 and rows.dtype == T.i32
 
 
+def test_dims_named_by_consts():
+    """A dim named by a const is static, its size the const's value, inferred from the
+    tensor at launch when the const has none."""
+    seen = {}
+
+    @pk.kernel
+    def k(x: pk.gl[pk.f32, (None, "N")], out: pk.gl[pk.f32, (None, "N")], N: pk.const = None):
+        seen["n"] = x.shape[1]
+        pk.store(out, pk.load(pk.rt((8, N), pk.f32), x))
+
+    assert k.specialize(N=64).params[0].type.shape == (None, 64) and seen["n"] == 64
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    assert np.array_equal(pk.emulate(k, x, np.zeros_like(x), grid=1)["out"], x)
+    with pytest.raises(pk.KernelError, match="'out' of k has size 32 in dim 1 but the kernel "
+                                             "is compiled for 16"):
+        pk.emulate(k, x, np.zeros((8, 32), np.float32), grid=1)
+    with pytest.raises(pk.KernelError, match="const N=0.5 gives a dim of 'x': it must be a "
+                                             "positive int"):
+        k.specialize(N=0.5)
+    with pytest.raises(pk.KernelError, match="takes a dim from 'K', which is not a pk.const"):
+        @pk.kernel
+        def bad(x: pk.gl[pk.f32, (None, "K")], N: pk.const = None):
+            pass
+
+
 def test_where_minimum_maximum_on_numpy():
     a = np.array([1, 5, 3])
     assert list(pk.where(a > 2, a, 0)) == [0, 5, 3]

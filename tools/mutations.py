@@ -208,6 +208,14 @@ MUTATIONS: list[Mutation] = [
        [PINNED_WAITS, HAZ],
        "`isa.check_hazards` and `test_cdna_hazards`: each pinned kernel one wait state "
        "short somewhere"),
+    _m("pinned-agpr-vgpr-budget", AMDGPU_PY,
+       "            left = min((share - agprs) // 4 * 4, t.vgprs)",
+       "            left = (share - agprs) // 4 * 4",
+       "with AGPRs pinned at one wave per SIMD, LLVM given a VGPR budget above 256: it "
+       "selects the AGPR forms of its own MFMAs and puts their results on the pinned AGPRs",
+       ["tests/test_cdna_static.py::test_llvms_mfmas_keep_off_pinned_agprs"],
+       "the MFMA destinations in the code object and the ISA emulator against float64 "
+       "(`test_llvms_mfmas_keep_off_pinned_agprs`; the attention backward's code objects)"),
     _m("lds-dma-wave-base", AMDGPU_PY,
        '        wave_first = self.op(f"and i32 {self.tid.text}, {-self.p.wave_size}", "i32", 0)',
        '        wave_first = self.op(f"and i32 {self.tid.text}, {self.p.wave_size - 1}", "i32", 0)',

@@ -43,14 +43,17 @@ class AMDGPURenderer(Renderer):
         start at a multiple of 4 past the VGPRs). LLVM reads the attribute on gfx90a-class
         chips as half of a VGPR+AGPR total (GCNSubtarget::getBaseMaxNumVGPRs doubles it),
         which its VGPRs may fill when it allocates no AGPRs, and ignores a total above the
-        wave's share: so half the cap, which also bounds VGPRs when it does use AGPRs."""
+        wave's share: so half the cap, which also bounds VGPRs when it does use AGPRs.
+        With pinned AGPRs the total stays at most the 256 VGPRs: above that LLVM selects
+        the AGPR forms of its MFMAs (SIMachineFunctionInfo's MayNeedAGPRs) and allocates
+        their results in AGPRs, amdgpu-agpr-alloc notwithstanding, over the pinned ones."""
         vlow = min((first for f, first, _ in pins if f == "v"), default=None)
         agprs = max((first + n for f, first, n in pins if f == "a"), default=0)
         t = self.p.target
         per_simd = -(-self.p.num_waves // t.simds_per_cu)
         if agprs:
             share = t.unified_regs // per_simd // t.reg_granule * t.reg_granule
-            left = (share - agprs) // 4 * 4
+            left = min((share - agprs) // 4 * 4, t.vgprs)
             vlow = left if vlow is None else min(vlow, left)
         return None if vlow is None else vlow // 2
 
@@ -593,7 +596,7 @@ class AMDGPURenderer(Renderer):
         origin = op.srcs[1 + rank - 2:]
         lead = op.srcs[1:1 + rank - 2]
         c0 = self.read(origin[1])
-        n_last = Value(f"%{gl.name}.size{rank - 1}", "i32", 0)
+        n_last = self.size_of(gl, rank - 1)
         ok = self._and(self.op(f"icmp eq i32 {self.op(f'srem i32 {n_last.text}, {vec}', 'i32', 0).text}, 0", "i1", 0),
                        self.op(f"icmp eq i32 {self.op(f'srem i32 {c0.text}, {vec}', 'i32', 0).text}, 0", "i1", 0))
         dma_l, reg_l, join = self.branch(ok, "lds_dma", "lds_copy", "lds_done")
@@ -604,7 +607,7 @@ class AMDGPURenderer(Renderer):
         wave_first = self.op(f"and i32 {self.tid.text}, {-self.p.wave_size}", "i32", 0)
         frow = self.lane_base_at(lay, 0, wave_first)
         fcol = self.lane_base_at(lay, 1, wave_first)
-        size_v = [Value(f"%{gl.name}.size{a}", "i32", 0) for a in range(rank)]
+        size_v = [self.size_of(gl, a) for a in range(rank)]
         stride_v = [Value("1" if a == rank - 1 else f"%{gl.name}.stride{a}", "i32", 0)
                     for a in range(rank)]
         ok_lead, off_lead = Value("true", "i1", 0), Value("0", "i32", 0)

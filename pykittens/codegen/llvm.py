@@ -436,8 +436,15 @@ class Renderer:
     def r_arg(self, op):
         self.write(op.dst, Value(f"%{op.attrs['name']}", llty(op.dst.type.dtype), 0))
 
+    @staticmethod
+    def size_of(gl, axis: int) -> Value:
+        """A tensor's size in one dim: a constant where the signature makes the dim static
+        (the launch checks it), so bounds on it fold away; else the kernel argument."""
+        d = gl.type.shape[axis]
+        return Value(str(d) if d is not None else f"%{gl.name}.size{axis}", "i32", 0)
+
     def r_dim(self, op):
-        self.write(op.dst, Value(f"%{op.srcs[0].name}.size{op.attrs['axis']}", "i32", 0))
+        self.write(op.dst, self.size_of(op.srcs[0], op.attrs["axis"]))
 
     def r_stride(self, op):
         gl = op.srcs[0]
@@ -603,7 +610,7 @@ class Renderer:
         origin_regs = idx_regs[nlead:]
         base = [self.op(f"add i32 {self.read(o).text}, {self.lane_base(lay, d, scope).text}",
                         "i32", 0) for o, d in zip(origin_regs, dims)]
-        size = [Value(f"%{gl.name}.size{a}", "i32", 0) for a in range(rank)]
+        size = [self.size_of(gl, a) for a in range(rank)]
         for i, e in enumerate(op.attrs.get("ends") or ()):      # end= bounds the window too
             if e is not None:
                 a = rank - len(dims) + i
@@ -666,7 +673,7 @@ class Renderer:
         off, ok = Value("0", "i32", 0), Value("true", "i1", 0)
         for a, r in enumerate(idx):
             v = self.read(r)
-            ok = self._and(ok, self._in_range(v, Value(f"%{gl.name}.size{a}", "i32", 0)))
+            ok = self._and(ok, self._in_range(v, self.size_of(gl, a)))
             term = v if a == rank - 1 else \
                 self.op(f"mul i32 {v.text}, %{gl.name}.stride{a}", "i32", 0)
             off = self.op(f"add i32 {off.text}, {term.text}", "i32", 0)

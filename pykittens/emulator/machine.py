@@ -362,7 +362,10 @@ class _Machine:
 
     def x_mma(self, w, op):
         """D = A @ B + C for one matrix instruction, operands gathered from the listed slots
-        through the instruction's documented lane layouts."""
+        through the instruction's documented lane layouts; products and C summed in float64,
+        rounded once to f32 (as the ISA emulator does: rounding A @ B before adding C made
+        the two disagree by an ulp on accumulators, which a 16-bit output can turn into one
+        of its own)."""
         ins = op.attrs["instr"]
         a, b = (self.get(w, s) for s in op.srcs[:2])
         if op.attrs.get("zero"):             # C = 0: the accumulator is not read
@@ -380,7 +383,7 @@ class _Machine:
             SB = _matrix(ins.scale_b_layout, sb[:, list(op.attrs["sb_slots"])], np.float64)
             A = A * np.repeat(SA, ins.scale_block, axis=1)
             B = B * np.repeat(SB, ins.scale_block, axis=0)
-        D = (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32) + C
+        D = (A.astype(np.float64) @ B.astype(np.float64) + C.astype(np.float64)).astype(np.float32)
         r, col = ins.acc_layout.coords()
         out = c.copy()
         out[:, list(op.attrs["c_slots"])] = D[r, col]

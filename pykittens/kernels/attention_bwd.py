@@ -19,6 +19,11 @@ import math
 import pykittens as pk
 
 from .attention import LOG2E, _causal_blocks
+from .attention_bwd_cdna import cdna_bwd, cdna_bwd_dq, cdna_bwd_launch
+from .attention_cdna import CDNA_TARGETS
+
+# (B, H, N, D) views whose head dim is the const D: static, so bounds on it fold away
+HEAD = (None, None, None, "D")
 
 
 @pk.kernel(num_waves=4)
@@ -34,18 +39,22 @@ def attention_bwd_prep(o: pk.gl["DT", 4], do: pk.gl["DT", 4], delta: pk.gl[pk.f3
 
 
 @pk.kernel(num_waves=12)
-def attention_bwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
-                  do: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
-                  dq: pk.gl[pk.f32, 4], dk: pk.gl["DT", 4], dv: pk.gl["DT", 4],
+def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEAD],
+                  do: pk.gl["DT", HEAD], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
+                  dq: pk.gl[pk.f32, 4], dk: pk.gl["DT", HEAD], dv: pk.gl["DT", HEAD],
                   scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
-                  DQ_ATOMIC: pk.const = 1, TARGET: pk.const = "sm_90a"):
+                  DQ_ATOMIC: pk.const = 1, TARGET: pk.const = "sm_90a",
+                  MAP: pk.const = "head-first"):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
     Grid and constants: attention_bwd_launch."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                     DQ_ATOMIC)
+    elif TARGET in CDNA_TARGETS:
+        cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
+                 TARGET)
     else:
         raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
 
@@ -147,15 +156,18 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
 
 
 @pk.kernel(num_waves=12)
-def attention_bwd_dq(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
-                     do: pk.gl["DT", 4], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
-                     dq: pk.gl["DT", 4], scale: pk.f32, DT: pk.const = None,
+def attention_bwd_dq(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEAD],
+                     do: pk.gl["DT", HEAD], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
+                     dq: pk.gl["DT", HEAD], scale: pk.f32, DT: pk.const = None,
                      D: pk.const = 128, CAUSAL: pk.const = 0, BN: pk.const = 64,
-                     STAGES: pk.const = 2, TARGET: pk.const = "sm_90a"):
+                     STAGES: pk.const = 2, TARGET: pk.const = "sm_90a",
+                     MAP: pk.const = "head-first"):
     """dQ of one block of query rows per workgroup, the key blocks in order (deterministic).
     Grid and constants: attention_bwd_launch."""
     if TARGET == "sm_90a":
         _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES)
+    elif TARGET in CDNA_TARGETS:
+        cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARGET)
     else:
         raise pk.NotSupportedYet(f"attention_bwd_dq has no schedule for {TARGET} yet")
 
@@ -226,14 +238,17 @@ def attention_bwd_launch(i: dict, target, dq: str = DQ_DEFAULT, **overrides):
     t = get(target)
     _need_shapes(i, ("q", "k"), 4, "(B, H, N, D)")
     (b, hq, nq, d), (_, hkv, nk, _) = i["q"].shape, i["k"].shape
-    if t.family != "hopper":
-        raise NotImplementedError(f"attention_bwd has no schedule for {t.name} yet")
     if d not in (64, 128):
         raise ValueError(f"attention backward: head dim {d} is not supported; 64 or 128")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"attention backward: {hq} query heads are not a multiple of {hkv} "
+                         "key/value heads (GQA groups)")
     if dq not in DQ_SCHEDULES:
         raise ValueError(f"attention backward: dq={dq!r}; choose one of {DQ_SCHEDULES}")
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     prep = ((-(-nq // 64), hq, b), {"D": d})
+    if t.family == "cdna":
+        return prep, *cdna_bwd_launch(b, hq, hkv, nq, nk, d, t.name, dq, causal, overrides)
     main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
                                        "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
                                        **overrides})

@@ -16,7 +16,9 @@ from .values import GL, Scalar
 class GlobalSpec:
     """Annotation `pk.gl[dtype, rank]` or `pk.gl[dtype, (None, 1024)]` (None = runtime).
     The dtype may be the name of a pk.const (`pk.gl["DT", 2]`): it is then inferred from the
-    tensor passed at launch, so one kernel serves several element types."""
+    tensor passed at launch, so one kernel serves several element types. So may a dim
+    (`pk.gl["DT", (None, "D")]`): a static dim whose size the const gives, inferred from the
+    tensor when the const is not passed."""
     dtype: T.DType | str
     shape: tuple
 
@@ -33,7 +35,8 @@ class _GL:
             if not 1 <= shape <= 4:
                 raise TypeError(f"global tensor rank must be 1..4, not {shape}")
             shape = (None,) * shape
-        shape = tuple(None if d is None else int(d) for d in shape)
+        shape = tuple(None if d is None else d if isinstance(d, str) else int(d)
+                      for d in shape)
         return GlobalSpec(dtype if isinstance(dtype, str) and dtype not in T.DTYPES
                           else T.dtype_of(dtype), shape)
 
@@ -77,6 +80,12 @@ class Kernel:
                     raise KernelError(f"parameter {p.name!r} takes its dtype from "
                                       f"{ann.dtype!r}, which is not a pk.const parameter",
                                       self.loc, self.name)
+                for d in ann.shape:
+                    if isinstance(d, str) and (d not in sig.parameters or
+                                               sig.parameters[d].annotation is not const):
+                        raise KernelError(f"parameter {p.name!r} takes a dim from {d!r}, "
+                                          "which is not a pk.const parameter",
+                                          self.loc, self.name)
             elif isinstance(ann, T.DType):
                 self.params.append(Param(p.name, "scalar", T.ScalarType(ann)))
             elif ann is const:
@@ -139,18 +148,23 @@ class Kernel:
         return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc)
 
     def resolve(self, p: Param, consts: dict) -> Param:
-        """The parameter with a dtype named by a const replaced by that const's value."""
-        if p.kind == "gl" and isinstance(p.type.dtype, str):
-            value = consts[p.type.dtype]
+        """The parameter with a dtype or dims named by consts replaced by their values."""
+        if p.kind != "gl":
+            return p
+        dtype, shape = p.type.dtype, p.type.shape
+        if isinstance(dtype, str):
+            value = consts[dtype]
             try:
-                d = T.dtype_of(value)
+                dtype = T.dtype_of(value)
             except TypeError:
                 raise KernelError(f"compile-time constant {p.type.dtype}={value!r} (the element "
                                   f"type of {p.name!r}) is not an element type pykittens "
                                   f"takes: use one of {', '.join(T.DTYPES)}", self.loc,
                                   self.name) from None
-            return Param(p.name, p.kind, T.GlobalType(d, p.type.shape))
-        return p
+        if any(isinstance(d, str) for d in shape):
+            shape = tuple(_static_dim(self, p.name, d, consts[d]) if isinstance(d, str) else d
+                          for d in shape)
+        return Param(p.name, p.kind, T.GlobalType(dtype, shape))
 
     def __call__(self, *a, **k):
         raise KernelError("a pykittens kernel is not called directly: use "
@@ -158,6 +172,13 @@ class Kernel:
 
     def __repr__(self):
         return f"<pykittens kernel {self.name}>"
+
+
+def _static_dim(k: Kernel, param: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KernelError(f"const {name}={value!r} gives a dim of {param!r}: it must be a "
+                          "positive int", k.loc, k.name)
+    return value
 
 
 class NotAKernel(KernelError, TypeError):

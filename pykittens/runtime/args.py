@@ -329,8 +329,13 @@ def bind_args(kernel, args: tuple, kwargs: dict, *, device: str = "cpu",
             got = element_type(v, label, kernel)
             if consts.get(dname) is None:
                 consts[dname] = got
-            p = kernel.resolve(p, consts)
         if p.kind == "gl":
+            for i, d in enumerate(p.type.shape):          # dims named by consts
+                if isinstance(d, str) and consts.get(d, kernel.const_defaults.get(d)) is None:
+                    element_type(v, label, kernel)
+                    if len(v.shape) == len(p.type.shape):
+                        consts[d] = int(v.shape[i])
+            p = kernel.resolve(p, {**kernel.const_defaults, **consts})
             check_tensor(v, name=label, dtype=p.type.dtype, rank=p.type.rank,
                          shape=p.type.shape, device=device, kernel=kernel)
             out[p.name] = _host_view(v) if device == "cpu" else v
