@@ -22,7 +22,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
         from ..isa import emulate as isa_emulate
         return isa_emulate(kernel, *args, grid=grid, target=target, **kwargs)
     bound, consts = bind_args(kernel, args, kwargs)
-    prog = lower(kernel.specialize(**consts), target)
+    prog = lower(kernel.specialize_for(target, **consts), target)
     if isinstance(grid, int):
         grid = (grid,)
     grid = tuple(int(g) for g in grid)

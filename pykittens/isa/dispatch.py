@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-from ..runtime.abi import kernel_args
+from ..ir.abi import kernel_args
 from ..runtime.hip import pack_kernargs
 from .machine import Run, program
 from .state import ISAError, Memory
@@ -159,7 +159,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", pad_rows: bool = False,
         raise ValueError(f"the ISA emulator runs AMD code objects (gfx942, gfx950), not "
                          f"{t.name}; use pk.emulate(..., isa=False) for {t.name}")
     bound, consts = bind_args(kernel, args, kwargs)
-    prog = lower(kernel.specialize(**consts), t)
+    prog = lower(kernel.specialize_for(t, **consts), t)
     arrays = {k: np.asarray(v) for k, v in bound.items() if not np.isscalar(v)}
     obj = compiler.compile_lane(prog, aligned=aligned(arrays, pad_rows))
     return run(obj, t.name, prog.params, bound, grid, prog.num_waves, kernel=prog.name,
