@@ -27,7 +27,7 @@ VARIANTS = [(n, KERNELS[n].compile_consts) for n in HOPPER] + [
 
 def _matrix_ops(kernel, consts):
     """'wgmma' / 'mma.sync' for each mma in the kernel: wgmma when b is a shared tile."""
-    ops = [op for op in walk(compiler.tile_ir(kernel, **consts).body) if op.kind == "mma"]
+    ops = [op for op in walk(compiler.tile_ir(kernel, "sm_90a", **consts).body) if op.kind == "mma"]
     return {"wgmma" if isinstance(op.srcs[1].type, T.SharedTileType) else "mma.sync"
             for op in ops}
 
