@@ -36,6 +36,7 @@ PYTHON="${PYTHON:-python3}"
 VENV="${PYKITTENS_VENV:-$ROOT/.venv}"
 APT_TIMEOUT="${PYKITTENS_APT_TIMEOUT:-600}"
 LLD_MIN=19                      # oldest LLVM linker known to link gfx942/gfx950 code objects
+APT_LOCKS="/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock"
 STEP="starting"
 WARNINGS=()
 
@@ -88,25 +89,24 @@ have_lld() {        # an ld.lld (LLD_MIN or newer) already installed?
 }
 
 apt_wait() {        # wait until no other apt/dpkg holds its locks, or give up
-  local waited=0 locks="/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock"
-  while ! $SUDO "$PYTHON" - $locks <<'EOF'
+  local waited=0 held
+  while held="$($SUDO "$PYTHON" - $APT_LOCKS 2>/dev/null <<'EOF'
 import fcntl, os, sys
 for path in sys.argv[1:]:
-    if not os.path.exists(path):
-        continue
-    with open(path, "r+") as f:
-        try:
-            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            print(path)
-            sys.exit(1)
+    if os.path.exists(path):
+        with open(path, "r+") as f:
+            try:
+                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                print(path)
+                break
 EOF
-  do
+)"; [ -n "$held" ]; do
     if [ "$waited" -ge "$APT_TIMEOUT" ]; then
-      fail "another package manager still holds the apt/dpkg lock after ${APT_TIMEOUT}s (an unattended upgrade?); wait for it to finish, or raise PYKITTENS_APT_TIMEOUT"
+      fail "another package manager still holds $held after ${APT_TIMEOUT}s (an unattended upgrade?); wait for it to finish, or raise PYKITTENS_APT_TIMEOUT"
     fi
     if [ $((waited % 30)) -eq 0 ]; then
-      echo "waiting for another apt/dpkg to release its lock (${waited}s of at most ${APT_TIMEOUT}s)..."
+      echo "waiting for another apt/dpkg to release $held (${waited}s of at most ${APT_TIMEOUT}s)..."
     fi
     sleep 5; waited=$((waited + 5))
   done

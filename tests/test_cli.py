@@ -6,7 +6,7 @@ import pytest
 
 from pykittens.cli import main
 
-from conftest import needs_amd_llvm
+from conftest import needs_amd_llvm, needs_ptxas
 
 
 def test_demo_quick_runs_every_section(capsys):
@@ -37,6 +37,10 @@ def test_compile_report_json(capsys):
                 "occupancy_waves_per_simd", "loop_mfma", "loop_instructions"):
         assert key in rep
     assert rep["loop_mfma"] > 0 and rep["scratch_bytes"] == 0 and rep["lds_bytes"] == 8192
+
+
+@needs_ptxas
+def test_compile_report_json_hopper(capsys):
     assert main(["compile", "gemm", "--target", "sm_90a", "--report", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["spill_bytes"] == 0 and rep["smem_bytes"] == 8192 and rep["registers"] > 0

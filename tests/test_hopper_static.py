@@ -10,6 +10,8 @@ from pykittens.ir import types as T
 from pykittens.ir.nodes import walk
 from pykittens.kernels import KERNELS
 
+from conftest import needs_sass
+
 pytestmark = pytest.mark.usefixtures("module_cache")
 
 HOPPER = sorted(n for n, s in KERNELS.items() if "sm_90a" in s.targets)
@@ -35,6 +37,7 @@ def _matrix_ops(kernel, consts):
 @pytest.mark.parametrize("name,consts", VARIANTS,
                          ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in c.items())}"
                               for n, c in VARIANTS])
+@needs_sass
 def test_library_kernel_cubin(name, consts):
     kernel = KERNELS[name].kernel
     rep = compiler.report(kernel, "sm_90a", **consts)
