@@ -43,7 +43,7 @@ needs_amd_llvm = _needs(tools.ROCM)
 # Without ptxas a Hopper build is PTX only (the result's cubin is None, the report's register
 # counts too); without cuobjdump and nvdisasm the report has no SASS (loop instruction mix).
 needs_ptxas = _needs("ptxas")
-needs_sass = lambda f: _needs("ptxas")(_needs("cuobjdump")(_needs("nvdisasm")(f)))  # noqa: E731
+needs_sass = lambda f: _needs("nvdisasm")(_needs("cuobjdump")(_needs("ptxas")(f)))  # noqa: E731
 
 
 def _missing_tool(exc: BaseException | None) -> tools.ToolMissing | None:
