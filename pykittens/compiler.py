@@ -13,6 +13,8 @@ STAGES = ("tile", "lane", "llvm", "asm")
 
 def tile_ir(kernel, target=None, **consts):
     """The kernel's tile IR; with `target`, as traced for it (its pk.target constant)."""
+    from .lang.kernel import require_kernel
+    kernel = require_kernel(kernel, "compiling")
     return kernel.specialize(**consts) if target is None else \
         kernel.specialize_for(get_target(target), **consts)
 

@@ -3,10 +3,13 @@ gfx950, through HIP), compiling on first use. Code objects are cached on disk by
 toolchain and loaded modules in memory per (kernel, constants, alignment, device)."""
 from __future__ import annotations
 
+import threading
+
 from ..ir.errors import KernelError
-from .args import bind_args
+from .args import bind_args, check_grid, check_kernel, check_program_args, fail
 
 _modules: dict = {}
+_lock = threading.Lock()
 ALIGN_ELEMS = 16          # strides divisible by this many elements allow 16-byte vectors
 
 
@@ -41,37 +44,46 @@ def gpu_target(device_index: int) -> str:
 def launch(kernel, *args, grid, stream=None, **kwargs):
     """Run `kernel` on the GPU over `grid` workgroups. Tensor and scalar arguments go by
     position or name; other keywords are compile-time constants. Tensors are written in
-    place (as any GPU kernel would); returns None."""
+    place (as any GPU kernel would); returns None. Arguments are checked by the rules the
+    emulator applies too (runtime.args); nothing runs when a tensor has no elements."""
     from .. import compiler
     from . import cuda
+    from ..lang.kernel import const_key
     from ..lower import lower
-    bound, consts = bind_args(kernel, args, kwargs, device="cuda")
+    check_kernel(kernel, "pk.launch")
+    bound, consts = bind_args(kernel, args, kwargs, device="cuda", what="pk.launch")
+    grid = check_grid(grid, kernel)
     tensors = [v for v in bound.values() if hasattr(v, "data_ptr")]
     if not tensors:
         raise KernelError("launch needs at least one GPU tensor argument", kernel.loc,
                           kernel.name)
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise fail(f"the tensors are on different GPUs ({', '.join(devices)}); put them on "
+                   "one", kernel)
     dev = tensors[0].device
-    if dev.type != "cuda":
-        raise KernelError(f"tensors are on {dev}; pykittens launches on CUDA devices here "
-                          "(use pk.emulate for CPU arrays)", kernel.loc, kernel.name)
     if any(t.numel() == 0 for t in tensors):
         return None                                       # nothing to compute
     index = dev.index if dev.index is not None else 0
     target = gpu_target(index)
-    grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     aligned = _aligned(bound)
-    key = (id(kernel), tuple(sorted((k, str(v)) for k, v in consts.items())), aligned, index)
-    entry = _modules.get(key)
-    if entry is None:
-        prog = lower(kernel.specialize_for(target, **consts), target)
-        obj = compiler.compile_lane(prog, aligned=aligned)
-        if prog.target.family == "cdna":
-            entry = (obj, prog)                       # the HIP launcher loads and caches it
+    # constants by value and type (two mappings that print alike are different kernels)
+    key = (id(kernel), const_key(consts), aligned, index)
+    with _lock:
+        entry = _modules.get(key)
+        if entry is None:
+            prog = lower(kernel.specialize_for(target, **consts), target)
+            obj = compiler.compile_lane(prog, aligned=aligned)
+            if prog.target.family == "cdna":
+                entry = (obj, prog)                   # the HIP launcher loads and caches it
+            else:
+                module = cuda.Module.from_compiled(obj, device=index)
+                entry = (module.function(prog.name), prog)
+            _modules[key] = (kernel, entry)           # the kernel kept alive: id() stays its
         else:
-            module = cuda.Module.from_compiled(obj, device=index)
-            entry = (module.function(prog.name), prog)
-        _modules[key] = entry
+            entry = entry[1]
     code, prog = entry
+    check_program_args(prog, bound, kernel)
     if prog.target.family == "cdna":
         from . import hip
         hip.launch(code, prog.name, prog.params, bound, grid=grid, num_waves=prog.num_waves,
