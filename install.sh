@@ -13,7 +13,8 @@
 # Environment: PYTHON (the interpreter to build the environment from; default python3),
 # PYKITTENS_VENV (default .venv here), PYKITTENS_BIN (where the launcher goes; default
 # /usr/local/bin as root, else ~/.local/bin), PYKITTENS_APT_TIMEOUT (seconds to wait for
-# another apt/dpkg to finish; default 600).
+# another apt/dpkg to finish; default 600), PYKITTENS_TORCH_INDEX (where --test looks for a CPU
+# build of torch; default https://download.pytorch.org/whl/cpu, PyPI besides).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$(pwd)"
@@ -24,7 +25,7 @@ for arg in "$@"; do
     --test) TEST=1 ;;
     --amd-only) NVIDIA=0 ;;
     --nvidia-only) AMD=0 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown option '$arg' (see ./install.sh --help)" >&2; exit 2 ;;
   esac
 done
@@ -35,6 +36,8 @@ fi
 PYTHON="${PYTHON:-python3}"
 VENV="${PYKITTENS_VENV:-$ROOT/.venv}"
 APT_TIMEOUT="${PYKITTENS_APT_TIMEOUT:-600}"
+TORCH_VERSION=2.13.0            # the release the tests are run with
+TORCH_INDEX="${PYKITTENS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 LLD_MIN=19                      # oldest LLVM linker known to link gfx942/gfx950 code objects
 APT_LOCKS="/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock"
 STEP="starting"
@@ -60,7 +63,21 @@ fi
 
 # ---- the Python to build the environment from ------------------------------------------------
 step "checking Python ($PYTHON)"
-command -v "$PYTHON" >/dev/null 2>&1 || fail "no '$PYTHON' on the PATH; install python3 (3.10 or newer) or set PYTHON"
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  # A minimal Debian/Ubuntu (a container image) has no Python at all: take the system's.
+  if [ "$PYTHON" = python3 ] && command -v apt-get >/dev/null 2>&1 \
+     && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
+    echo "no python3 here: installing the system's (apt-get install python3 python3-venv)"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get -q -o DPkg::Lock::Timeout="$APT_TIMEOUT" update \
+      || fail "apt-get update failed"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -q -y --no-install-recommends \
+      -o DPkg::Lock::Timeout="$APT_TIMEOUT" install python3 python3-venv \
+      || fail "apt-get install python3 python3-venv failed"
+  fi
+  command -v "$PYTHON" >/dev/null 2>&1 \
+    || fail "no '$PYTHON' on the PATH; install python3 (3.10 or newer) or set PYTHON"
+fi
 PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || fail "$PYTHON is Python $PYVER; pykittens needs 3.10 or newer (set PYTHON=python3.12, say)"
@@ -143,9 +160,11 @@ if [ "$AMD" = 1 ]; then
   elif need_apt "lld-$LLD_MIN"; then
     apt_update
     LLD_PKG="$(apt-cache search --names-only '^lld-[0-9]+$' | sed -n 's/^lld-\([0-9][0-9]*\) .*/\1/p' \
-               | sort -n | awk -v min="$LLD_MIN" '$1 >= min' | tail -n1)"
+               | sort -n | awk -v min="$LLD_MIN" '$1 >= min' | head -n1)"
     if [ -n "$LLD_PKG" ]; then
-      echo "this system's newest LLVM linker package: lld-$LLD_PKG"
+      # the oldest one offered that is new enough: lld-19 where there is one, the version the
+      # tests run with
+      echo "LLVM linker package: lld-$LLD_PKG"
       APT_PKGS+=("lld-$LLD_PKG")
     else
       warn "no lld-$LLD_MIN or newer in this system's package sources (Ubuntu 22.04 has lld-15 at most): AMD code objects cannot be linked and their tests are skipped. Add LLVM's apt repository and install lld-$LLD_MIN, or point PYKITTENS_LD_LLD at an ld.lld $LLD_MIN+ (e.g. ROCm's /opt/rocm/llvm/bin/ld.lld)."
@@ -191,10 +210,12 @@ extras=()
 spec=".[$(IFS=,; echo "${extras[*]}")]"
 
 if [ "$TEST" = 1 ] && ! "$VPY" -c "import torch" >/dev/null 2>&1; then
-  step "installing torch (CPU: the torch operators are tested on CPU tensors)"
-  # one known release (pip takes a local CPU wheel of it where its configuration offers
-  # one), else any torch >= 2.5
-  "$VPY" -m pip install "torch==2.13.0" || "$VPY" -m pip install "torch>=2.5" \
+  step "installing torch $TORCH_VERSION, CPU build (the torch operators are tested on CPU tensors)"
+  # PyTorch's own index has CPU-only builds (about 200 MB); PyPI's Linux torch brings the CUDA
+  # libraries (several GB). pip takes the CPU build (2.13.0+cpu ranks above 2.13.0) where the
+  # index can be reached, else PyPI's; if that version cannot be had, any torch >= 2.5.
+  "$VPY" -m pip install --extra-index-url "$TORCH_INDEX" "torch==$TORCH_VERSION" \
+    || "$VPY" -m pip install --extra-index-url "$TORCH_INDEX" "torch>=2.5" \
     || fail "pip could not install torch"
 fi
 
