@@ -212,10 +212,19 @@ spec=".[$(IFS=,; echo "${extras[*]}")]"
 if [ "$TEST" = 1 ] && ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   step "installing torch $TORCH_VERSION, CPU build (the torch operators are tested on CPU tensors)"
   # PyTorch's own index has CPU-only builds (about 200 MB); PyPI's Linux torch brings the CUDA
-  # libraries (several GB). pip takes the CPU build (2.13.0+cpu ranks above 2.13.0) where the
-  # index can be reached, else PyPI's; if that version cannot be had, any torch >= 2.5.
-  "$VPY" -m pip install --extra-index-url "$TORCH_INDEX" "torch==$TORCH_VERSION" \
-    || "$VPY" -m pip install --extra-index-url "$TORCH_INDEX" "torch>=2.5" \
+  # libraries (several GB). Where the index answers, pip takes its CPU build (2.13.0+cpu ranks
+  # above 2.13.0); else torch comes from pip's configured indexes. If that version cannot be
+  # had, any torch >= 2.5.
+  torch_src=()
+  if "$VPY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=20)' \
+       "$TORCH_INDEX" >/dev/null 2>&1; then
+    torch_src=(--extra-index-url "$TORCH_INDEX")
+    echo "CPU builds from $TORCH_INDEX"
+  else
+    echo "$TORCH_INDEX cannot be reached from here: torch comes from pip's configured indexes (PyPI's Linux build includes the CUDA libraries, several GB)"
+  fi
+  "$VPY" -m pip install "${torch_src[@]}" "torch==$TORCH_VERSION" \
+    || "$VPY" -m pip install "${torch_src[@]}" "torch>=2.5" \
     || fail "pip could not install torch"
 fi
 
