@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +73,36 @@ def test_extras_split_the_vendors():
                                 "nvidia-cuda-nvdisasm"}
     assert not core & (extras["amd"] | extras["nvidia"]), core
     assert project["optional-dependencies"]["all"] == ["pykittens[amd,nvidia]"]
+
+
+def _install_function(name: str) -> str:
+    with open(os.path.join(ROOT, "install.sh")) as f:
+        text = f.read()
+    return re.search(rf"^{name}\(\) {{.*?^}}\n", text, re.S | re.M).group(0)
+
+
+def test_install_waits_for_the_apt_lock_then_names_it(tmp_path):
+    """Another apt/dpkg holding its lock (an unattended upgrade): install.sh says it waits,
+    and after PYKITTENS_APT_TIMEOUT seconds fails naming the lock."""
+    lock = tmp_path / "lock-frontend"
+    lock.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'r+'); "
+         "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+         str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        script = ("STEP=waiting; fail() { echo \"FAILED: $1\" >&2; exit 1; }\n"
+                  + _install_function("apt_wait") + "apt_wait\necho released\n")
+        env = {**os.environ, "PYTHON": sys.executable, "APT_LOCKS": str(lock)}
+        p = subprocess.run(["bash", "-c", "SUDO= APT_TIMEOUT=5; " + script], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert f"waiting for another apt/dpkg to release {lock}" in p.stdout
+        assert f"still holds {lock} after 5s" in p.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    p = subprocess.run(["bash", "-c", "SUDO= APT_TIMEOUT=5; " + script], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "released", p.stdout + p.stderr
