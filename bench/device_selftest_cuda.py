@@ -2,7 +2,7 @@
 
 Run on the GPU machine:  PYTHONPATH=. python3 bench/device_selftest_cuda.py
 
-A hand-written LLVM IR kernel (out[i] = alpha*x[i] + y[i], kernel ABI of runtime.abi, passed
+A hand-written LLVM IR kernel (out[i] = alpha*x[i] + y[i], kernel ABI of ir.abi, passed
 through 100 KiB of dynamic shared memory so the >48 KiB opt-in is exercised, with a barrier
 and a lane swap so a wrong smem setup gives wrong numbers rather than passing by luck) is
 compiled, loaded as a cubin (ptxas) and as PTX (driver JIT), and launched on torch CUDA

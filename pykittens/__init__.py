@@ -11,7 +11,7 @@
 from .ir.errors import KernelError, NotSupportedYet
 from .ir.types import (bf16, dtype_of, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e8m0, f16, f32, i8,
                        i32)
-from .lang.kernel import Kernel, const, gl, kernel
+from .lang.kernel import Kernel, const, gl, kernel, target
 from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
 from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, col_sum, convert, copy, div,
                        else_, empty, exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
@@ -24,7 +24,21 @@ from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, ti
                             waitcnt)
 from .lang.sync import arrive, mbarrier, role, tma_load, tma_store, wait
 from .lang.values import maximum, minimum, where
-from .emulator.launch import emulate
-from .runtime.launch import launch
-
 __version__ = "0.1.0"
+
+# pk.emulate and pk.launch load the emulator and the runtime on first use, so that
+# `import pykittens` (what every kernel module does) loads the language alone.
+_DEFERRED = {"emulate": ".emulator.launch", "launch": ".runtime.launch"}
+
+
+def __getattr__(name):
+    if name in _DEFERRED:
+        import importlib
+        value = getattr(importlib.import_module(_DEFERRED[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_DEFERRED))

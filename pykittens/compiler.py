@@ -11,13 +11,17 @@ from .targets import get as get_target
 STAGES = ("tile", "lane", "llvm", "asm")
 
 
-def tile_ir(kernel, **consts):
+def tile_ir(kernel, target=None, **consts):
+    """The kernel's tile IR; with `target`, as traced for it (its pk.target constant)."""
     from .lang.kernel import require_kernel
-    return require_kernel(kernel, "compiling").specialize(**consts)
+    kernel = require_kernel(kernel, "compiling")
+    return kernel.specialize(**consts) if target is None else \
+        kernel.specialize_for(get_target(target), **consts)
 
 
 def lane_ir(kernel, target, **consts):
-    return lower(tile_ir(kernel, **consts), get_target(target))
+    t = get_target(target)
+    return lower(tile_ir(kernel, t, **consts), t)
 
 
 def llvm_ir(kernel, target, *, aligned: bool = True, **consts) -> str:
@@ -73,7 +77,7 @@ def report(kernel, target, **consts) -> dict:
 
 def emit(kernel, target, stage: str, **consts) -> str:
     if stage == "tile":
-        return format_kernel(tile_ir(kernel, **consts))
+        return format_kernel(tile_ir(kernel, target, **consts))
     if stage == "lane":
         return format_lane(lane_ir(kernel, target, **consts))
     if stage == "llvm":

@@ -35,13 +35,31 @@ def emulator_section(quick: bool) -> tuple[str, bool]:
     return text_table(rows, head), ok_all
 
 
+def toolchain_lines() -> list[str]:
+    """Which tools this machine has, and for each missing one what it is needed for and how
+    to get it (a one-vendor install, a Python without rocm-llvm-python)."""
+    from .toolchain import tools
+    st = tools.status()
+    have = [t.name + (f" {t.found}" if t.name in ("llvmlite", tools.ROCM) else "")
+            for t in st if t.found]
+    out = ["  toolchains here: " + (", ".join(have) or "none")]
+    for t in st:
+        if t.found is None:
+            out.append(f"  missing {t.name} ({t.purpose}): {t.hint}")
+    return out
+
+
 def compile_section() -> str:
     from . import compiler
-    rows, notes = [], []
+    from .toolchain.tools import ToolMissing
+    rows, notes, wanting = [], [], {}
     for spec in KERNELS.values():
         for target in spec.targets:
             try:
                 rep = compiler.report(spec.kernel, target, **spec.compile_consts)
+            except ToolMissing as e:
+                wanting.setdefault(e.tool, []).append(f"{spec.name}/{target}")
+                continue
             except Exception as e:  # noqa: BLE001 - shown to the user, demo goes on
                 notes.append(f"{spec.name}/{target}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0][:140]}")
@@ -52,7 +70,10 @@ def compile_section() -> str:
                          rep.get("scratch_bytes", rep.get("spill_bytes")),
                          rep.get("occupancy_waves_per_simd", "-")])
     head = ["kernel", "target", "vgpr/regs", "agpr", "lds/smem", "scratch/spill", "waves/SIMD"]
-    out = text_table(rows, head) if rows else "(no code objects were built)"
+    out = "\n".join(toolchain_lines()) + "\n"
+    out += text_table(rows, head) if rows else "(no code objects were built)"
+    for tool, which in wanting.items():
+        out += f"\n  not built without {tool}: {', '.join(which)}"
     if notes:
         out += "\n" + "\n".join("  not built: " + n for n in notes)
     return out

@@ -14,7 +14,7 @@ from pykittens import compiler
 from pykittens.kernels.attention import (attention_fwd, attention_fwd_launch,
                                          attention_fwd_varlen, attention_fwd_varlen_launch,
                                          hopper_schedules)
-from conftest import rel_err
+from conftest import needs_sass, rel_err
 
 DT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
 
@@ -132,6 +132,7 @@ def test_launch_checks_name_the_limit(rng):
 
 
 @pytest.mark.parametrize("d,causal", [(128, 0), (128, 1), (64, 0)])
+@needs_sass
 def test_hopper_cubin_has_no_spills_and_wgmma_in_the_loop(d, causal):
     """The launch defaults compile without spills or stack, with the wgmma groups of
     Q K^T (D / 16) and P V (BN / 16) in the main loop and no serialisation advisory."""

@@ -15,7 +15,7 @@ from pykittens import compiler
 from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
 from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
                                              attention_bwd_launch, attention_bwd_prep)
-from conftest import rel_err
+from conftest import needs_ptxas, rel_err
 
 DT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
 
@@ -113,6 +113,7 @@ def test_launch_names_what_is_missing():
 
 
 @pytest.mark.parametrize("d,causal", [(128, 0), (64, 1)])
+@needs_ptxas
 def test_hopper_cubins_have_no_spills(d, causal):
     """The default schedule's passes compile without spills or stack. The atomic schedule's
     main pass holds, beside the four products (S^T, dP^T, dV, dK), dQ's product and its TMA

@@ -21,7 +21,7 @@ from conftest import rel_err
 
 CDNA = ("gfx942", "gfx950")
 DT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
-TOL = 1e-2                           # 16-bit P and V, f32 accumulation (DESIGN.md, Testing)
+TOL = 1e-2                           # 16-bit P and V, f32 accumulation (the library's bf16 tolerance)
 
 
 # ---- the reference ---------------------------------------------------------------------------

@@ -22,7 +22,8 @@ CDNA = ("gfx942", "gfx950")
 def build(kernel, target, **consts):
     """(code object, report, instructions, main loop) of one kernel."""
     obj = compiler.code_object(kernel, target, **consts)
-    rep = hsaco.report(obj, target, num_waves=compiler.tile_ir(kernel, **consts).num_waves)
+    rep = hsaco.report(obj, target, num_waves=compiler.tile_ir(kernel, target,
+                                                                  **consts).num_waves)
     insts, labels = hsaco.instructions(amdgpu.disassemble(obj, target), rep["kernel"])
     return obj, rep, insts, hsaco.main_loop(insts, labels)
 
@@ -32,8 +33,8 @@ def text(inst) -> str:
     return f"{op} {arg}".strip()
 
 
-def uses_mma(kernel, **consts) -> bool:
-    return any(op.kind == "mma" for op in walk(compiler.tile_ir(kernel, **consts).body))
+def uses_mma(kernel, target, **consts) -> bool:
+    return any(op.kind == "mma" for op in walk(compiler.tile_ir(kernel, target, **consts).body))
 
 
 # ---- the library ------------------------------------------------------------------------------
@@ -46,7 +47,7 @@ def test_library_kernel_has_no_spills_and_mfma_in_its_main_loop(name, target):
     assert hsaco.code_object_version(obj) == rep["code_object_version"] == 5
     assert rep["scratch_bytes"] == 0
     assert (rep["vgpr_spill"], rep["sgpr_spill"]) == (0, 0), rep
-    mma = uses_mma(spec.kernel, **spec.compile_consts)
+    mma = uses_mma(spec.kernel, target, **spec.compile_consts)
     assert mma or name != "gemm", "the library GEMM issues no mma"
     if mma:
         assert loop is not None and rep["loop_mfma"] == loop.mfma(insts) > 0, rep

@@ -13,6 +13,8 @@ from pykittens.ir import types as T
 from pykittens.ir.nodes import walk
 from pykittens.kernels import KERNELS
 
+from conftest import needs_sass
+
 pytestmark = pytest.mark.usefixtures("module_cache")
 
 HOPPER = sorted(n for n, s in KERNELS.items() if "sm_90a" in s.targets)
@@ -30,7 +32,7 @@ VARIANTS = [(n, KERNELS[n].compile_consts) for n in HOPPER] + [
 
 def _matrix_ops(kernel, consts):
     """'wgmma' / 'mma.sync' for each mma in the kernel: wgmma when b is a shared tile."""
-    ops = [op for op in walk(compiler.tile_ir(kernel, **consts).body) if op.kind == "mma"]
+    ops = [op for op in walk(compiler.tile_ir(kernel, "sm_90a", **consts).body) if op.kind == "mma"]
     return {"wgmma" if isinstance(op.srcs[1].type, T.SharedTileType) else "mma.sync"
             for op in ops}
 
@@ -38,6 +40,7 @@ def _matrix_ops(kernel, consts):
 @pytest.mark.parametrize("name,consts", VARIANTS,
                          ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in c.items())}"
                               for n, c in VARIANTS])
+@needs_sass
 def test_library_kernel_cubin(name, consts):
     kernel = KERNELS[name].kernel
     rep = compiler.report(kernel, "sm_90a", **consts)

@@ -8,6 +8,8 @@ from pykittens import compiler
 from pykittens.emulator import BarrierMismatch, Race
 from pykittens.kernels import ws_scale
 
+from conftest import needs_ptxas
+
 
 @pytest.mark.parametrize("shape", [(150, 64), (37, 100), (256, 128)])
 @pytest.mark.parametrize("stages", [1, 2, 3])
@@ -50,6 +52,7 @@ def test_a_wait_that_never_completes_is_a_deadlock(rng):
     assert "test_hopper_sync.py" in str(e.value)
 
 
+@needs_ptxas
 def test_hopper_ptx_and_cubin():
     res = compiler.code_object(ws_scale, "sm_90a", DT="bf16")
     ptx = res["ptx"]

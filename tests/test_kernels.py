@@ -91,5 +91,25 @@ def test_gemm_follows_a_chiplet_mapping(target, spec_, rng):
     a = rng.standard_normal((150, 96)).astype(pk.bf16.np)
     b = rng.standard_normal((96, 300)).astype(pk.bf16.np)
     out = pk.emulate(gemm, a, b, np.full((150, 300), np.nan, np.float32), grid=(15,),
-                     target=target, MAP=spec_, TM=3, TN=5, TARGET=target)["c"]
+                     target=target, MAP=spec_, TM=3, TN=5)["c"]
     assert rel_err(out, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["gemm", "gemm_wgmma", "gemm_ws"])
+def test_gemm_target_constant_is_the_compile_target(name):
+    """The GEMMs' TARGET (pk.target) comes from the target they are compiled for; a
+    different one passed by hand is an error, not a mapping for the wrong chip."""
+    from pykittens import compiler
+    from pykittens.ir.errors import KernelError
+    kernel = KERNELS[name].kernel
+    assert kernel.target_const == "TARGET"
+    consts = dict(DT="bf16", OUT="f32", MAP="grouped:W=2", TM=2, TN=2)
+    assert compiler.tile_ir(kernel, "sm_90a", **consts).consts["TARGET"] == "sm_90a"
+    assert compiler.tile_ir(kernel, "sm_90a", TARGET="sm_90a", **consts).target == "sm_90a"
+    with pytest.raises(KernelError, match="TARGET='gfx950' disagrees with the target this "
+                                          "kernel is compiled for, 'sm_90a'"):
+        compiler.lane_ir(kernel, "sm_90a", TARGET="gfx950", **consts)
+    traced = kernel.specialize(TARGET="gfx950", **consts)     # traced for one, lowered for
+    with pytest.raises(KernelError, match="traced for target 'gfx950'.*compiled for 'sm_90a'"):
+        from pykittens.lower import lower                      # another
+        lower(traced, "sm_90a")

@@ -9,6 +9,7 @@ import pykittens as pk
 from pykittens.ir import types as T
 from pykittens.ir.nodes import walk
 from pykittens.ir.printer import format_kernel
+from pykittens import targets as pk_targets
 
 from conftest import assert_names_line
 
@@ -20,6 +21,34 @@ def kinds(kir):
 
 
 # ---- signatures ---------------------------------------------------------------------------
+def test_target_constant():
+    """pk.target: a constant set from the target being compiled for."""
+    @pk.kernel
+    def k(x: pk.gl[pk.f32, 2], N: pk.const = 2, TARGET: pk.target = None):
+        pass
+
+    assert k.target_const == "TARGET"
+    assert k.specialize_for("gfx942").consts == {"N": 2, "TARGET": "gfx942"}
+    assert k.specialize_for(pk_targets.get("sm_90a"), N=3).target == "sm_90a"
+    assert k.specialize(TARGET="gfx950").target == "gfx950"
+    with pytest.raises(pk.KernelError, match="TARGET='sm_90a' disagrees"):
+        k.specialize_for("gfx950", TARGET="sm_90a")
+    with pytest.raises(ValueError, match="unknown target 'gfx1100'"):
+        k.specialize_for("gfx1100")
+    with pytest.raises(pk.KernelError, match="no default"):
+        k.specialize()
+
+    with pytest.raises(pk.KernelError, match="pk.target takes no default other than None"):
+        @pk.kernel
+        def fixed(x: pk.gl[pk.f32, 2], TARGET: pk.target = "gfx950"):
+            pass
+
+    with pytest.raises(pk.KernelError, match="a kernel has one target"):
+        @pk.kernel
+        def two(x: pk.gl[pk.f32, 2], T1: pk.target = None, T2: pk.target = None):
+            pass
+
+
 
 def test_signature_params_and_consts():
     @pk.kernel(num_waves=2)

@@ -120,9 +120,8 @@ def run(args) -> int:
 def demo_report() -> str:
     """A small chiplet study for `pykittens demo`: the HipKittens 9216^3 GEMM and a GQA
     attention shape on gfx950, each with its plain launch order and a chiplet-aware one."""
-    from ..bench import text_table
     from .ops import Attention, Gemm
-    rows = []
+    rows = [("shape", "mapping", "L2 hit", "LLC hit", "HBM GB")]
     gemm = Gemm(9216, 9216, 9216)
     attn = Attention(4, 32, 8192, 128, kv_heads=8)
     cases = [(gemm, "row-major"), (gemm, "xcd:W=5,C=25"), (gemm, "auto"),
@@ -132,11 +131,13 @@ def demo_report() -> str:
         r = simulate(op, m, "gfx950")
         shape = "gemm 9216^3 bf16" if op is gemm else "attn B4 H32 Hkv8 N8192 D128"
         name = f"auto -> {m.spec}" if spec == "auto" else m.spec
-        rows.append([shape, name, f"{r.l2_hit_rate:.1%}", f"{r.llc_hit_rate:.1%}",
-                     f"{r.hbm_bytes / 1e9:.2f}"])
-    table = text_table(rows, ["shape", "mapping", "L2 hit", "LLC hit", "HBM GB"])
+        rows.append((shape, name, f"{r.l2_hit_rate:.1%}", f"{r.llc_hit_rate:.1%}",
+                     f"{r.hbm_bytes / 1e9:.2f}"))
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    table = [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}  {d:>{w[3]}}  {e:>{w[4]}}"
+             for a, b, c, d, e in rows]
     return "\n".join(["Chiplet-aware grid scheduling on gfx950 (MI355X), modeled L2/LLC hit "
-                      "rates:"] + ["  " + line for line in table.splitlines()] +
+                      "rates:"] + ["  " + line for line in table] +
                      ["  (HipKittens measured 55% / 95% for row-major and 75% / 93% for "
                       "xcd:W=5,C=25; see docs/chiplet.md)"])
 

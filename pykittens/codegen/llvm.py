@@ -17,7 +17,7 @@ from ..ir import types as T
 from ..ir.errors import NotSupportedYet
 from ..ir.nodes import Block, walk
 from ..lower.lane import LaneProgram
-from ..runtime.abi import kernel_args
+from ..ir.abi import kernel_args
 
 _LLTY = {"f32": "float", "bf16": "bfloat", "f16": "half", "i32": "i32", "i8": "i8",
          "i1": "i1", "e4m3": "i8", "e5m2": "i8", "e4m3fnuz": "i8", "e5m2fnuz": "i8",

@@ -27,7 +27,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
         return isa_emulate(kernel, *args, grid=grid, target=target, **kwargs)
     bound, consts = bind_args(kernel, args, kwargs)
     grid = check_grid(grid, kernel)
-    prog = lower(kernel.specialize(**consts), target)
+    prog = lower(kernel.specialize_for(target, **consts), target)
     check_program_args(prog, bound, kernel)
     arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
     if any(isinstance(v, np.ndarray) and v.size == 0 for v in arrays.values()):

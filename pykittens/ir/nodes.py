@@ -63,6 +63,7 @@ class KernelIR:
     num_waves: int
     body: Block
     loc: Loc | None = None
+    target: str | None = None     # the target a pk.target constant named when traced
 
 
 def walk(block: Block):

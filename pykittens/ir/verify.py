@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .errors import KernelError, NotSupportedYet
 from .nodes import Block, KernelIR, walk
-from ..targets.cdna import MIN_FREE_VGPRS
 from .types import (GlobalType, MBarrierType, RegTileType, RegVecType, ScalarType,
                     SharedTileType, StagesType)
 
@@ -62,6 +61,11 @@ def _hopper_only(k: KernelIR, target) -> None:
 def verify(k: KernelIR, target) -> dict:
     """Raise KernelError on the first problem; return resource facts (lds_bytes, reg estimate)."""
     kn = k.name
+    if k.target is not None and k.target != target.name:
+        raise KernelError(f"this kernel was traced for target {k.target!r} (its pk.target "
+                          f"constant) but is being compiled for {target.name!r}; specialize "
+                          f"it for the target it is compiled for (Kernel.specialize_for)",
+                          k.loc, kn)
     _hopper_only(k, target)
     if k.num_waves > target.max_waves_per_workgroup:
         raise KernelError(f"num_waves={k.num_waves} exceeds {target.name}'s limit of "
@@ -118,10 +122,11 @@ def _check_pins(pins, target, kn):
         n = _regs_per_lane(t, target.wave_size)
         if files.get(f, 0) == 0:
             raise KernelError(f"{target.name} has no '{f}' registers to pin to", loc, kn)
-        if f == "v" and first < MIN_FREE_VGPRS:
+        free = target.min_free_vgprs
+        if f == "v" and first < free:
             raise KernelError(f"pinned tile {t} starts at v{first}: keep v0..v"
-                              f"{MIN_FREE_VGPRS - 1} for the compiler's own values (addresses, "
-                              f"counters) and pin VGPR tiles at v{MIN_FREE_VGPRS} or above",
+                              f"{free - 1} for the compiler's own values (addresses, "
+                              f"counters) and pin VGPR tiles at v{free} or above",
                               loc, kn)
         if first + n > files[f]:
             raise KernelError(f"pinned tile {t} needs {f}{first}..{f}{first + n - 1} but "

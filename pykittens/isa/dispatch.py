@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-from ..runtime.abi import kernel_args
+from ..ir.abi import kernel_args
 from ..runtime.hip import pack_kernargs
 from .machine import Run, program
 from .state import ISAError, Memory
@@ -167,7 +167,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", pad_rows: bool = False,
                          f"{t.name}; use pk.emulate(..., isa=False) for {t.name}")
     bound, consts = bind_args(kernel, args, kwargs)
     check_grid(grid, kernel)
-    prog = lower(kernel.specialize(**consts), t)
+    prog = lower(kernel.specialize_for(t, **consts), t)
     check_program_args(prog, bound, kernel)
     arrays = {k: np.asarray(v) for k, v in bound.items() if not np.isscalar(v)}
     obj = compiler.compile_lane(prog, aligned=aligned(arrays, pad_rows))

@@ -7,7 +7,8 @@ so any strides for B, N and H work. Heads of K and V are shared by groups of que
 up to i + Nk - Nq, as FlashAttention does); rows that see no key give O = 0, LSE = -inf.
 The softmax runs in base 2: scores are scaled by scale * log2(e) once.
 
-One library kernel, `attention_fwd`; its TARGET constant picks the schedule: Hopper's
+One library kernel, `attention_fwd`; its TARGET constant (pk.target: the target being compiled
+for) picks the schedule: Hopper's
 warp-specialised FlashAttention-3 form or CDNA's 8-wave ping-pong."""
 import math
 
@@ -233,7 +234,7 @@ def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
                   BN: pk.const = 128, STAGES: pk.const = 2, PINGPONG: pk.const = 0,
                   WG: pk.const = 2, PERSISTENT: pk.const = 0, LAZY: pk.const = 1,
-                  TARGET: pk.const = "sm_90a", MAP: pk.const = "head-first",
+                  TARGET: pk.target = None, MAP: pk.const = "head-first",
                   PIN: pk.const = ""):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
     (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper; on CDNA 8 waves and a grid of
@@ -326,7 +327,7 @@ def attention_fwd_varlen(q: pk.gl["DT", 3], k: pk.gl["DT", 3], v: pk.gl["DT", 3]
                          CAUSAL: pk.const = 0, BN: pk.const = 128, STAGES: pk.const = 2,
                          PINGPONG: pk.const = 0, WG: pk.const = 2, LAZY: pk.const = 1,
                          MAP: pk.const = "head-first", PIN: pk.const = "",
-                         TARGET: pk.const = "sm_90a"):
+                         TARGET: pk.target = None):
     """attention_fwd over a packed batch of B sequences of different lengths: q, o
     (Hq, total_q, D) and k, v (Hkv, total_k, D) are (H, total, D) views of packed
     (total, H, D) tensors, lse is (Hq, total_q) f32, and int32 cu_seqlens_q / cu_seqlens_k

@@ -44,7 +44,7 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   dq: pk.gl[pk.f32, 4], dk: pk.gl["DT", HEAD], dv: pk.gl["DT", HEAD],
                   scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
-                  DQ_ATOMIC: pk.const = 1, TARGET: pk.const = "sm_90a",
+                  DQ_ATOMIC: pk.const = 1, TARGET: pk.target = None,
                   MAP: pk.const = "head-first"):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
@@ -160,7 +160,7 @@ def attention_bwd_dq(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", 
                      do: pk.gl["DT", HEAD], lse: pk.gl[pk.f32, 3], delta: pk.gl[pk.f32, 3],
                      dq: pk.gl["DT", HEAD], scale: pk.f32, DT: pk.const = None,
                      D: pk.const = 128, CAUSAL: pk.const = 0, BN: pk.const = 64,
-                     STAGES: pk.const = 2, TARGET: pk.const = "sm_90a",
+                     STAGES: pk.const = 2, TARGET: pk.target = None,
                      MAP: pk.const = "head-first"):
     """dQ of one block of query rows per workgroup, the key blocks in order (deterministic).
     Grid and constants: attention_bwd_launch."""

@@ -3,7 +3,7 @@ block of A and a BK x BN block of B in shared memory, and each of its 2 x 2 wave
 its quadrant with the target's matrix instructions (MFMA on CDNA, mma.sync on Hopper).
 
 Workgroups find their output tile through a chiplet-aware grid mapping (MAP, over a TM x TN
-tile grid on TARGET): the launcher picks it with the cache simulator (chiplet.auto_mapping),
+tile grid on TARGET, the pk.target constant: the target being compiled for): the launcher picks it with the cache simulator (chiplet.auto_mapping),
 e.g. XCD chunking with a window on CDNA, L2-grouped rasterisation on Hopper."""
 import pykittens as pk
 from pykittens import chiplet
@@ -26,7 +26,7 @@ def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
          DT: pk.const = None, OUT: pk.const = None,
          BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32,
          MAP: pk.const = "row-major", TM: pk.const = 0, TN: pk.const = 0,
-         TARGET: pk.const = "gfx950"):
+         TARGET: pk.target = None):
     sa = pk.empty(pk.st((BM, BK), DT))
     sb = pk.empty(pk.st((BK, BN), DT))
     wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
@@ -47,7 +47,7 @@ def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 def gemm_wgmma(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 64,
                TMA: pk.const = 1, MAP: pk.const = "row-major", TM: pk.const = 0,
-               TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
+               TN: pk.const = 0, TARGET: pk.target = None):
     """Hopper: a 64 x 64 block per warpgroup. Each K step, wave 0 has the TMA unit copy the
     BK x 64 block of B into a 128B-swizzled shared tile (completing on `full`); every wave
     multiplies its 16 rows of A (from registers) by it with wgmma. TMA=0 stages B with
@@ -76,7 +76,7 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, PERSISTENT: pk.const = 0,
             PROMOTE: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
-            TN: pk.const = 0, TARGET: pk.const = "sm_90a"):
+            TN: pk.const = 0, TARGET: pk.target = None):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, 128 x BN output blocks.
 

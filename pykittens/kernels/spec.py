@@ -28,7 +28,8 @@ class KernelSpec:
 
     def tolerance(self, dtype) -> float:
         """Relative Frobenius error allowed for results computed from `dtype` inputs
-        (DESIGN.md, Testing): f32 ~1e-5, 16-bit ~1e-2, unless the kernel says otherwise."""
+        against a float64 reference: f32 ~1e-5, 16-bit ~1e-2, unless the kernel says
+        otherwise."""
         name = T.dtype_of(dtype).name
         return self.tol.get(name, {"f32": 1e-5}.get(name, 1e-2))
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..ir import types as T
 from ..ir.errors import KernelError
 from ..ir.nodes import KernelIR, Loc, Param
+from ..targets import get as get_target
 from . import trace
 from .values import GL, Scalar
 
@@ -54,6 +55,19 @@ class _Const:
 const = _Const()
 
 
+class _TargetConst:
+    """Annotation for the compile-time constant that names the target being compiled for:
+    `TARGET: pk.target = None`. Compiling, emulating or launching for a target sets it; a value
+    passed explicitly must name the same target, so a kernel's target-dependent choices
+    (a schedule, a grid mapping) cannot disagree with the code it becomes."""
+
+    def __repr__(self):
+        return "pk.target"
+
+
+target = _TargetConst()
+
+
 class Kernel:
     """A traced-on-demand kernel. `specialize(**consts)` gives its tile IR for those
     constants (cached); `num_waves` is the workgroup size in waves."""
@@ -66,6 +80,7 @@ class Kernel:
         self.loc = Loc(src, fn.__code__.co_firstlineno)
         self.params: list[Param] = []
         self.const_defaults: dict = {}
+        self.target_const: str | None = None      # the parameter annotated pk.target
         self._cache: dict = {}
         self._lock = threading.RLock()      # one trace per constants, whichever thread asks
         try:        # resolve string annotations (`from __future__ import annotations`)
@@ -88,6 +103,17 @@ class Kernel:
                                           self.loc, self.name)
             elif isinstance(ann, T.DType):
                 self.params.append(Param(p.name, "scalar", T.ScalarType(ann)))
+            elif ann is target:
+                if self.target_const is not None:
+                    raise KernelError(f"parameters {self.target_const!r} and {p.name!r} are "
+                                      "both pk.target; a kernel has one target", self.loc,
+                                      self.name)
+                if p.default not in (inspect.Parameter.empty, None):
+                    raise KernelError(f"parameter {p.name!r}: pk.target takes no default "
+                                      "other than None (it is the target being compiled "
+                                      "for)", self.loc, self.name)
+                self.target_const = p.name
+                self.const_defaults[p.name] = None
             elif ann is const:
                 if p.default is not inspect.Parameter.empty:
                     self.const_defaults[p.name] = p.default
@@ -95,7 +121,8 @@ class Kernel:
                     self.const_defaults[p.name] = None
             else:
                 raise KernelError(f"parameter {p.name!r} needs an annotation: pk.gl[dtype, "
-                                  f"rank], a scalar type such as pk.f32, or pk.const",
+                                  f"rank], a scalar type such as pk.f32, pk.const or "
+                                  f"pk.target",
                                   self.loc, self.name)
 
     @property
@@ -113,6 +140,20 @@ class Kernel:
             raise KernelError(f"compile-time constant(s) {missing} have no default: pass "
                               "them when compiling or launching", self.loc, self.name)
         return merged
+
+    def specialize_for(self, target, **consts) -> KernelIR:
+        """Tile IR for compiling to `target` (a name or a Target): the pk.target constant, if
+        the kernel has one, is set to the target's name; one passed explicitly must agree."""
+        name = get_target(target).name
+        tc = self.target_const
+        if tc is not None:
+            given = consts.get(tc)
+            if given is not None and given != name:
+                raise KernelError(f"{tc}={given!r} disagrees with the target this kernel is "
+                                  f"compiled for, {name!r}: leave {tc} out (it is set from "
+                                  "the target) or pass the same name", self.loc, self.name)
+            consts = {**consts, tc: name}
+        return self.specialize(**consts)
 
     def specialize(self, **consts) -> KernelIR:
         merged = self.consts_for(consts)
@@ -145,7 +186,8 @@ class Kernel:
             self.fn(**args, **consts)
         finally:
             trace.pop()
-        return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc)
+        return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc,
+                        consts.get(self.target_const) if self.target_const else None)
 
     def resolve(self, p: Param, consts: dict) -> Param:
         """The parameter with a dtype or dims named by consts replaced by their values."""

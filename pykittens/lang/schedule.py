@@ -9,27 +9,28 @@ from __future__ import annotations
 
 import contextlib
 
-from ..targets.cdna import SCHED_MASK
+from ..targets import SCHED_CLASSES
 from . import ops
 from .trace import current, error
 
 
-def _mask(kinds) -> int:
+def _classes(kinds) -> tuple[str, ...] | int:
+    """Instruction class names, checked here (the lowering turns them into the target's
+    mask); an int is a raw mask, passed through."""
     if isinstance(kinds, int):
         return kinds
     if isinstance(kinds, str):
         kinds = [kinds]
-    m = 0
     for k in kinds:
-        if k not in SCHED_MASK:
-            raise error(f"unknown instruction class {k!r}; choose from {', '.join(SCHED_MASK)}")
-        m |= SCHED_MASK[k]
-    return m
+        if k not in SCHED_CLASSES:
+            raise error(f"unknown instruction class {k!r}; choose from "
+                        f"{', '.join(SCHED_CLASSES)}")
+    return tuple(kinds)
 
 
 def sched_barrier(allow="none") -> None:
     """No instruction moves across this point, except the classes in `allow`."""
-    current().emit("sched_barrier", mask=_mask(allow))
+    current().emit("sched_barrier", classes=_classes(allow))
 
 
 def sched_group(kind, count: int, sync_id: int = 0) -> None:
@@ -37,7 +38,7 @@ def sched_group(kind, count: int, sync_id: int = 0) -> None:
     the same sync_id are ordered as written (llvm.amdgcn.sched.group.barrier)."""
     if count < 1:
         raise error("sched_group count must be >= 1")
-    current().emit("sched_group", mask=_mask(kind), size=int(count), sync_id=int(sync_id))
+    current().emit("sched_group", classes=_classes(kind), size=int(count), sync_id=int(sync_id))
 
 
 def interleave(pattern, repeat: int = 1, sync_id: int = 0) -> None:

@@ -134,7 +134,7 @@ class LaneProgram:
     regions: list[LDSRegion]
     body: Block
     consts: dict
-    tmaps: tuple = ()          # runtime.abi.TMADesc of each tensor map the kernel reads
+    tmaps: tuple = ()          # ir.abi.TMADesc of each tensor map the kernel reads
 
     @property
     def wave_size(self) -> int:

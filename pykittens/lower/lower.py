@@ -702,7 +702,7 @@ class _Lowering:
     def _tmap(self, gl_v, box, swizzle128):
         """The tensor map of TMA copies of `box` (rows, columns: the last two dims; 1 in
         the others) of tensor `gl_v`: one per tensor, box and swizzle."""
-        from ..runtime.abi import TMADesc
+        from ..ir.abi import TMADesc
         for t in self.tmaps:
             if (t.param, t.box, t.swizzle128) == (gl_v.name, box, swizzle128):
                 return t
@@ -740,10 +740,12 @@ class _Lowering:
         self.emit("setprio", level=op.attrs["level"])
 
     def op_sched_barrier(self, op):
-        self.emit("sched_barrier", mask=op.attrs["mask"])
+        self.emit("sched_barrier", mask=self.t.sched_mask(op.attrs["classes"]))
 
     def op_sched_group(self, op):
-        self.emit("sched_group", **op.attrs)
+        a = op.attrs
+        self.emit("sched_group", mask=self.t.sched_mask(a["classes"]), size=a["size"],
+                  sync_id=a["sync_id"])
 
     def op_waitcnt(self, op):
         self.emit("waitcnt", **op.attrs)

@@ -4,7 +4,7 @@ PyTorch tensors, on torch's current stream.
 Why the driver API (cuda.bindings) and not torch or the runtime API: a cubin from ptxas is a
 module, and only cuModuleLoadData / cuLaunchKernel take one without a C++ extension build.
 
-Arguments: the kernel-argument buffer is packed exactly as `runtime.abi` lays it out (the
+Arguments: the kernel-argument buffer is packed exactly as `ir.abi` lays it out (the
 same bytes the HIP launcher passes) and handed to cuLaunchKernel through `extra`
 (CU_LAUNCH_PARAM_BUFFER_POINTER / CU_LAUNCH_PARAM_BUFFER_SIZE), so there is one definition
 of the layout. Before a function's first launch its parameter layout is read back from the
@@ -23,8 +23,8 @@ import struct
 import threading
 
 from ..ir import types as T
+from ..ir.abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
 from . import args as args_check
-from .abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
 
 
 class CudaError(RuntimeError):
@@ -230,7 +230,7 @@ _UNKNOWN = object()
 
 
 class Function:
-    """A kernel in a loaded module. `kargs` (from runtime.abi) lets `launch` take a list of
+    """A kernel in a loaded module. `kargs` (from ir.abi) lets `launch` take a list of
     plain values and lets the layout check compare every argument, not only the total size."""
 
     def __init__(self, module: Module, name: str, kargs: list[KernArg] | None = None):
@@ -273,7 +273,7 @@ class Function:
 
     def _check_layout(self, nbytes: int) -> None:
         """Every launch: the buffer must cover exactly the image's parameters. Once per kargs
-        list: each argument's offset and size must be where runtime.abi puts it."""
+        list: each argument's offset and size must be where ir.abi puts it."""
         if self._layout is _UNKNOWN:
             self._layout = self.param_layout()
         if self._layout is None:
@@ -335,14 +335,14 @@ def dims3(v, what: str) -> tuple[int, int, int]:
 
 
 def pack_values(pairs) -> bytes:
-    """[(dtype, value)] -> the argument buffer, each at its natural alignment (runtime.abi)."""
+    """[(dtype, value)] -> the argument buffer, each at its natural alignment (ir.abi)."""
     kargs = [KernArg(f"arg{i}", f"arg{i}", "scalar", dt, 8 if dt == "ptr" else 4)
              for i, (dt, _) in enumerate(pairs)]
     return pack(kargs, [v for _, v in pairs])
 
 
 def pack(kargs: list[KernArg], values: list) -> bytes:
-    """Pack values for `kargs` (runtime.abi.kernel_args) into the kernel-argument buffer."""
+    """Pack values for `kargs` (ir.abi.kernel_args) into the kernel-argument buffer."""
     if len(values) != len(kargs):
         raise ValueError(f"{len(kargs)} kernel arguments ({', '.join(a.name for a in kargs)})"
                          f" but {len(values)} values")
@@ -374,13 +374,13 @@ def check_param_layout(name: str, layout: list[tuple[int, int]], nbytes: int,
         want = list(zip(offsets(kargs), (a.size for a in kargs)))
         if want != layout:
             raise CudaError(f"{name}: the kernel image has parameters at (offset, size) "
-                            f"{layout} but runtime.abi lays out {want} for "
+                            f"{layout} but ir.abi lays out {want} for "
                             f"{[a.name for a in kargs]}; code generation and the launcher "
                             "disagree on the kernel-argument ABI")
     if end != nbytes:
         raise CudaError(f"{name}: the kernel's {len(layout)} parameters take {end} bytes "
                         f"(offset, size: {layout}) but the argument buffer has {nbytes}; "
-                        "pass exactly the kernel's parameters, packed per runtime.abi")
+                        "pass exactly the kernel's parameters, packed per ir.abi")
 
 
 def stream_handle(stream, device: int) -> int:
@@ -488,7 +488,7 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
 
 def launch(function: Function, params, bound: dict, grid, block, *, shared_bytes: int = 0,
            stream=None, align: int | None = 16, tmaps=()) -> None:
-    """Check `bound` (name -> tensor/scalar) against `params`, pack per runtime.abi, launch."""
+    """Check `bound` (name -> tensor/scalar) against `params`, pack per ir.abi, launch."""
     kargs, values = kernel_arg_values(params, bound, device=function.module.device,
                                       align=align, tmaps=tmaps)
     if function.kargs is None:

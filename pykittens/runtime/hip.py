@@ -3,7 +3,7 @@ API (libamdhip64.so over ctypes: hipModuleLoadData, hipModuleGetFunction,
 hipModuleLaunchKernel).
 
 Arguments go in one buffer passed with HIP_LAUNCH_PARAM_BUFFER_POINTER/SIZE ("extra"), laid
-out by runtime/abi.py. Before anything is sent, the layout (offset, size, kind and, where the
+out by ir/abi.py. Before anything is sent, the layout (offset, size, kind and, where the
 code object records it, name) is checked against the code object's own `.args` metadata — the
 table the HIP runtime itself uses — so a disagreement between code generation and this
 packer is an error here, not garbage on the GPU.
@@ -26,7 +26,7 @@ import threading
 from .. import targets
 from ..analysis.hsaco import kernel as kernel_info
 from ..analysis.hsaco import metadata
-from .abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
+from ..ir.abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
 from .args import check_grid, check_overlaps, check_tensor
 
 NO_HIP = ("no HIP runtime found (libamdhip64.so); pykittens launches CDNA kernels only on a "
@@ -46,7 +46,7 @@ class HipError(RuntimeError):
 
 class KernargMismatch(RuntimeError):
     """pykittens' argument layout disagrees with the code object's metadata: a bug in code
-    generation or in runtime/abi.py, never in the caller's arguments."""
+    generation or in ir/abi.py, never in the caller's arguments."""
 
 
 # ----------------------------------------------------------------------------- packing

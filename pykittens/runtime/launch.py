@@ -72,7 +72,7 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
     with _lock:
         entry = _modules.get(key)
         if entry is None:
-            prog = lower(kernel.specialize(**consts), target)
+            prog = lower(kernel.specialize_for(target, **consts), target)
             obj = compiler.compile_lane(prog, aligned=aligned)
             if prog.target.family == "cdna":
                 entry = (obj, prog)                   # the HIP launcher loads and caches it

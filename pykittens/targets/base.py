@@ -150,10 +150,29 @@ class Target:
     # Peak memory bandwidth of each chip of the target, where the chips differ (data
     # sheets); hbm_bytes_per_s is the first chip's
     hbm_bytes_per_s_by_chip: tuple[tuple[str, float], ...] = ()
+    # CDNA register pinning: VGPRs kept below the lowest pinned VGPR for the compiler's own
+    # values (0 where registers cannot be pinned)
+    min_free_vgprs: int = 0
+    # Instruction classes of the scheduling hints (pk.sched_group, pk.sched_barrier) and
+    # their masks in the target's intrinsics; () where the hints emit nothing
+    sched_classes: tuple[tuple[str, int], ...] = ()
+    # Byte offset of the first kernel parameter in the constant bank where over-aligned
+    # parameters (Hopper's 64-byte tensor maps) are aligned by absolute offset (0: none)
+    param_bank_base: int = 0
 
     @property
     def num_cus(self) -> int:
         return self.num_xcds * self.cus_per_xcd
+
+    def sched_mask(self, classes) -> int:
+        """The hint mask of instruction classes (names, or a raw mask as an int)."""
+        if isinstance(classes, int):
+            return classes
+        table = dict(self.sched_classes)
+        mask = 0
+        for c in classes:
+            mask |= table.get(c, 0)
+        return mask
 
     def mma_for(self, m: int, n: int, k: int, ab_dtype: str) -> MMAInstr | None:
         for ins in self.mma:

@@ -33,6 +33,7 @@ TARGET = Target(
     mfma_wait_states=cdna.WAIT_STATES_CDNA3,
     lds_granule=cdna.LDS_GRANULE,
     sgprs_per_simd=cdna.SGPRS_PER_SIMD, sgpr_granule=cdna.SGPR_GRANULE,
+    min_free_vgprs=cdna.MIN_FREE_VGPRS, sched_classes=tuple(cdna.SCHED_MASK.items()),
     mma=(
         _mfma("v_mfma_f32_32x32x8_bf16", 32, 32, 8, "bf16", "llvm.amdgcn.mfma.f32.32x32x8bf16.1k"),
         _mfma("v_mfma_f32_16x16x16_bf16", 16, 16, 16, "bf16", "llvm.amdgcn.mfma.f32.16x16x16bf16.1k"),

@@ -44,6 +44,7 @@ TARGET = Target(
     mfma_wait_states=cdna.WAIT_STATES_CDNA4,
     lds_granule=320 * 4,
     sgprs_per_simd=cdna.SGPRS_PER_SIMD, sgpr_granule=cdna.SGPR_GRANULE,
+    min_free_vgprs=cdna.MIN_FREE_VGPRS, sched_classes=tuple(cdna.SCHED_MASK.items()),
     mma=(
         _mfma("v_mfma_f32_32x32x16_bf16", 32, 32, 16, "bf16", "llvm.amdgcn.mfma.f32.32x32x16.bf16"),
         _mfma("v_mfma_f32_16x16x32_bf16", 16, 16, 32, "bf16", "llvm.amdgcn.mfma.f32.16x16x32.bf16"),

@@ -96,4 +96,5 @@ TARGET = Target(
     mma=(_mma("bf16", 16, "bf16"), _mma("f16", 16, "f16"),
          _mma("e4m3", 32, "e4m3"), _mma("e5m2", 32, "e5m2")),
     dispatch_round_robin=False,
+    param_bank_base=PARAM_BANK_BASE,
 )

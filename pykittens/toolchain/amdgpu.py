@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from .. import targets
 from . import cache
 from .isolate import ToolchainError, run_isolated
+from .tools import ToolMissing, have_rocm, rocm_hint
 
 CODE_OBJECT_VERSIONS = (4, 5, 6)
 # What pykittens asks of LLVM and the linker; all of it is part of the cache key, so a
@@ -41,11 +42,10 @@ PASSES = "default<O3>"               # the IR pass pipeline, then codegen at -O3
 LINK_FLAGS = ("-shared", "--no-undefined")
 _ROCM = "rocm-llvm-python"
 _LLVMLITE = "llvmlite"
-_INSTALL_ROCM = ("pip install rocm-llvm-python (Linux x86-64, CPython 3.11/3.12; it bundles "
-                 "AMD's LLVM with the AMDGPU assembler)")
-_INSTALL_LLD = ("install LLVM's linker: `apt-get install lld-19` on Debian/Ubuntu (binary "
-                "ld.lld-19), or point $PYKITTENS_LD_LLD at an ld.lld, e.g. ROCm's "
-                "/opt/rocm/llvm/bin/ld.lld")
+_AMD_LLVM = f"AMD's LLVM ({_ROCM})"
+_INSTALL_LLD = ("install LLVM's linker, 19 or newer: `apt-get install lld-19` (or a newer "
+                "lld-NN) on Debian/Ubuntu, which ./install.sh does, or point $PYKITTENS_LD_LLD "
+                "at an ld.lld, e.g. ROCm's /opt/rocm/llvm/bin/ld.lld")
 
 
 # ----------------------------------------------------------------------------- public API
@@ -97,7 +97,7 @@ def disassemble(hsaco: bytes, target: str) -> str:
     """
     t = _cdna(target)
     if not _have_rocm():
-        raise ToolchainError(f"disassembling {t.name} code needs AMD's LLVM: {_INSTALL_ROCM}")
+        raise ToolMissing(_ROCM, f"disassembling {t.name} code", rocm_hint())
     key = cache.cache_key("asm", hsaco, t.name, f"pipeline {PIPELINE_VERSION}",
                           _backend_version(_ROCM))
     hit = cache.lookup("asm", key)
@@ -117,7 +117,7 @@ def instructions(hsaco: bytes, target: str) -> dict[str, list[tuple[int, int, st
     people). Runs in a child process and is cached like `disassemble`."""
     t = _cdna(target)
     if not _have_rocm():
-        raise ToolchainError(f"disassembling {t.name} code needs AMD's LLVM: {_INSTALL_ROCM}")
+        raise ToolMissing(_ROCM, f"disassembling {t.name} code", rocm_hint())
     key = cache.cache_key("insts", hsaco, t.name, f"pipeline {PIPELINE_VERSION}",
                           _backend_version(_ROCM))
     hit = cache.lookup("insts", key)
@@ -151,7 +151,7 @@ def find_lld() -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise ToolchainError(f"no ld.lld found to link AMD code objects; {_INSTALL_LLD}")
+    raise ToolMissing("ld.lld", "linking AMD code objects", _INSTALL_LLD)
 
 
 def lld_version(path: str) -> str:
@@ -276,10 +276,7 @@ _INLINE_ASM = re.compile(r'\basm\s+(?:sideeffect\s+|alignstack\s+|inteldialect\s
 
 
 def _have_rocm() -> bool:
-    try:
-        return importlib.util.find_spec("rocm.llvm") is not None
-    except ImportError:         # no `rocm` package at all
-        return False
+    return have_rocm()
 
 
 def _codegen_backend(ir: str) -> str:
@@ -291,18 +288,18 @@ def _codegen_backend(ir: str) -> str:
     if want == _LLVMLITE and asm:
         raise ToolchainError("$PYKITTENS_AMDGPU_CODEGEN=llvmlite cannot compile this IR: it "
                              "has inline asm and llvmlite's LLVM lacks the AMDGPU assembler; "
-                             f"unset it and {_INSTALL_ROCM}")
+                             f"unset it and use {_AMD_LLVM}: {rocm_hint()}")
     if want != _LLVMLITE and _have_rocm():
         return _ROCM
     if want == _ROCM:
         raise ToolchainError(f"$PYKITTENS_AMDGPU_CODEGEN=rocm-llvm-python but it is not "
-                             f"installed: {_INSTALL_ROCM}")
+                             f"installed: {rocm_hint()}")
     if asm:
-        raise ToolchainError("this kernel uses inline asm (pinned registers or hand-placed "
-                             "instructions), which needs AMD's LLVM with the AMDGPU assembler: "
-                             f"{_INSTALL_ROCM}")
+        raise ToolMissing(_ROCM, "this kernel's inline asm (pinned registers or "
+                          "hand-placed instructions)", rocm_hint())
     if importlib.util.find_spec("llvmlite") is None:
-        raise ToolchainError(f"no LLVM to generate AMDGPU code: {_INSTALL_ROCM}")
+        raise ToolMissing(_LLVMLITE, "AMDGPU code generation",
+                          f"pip install llvmlite; for inline asm too, {rocm_hint()}")
     return _LLVMLITE
 
 

@@ -1,4 +1,4 @@
-"""CUDA launcher, the parts that run without a GPU: argument packing per runtime.abi, input
+"""CUDA launcher, the parts that run without a GPU: argument packing per ir.abi, input
 checks on stand-in tensors, the kernel-image layout check, and the clear errors on a machine
 without cuda.bindings or an NVIDIA driver. bench/device_selftest_cuda.py runs the rest."""
 import struct
@@ -10,7 +10,7 @@ import pytest
 from pykittens.ir import types as T
 from pykittens.ir.nodes import Param
 from pykittens.runtime import cuda as rc
-from pykittens.runtime.abi import kernel_args
+from pykittens.ir.abi import kernel_args
 from pykittens.runtime.args import ArgumentError
 
 PARAMS = [Param("x", "gl", T.GlobalType(T.f32, (None, None))),

@@ -8,7 +8,8 @@ import pytest
 from pykittens.analysis import hsaco
 from pykittens.ir import types as T
 from pykittens.ir.nodes import Param
-from pykittens.runtime import abi, hip
+from pykittens.ir import abi
+from pykittens.runtime import hip
 from pykittens.toolchain import amdgpu
 
 PARAMS = [Param("x", "gl", T.GlobalType(T.f32, (None, None))),

@@ -11,7 +11,7 @@ from pykittens.toolchain.isolate import ToolchainError
 NO_PTXAS = "ptxas not found: pip install nvidia-cuda-nvcc-cu12 (or the CUDA toolkit)"
 needs_ptxas = pytest.mark.skipif(nvptx.find_ptxas() is None, reason=NO_PTXAS)
 
-# The kernel ABI of runtime.abi for (x: gl[f32, 1], alpha: f32), with a strided loop.
+# The kernel ABI of ir.abi for (x: gl[f32, 1], alpha: f32), with a strided loop.
 SCALE_IR = r"""
 target triple = "nvptx64-nvidia-cuda"
 

@@ -1,5 +1,6 @@
-"""The kernel-argument ABI shared by code generation (which declares the LLVM function's
-parameters) and the launchers (which pack the argument buffer).
+"""The kernel-argument ABI: how a kernel's parameters become its arguments. Lowering (tensor
+maps), code generation (the LLVM function's parameters), the launchers (the argument buffer)
+and the ISA emulator (the argument segment) all read it here, below all of them.
 
 Each kernel parameter becomes, in order:
   gl tensor of rank r -> a global pointer (8 bytes), then r i32 sizes, then r i32 strides
@@ -16,7 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..ir import types as T
+from .. import targets
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,12 @@ def kernel_args(params, tmaps=()) -> list[KernArg]:
 
 def offsets(args: list[KernArg]) -> list[int]:
     """Byte offset of each argument in the packed buffer (natural alignment; tensor maps
-    aligned in the Hopper constant bank, where parameters start at PARAM_BANK_BASE)."""
-    from ..targets.sm90a import PARAM_BANK_BASE
+    aligned in the Hopper constant bank, where parameters start at its param_bank_base)."""
+    bank = targets.get("sm_90a").param_bank_base     # tensor maps exist on Hopper only
     offs, pos = [], 0
     for a in args:
         al = a.align or a.size
-        base = PARAM_BANK_BASE if a.kind == "tmap" else 0
+        base = bank if a.kind == "tmap" else 0
         pos = -(-(base + pos) // al) * al - base
         offs.append(pos)
         pos += a.size
