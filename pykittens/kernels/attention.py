@@ -344,19 +344,11 @@ def attention_fwd_varlen(q: pk.gl["DT", 3], k: pk.gl["DT", 3], v: pk.gl["DT", 3]
         raise pk.NotSupportedYet(f"attention_fwd_varlen has no schedule for {TARGET} yet")
 
 
-def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides):
-    """(grid, consts) of attention_fwd_varlen for inputs `i`: q (Hq, total_q, D), k and v
-    (Hkv, total_k, D), and cu_seqlens_q, cu_seqlens_k (arrays or tensors, read here to check
-    them and to size the grid by the longest query sequence, unless max_seqlen_q is given).
-    Hopper: grid (ceil(max_seqlen_q / (64 WG)), Hq, B); CDNA: B Hq ceil(max_seqlen_q / 256)
-    workgroups in head-first order."""
-    from ..targets import get
-    t = get(target)
-    _need_shapes(i, ("q", "k", "v"), 3, "(H, total, D)")
-    _check_heads(i["q"].shape, i["k"].shape, i["v"].shape)
-    (hq, _, d), tk = i["q"].shape, i["k"].shape[1]
+def packed_offsets(i: dict) -> tuple[int, dict]:
+    """(B, {"cu_seqlens_q": [...], "cu_seqlens_k": [...]}) of packed inputs `i` (q, k as
+    (H, total, D)): the int32 offsets (arrays or tensors) read and checked."""
     cu = {}
-    for name, total in (("cu_seqlens_q", i["q"].shape[1]), ("cu_seqlens_k", tk)):
+    for name, total in (("cu_seqlens_q", i["q"].shape[1]), ("cu_seqlens_k", i["k"].shape[1])):
         if name not in i:
             raise ValueError(f"attention: the inputs need {name!r} (B + 1 int32 offsets)")
         raw = i[name].tolist() if hasattr(i[name], "tolist") else list(i[name])
@@ -371,9 +363,28 @@ def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides)
     if len(cu["cu_seqlens_k"]) != batch + 1:
         raise ValueError(f"attention: cu_seqlens_q and cu_seqlens_k hold {batch + 1} and "
                          f"{len(cu['cu_seqlens_k'])} offsets; both must hold B + 1")
+    return batch, cu
+
+
+def longest(cu: list[int]) -> int:
+    """The longest sequence of packed offsets."""
+    return max(b - a for a, b in zip(cu, cu[1:]))
+
+
+def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides):
+    """(grid, consts) of attention_fwd_varlen for inputs `i`: q (Hq, total_q, D), k and v
+    (Hkv, total_k, D), and cu_seqlens_q, cu_seqlens_k (arrays or tensors, read here to check
+    them and to size the grid by the longest query sequence, unless max_seqlen_q is given).
+    Hopper: grid (ceil(max_seqlen_q / (64 WG)), Hq, B); CDNA: B Hq ceil(max_seqlen_q / 256)
+    workgroups in head-first order."""
+    from ..targets import get
+    t = get(target)
+    _need_shapes(i, ("q", "k", "v"), 3, "(H, total, D)")
+    _check_heads(i["q"].shape, i["k"].shape, i["v"].shape)
+    hq, _, d = i["q"].shape
+    batch, cu = packed_offsets(i)
     if max_seqlen_q is None:
-        c = cu["cu_seqlens_q"]
-        max_seqlen_q = max(b - a for a, b in zip(c, c[1:]))
+        max_seqlen_q = longest(cu["cu_seqlens_q"])
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     if t.family != "hopper":
         return cdna_launch(batch, hq, max(1, max_seqlen_q), d, t.name, CAUSAL=causal,

@@ -18,7 +18,7 @@ import math
 
 import pykittens as pk
 
-from .attention import LOG2E, _causal_blocks
+from .attention import LOG2E, _causal_blocks, _check_heads, _need_shapes, longest, packed_offsets
 from .attention_bwd_cdna import cdna_bwd, cdna_bwd_dq, cdna_bwd_launch
 from .attention_cdna import CDNA_TARGETS
 
@@ -59,23 +59,44 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
         raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
 
 
+def _sequence(q, k, b, cu_q, cu_k):
+    """Sequence b's first query and key rows, its lengths, and the coordinates of a row of
+    head h in the (B, H, N, D) tensors and the (B, H, N) row vectors — or, packed (cu_q /
+    cu_k given), in the (H, total, D) tensors and (H, total) row vectors."""
+    if cu_q is None:
+        return (0, 0, q.shape[2], k.shape[2], lambda h, row: (b, h, row, 0),
+                lambda h, row: (b, h, row))
+    qs, ks_ = cu_q[b], cu_k[b]
+    return (qs, ks_, cu_q[b + 1] - qs, cu_k[b + 1] - ks_, lambda h, row: (h, row, 0),
+            lambda h, row: (h, row))
+
+
 def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                DQ_ATOMIC):
+                DQ_ATOMIC, cu_q=None, cu_k=None):
     """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
     (64 per consumer) and then each query block's Q and dO into a ring; two consumer
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
     memory, P^T and dS^T in registers, and dV += P^T dO, dK += dS^T Q with the converted
     registers as wgmma's A operand. With DQ_ATOMIC, dS goes through shared memory into
     dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, added into the f32
-    `dq` (scaled) by TMA reductions. Grid (ceil(Nk / 128), Hkv, B)."""
-    nq, nk = q.shape[2], k.shape[2]
-    group = q.shape[1] // k.shape[1]
+    `dq` (scaled) by TMA reductions. Grid (ceil(Nk / 128), Hkv, B).
+
+    With cu_q / cu_k (packed batches, dQ by its own pass): (H, total, D) tensors, lse and
+    delta (Hq, total_q); queries past the sequence's end are masked (their rows belong to
+    the next sequence) and dK, dV are stored up to the sequence's end."""
     kb, hk, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
+    qs, ks_, nq, nk, at, row_at = _sequence(q, k, b, cu_q, cu_k)
+    group = q.shape[-3] // k.shape[-3]
     offset, k0 = nk - nq, kb * 128
     nqb = (nq + BM - 1) // BM
     first = pk.maximum(k0 - offset, 0) // BM if CAUSAL else 0    # blocks that see these keys
     per_head = pk.maximum(nqb - first, 0)
     steps = group * per_head
+    varlen = cu_q is not None
+    if varlen:
+        if DQ_ATOMIC:
+            raise ValueError("packed batches take dQ by its own pass (dq='pass')")
+        steps = pk.where(k0 < nk, steps, 0)          # key blocks past a short sequence
     kt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     vt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     kv_full = pk.mbarrier(4)
@@ -97,13 +118,13 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
             for g in pk.static_range(2):
-                pk.tma_load(kt[g], k, (b, hk, k0 + 64 * g, 0), kv_full)
-                pk.tma_load(vt[g], v, (b, hk, k0 + 64 * g, 0), kv_full)
+                pk.tma_load(kt[g], k, at(hk, ks_ + k0 + 64 * g), kv_full)
+                pk.tma_load(vt[g], v, at(hk, ks_ + k0 + 64 * g), kv_full)
             for step in pk.range(steps):
                 h, q0 = block(step)
                 st = ring.acquire(step)
-                pk.tma_load(st.q, q, (b, h, q0, 0), st.full)
-                pk.tma_load(st.do, do, (b, h, q0, 0), st.full)
+                pk.tma_load(st.q, q, at(h, qs + q0), st.full)
+                pk.tma_load(st.do, do, at(h, qs + q0), st.full)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=240):
             w = pk.wave_id() % 4
@@ -113,8 +134,8 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             dk_acc, dv_acc = pk.zeros(acc_t), pk.zeros(acc_t)
             # a step's LSE and delta (per query: columns) are loaded during the step before
             h, q0 = block(0)
-            lse_q = pk.load(pk.rv(t_t, "col"), lse, (b, h, q0), fill=math.inf)
-            delta_q = pk.load(pk.rv(t_t, "col"), delta, (b, h, q0))
+            lse_q = pk.load(pk.rv(t_t, "col"), lse, row_at(h, qs + q0), fill=math.inf)
+            delta_q = pk.load(pk.rv(t_t, "col"), delta, row_at(h, qs + q0))
             pk.wait(kv_full, 0)
             for step in pk.range(steps):
                 h, q0 = block(step)
@@ -127,6 +148,8 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                                  in_flight=1)                           # dP^T = V dO^T
                 keys, queries = pk.row_index(t_t, key0), pk.col_index(t_t, q0)
                 keep = keys < nk
+                if varlen:                      # rows past the end: the next sequence's
+                    keep = keep & (queries < nq)
                 if CAUSAL:
                     keep = keep & (keys <= queries + offset)
                 p_t = pk.where(keep, pk.exp2(st_ * scale2), 0.0)
@@ -148,11 +171,12 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                         dq_out[g].store(dq, dq_part * scale, (b, h, q0, 64 * j), use=step,
                                         add=True)
                 pk.mma_wait(dk_acc)
-                pk.load(lse_q, lse, (b, hn, qn), fill=math.inf)        # the next step's
-                pk.load(delta_q, delta, (b, hn, qn))
+                pk.load(lse_q, lse, row_at(hn, qs + qn), fill=math.inf)  # the next step's
+                pk.load(delta_q, delta, row_at(hn, qs + qn))
                 ring.release(step)
-            pk.store(dk, (dk_acc * scale).cast(DT), (b, hk, key0, 0))
-            pk.store(dv, dv_acc.cast(DT), (b, hk, key0, 0))
+            end = (None, ks_ + nk, None) if varlen else None
+            pk.store(dk, (dk_acc * scale).cast(DT), at(hk, ks_ + key0), end=end)
+            pk.store(dv, dv_acc.cast(DT), at(hk, ks_ + key0), end=end)
 
 
 @pk.kernel(num_waves=12)
@@ -172,17 +196,21 @@ def attention_bwd_dq(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", 
         raise pk.NotSupportedYet(f"attention_bwd_dq has no schedule for {TARGET} yet")
 
 
-def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES):
+def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES,
+                   cu_q=None, cu_k=None):
     """Hopper: a workgroup per 128 query rows, the key blocks in order, dQ accumulated in
     registers: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
-    Grid (ceil(Nq / 128), Hq, B)."""
-    nq, nk = q.shape[2], k.shape[2]
-    group = q.shape[1] // k.shape[1]
+    Grid (ceil(Nq / 128), Hq, B). With cu_q / cu_k (packed batches), dQ is stored up to the
+    sequence's end (the rows after it, the next sequence's, are computed and dropped)."""
     qb, h, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
+    qs, ks_, nq, nk, at, row_at = _sequence(q, k, b, cu_q, cu_k)
+    group = q.shape[-3] // k.shape[-3]
     q0, offset = qb * 128, nk - nq
     blocks = (nk + BN - 1) // BN
     if CAUSAL:
         blocks = _causal_blocks(blocks, q0 + 128, offset, BN)
+    if cu_q is not None:                              # query blocks past a short sequence
+        blocks = pk.where(q0 < nq, blocks, 0)
     sq = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     sdo = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     q_full = pk.mbarrier(4)
@@ -192,12 +220,12 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
             for g in pk.static_range(2):
-                pk.tma_load(sq[g], q, (b, h, q0 + 64 * g, 0), q_full)
-                pk.tma_load(sdo[g], do, (b, h, q0 + 64 * g, 0), q_full)
+                pk.tma_load(sq[g], q, at(h, qs + q0 + 64 * g), q_full)
+                pk.tma_load(sdo[g], do, at(h, qs + q0 + 64 * g), q_full)
             for j in pk.range(blocks):
                 st = ring.acquire(j)
-                pk.tma_load(st.k, k, (b, h // group, j * BN, 0), st.full)
-                pk.tma_load(st.v, v, (b, h // group, j * BN, 0), st.full)
+                pk.tma_load(st.k, k, at(h // group, ks_ + j * BN), st.full)
+                pk.tma_load(st.v, v, at(h // group, ks_ + j * BN), st.full)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=240):
             row0 = q0 + 64 * g + 16 * (pk.wave_id() % 4)
@@ -205,8 +233,8 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
             acc = pk.zeros(pk.rt((16, D), pk.f32, role="acc"))
             s, dp = pk.empty(s_t), pk.empty(s_t)
             pk.wait(q_full, 0)
-            lse_r = pk.load(pk.rv(acc, "row"), lse, (b, h, row0), fill=math.inf) * LOG2E
-            delta_r = pk.load(pk.rv(acc, "row"), delta, (b, h, row0))
+            lse_r = pk.load(pk.rv(acc, "row"), lse, row_at(h, qs + row0), fill=math.inf) * LOG2E
+            delta_r = pk.load(pk.rv(acc, "row"), delta, row_at(h, qs + row0))
             for j in pk.range(blocks):
                 st = ring.wait(j)
                 pk.mma_ABt(s, sq[g], st.k, c=0, in_flight=1)
@@ -220,7 +248,78 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
                 ds = pk.convert(pk.rt((16, BN), DT, role="a"), p * (dp - delta_r))
                 pk.mma_AB(acc, ds, st.k)
                 ring.release(j)
-            pk.store(dq, (acc * scale).cast(DT), (b, h, row0, 0))
+            end = (None, qs + nq, None) if cu_q is not None else None
+            pk.store(dq, (acc * scale).cast(DT), at(h, qs + row0), end=end)
+
+
+# (H, total, D) views of packed (total, H, D) tensors, head dim the const D
+PACKED = (None, None, "D")
+
+
+@pk.kernel(num_waves=12)
+def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
+                         v: pk.gl["DT", PACKED], do: pk.gl["DT", PACKED],
+                         lse: pk.gl[pk.f32, 2], delta: pk.gl[pk.f32, 2],
+                         dk: pk.gl["DT", PACKED], dv: pk.gl["DT", PACKED],
+                         cu_seqlens_q: pk.gl[pk.i32, 1], cu_seqlens_k: pk.gl[pk.i32, 1],
+                         scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
+                         CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
+                         TARGET: pk.target = None):
+    """attention_bwd's dK and dV over a packed batch, as attention_fwd_varlen lays it out:
+    q, do (Hq, total_q, D), k, v, dk, dv (Hkv, total_k, D), lse, delta (Hq, total_q), int32
+    cu_seqlens_q / cu_seqlens_k (B + 1). dQ: attention_bwd_dq_varlen. Grid and constants:
+    attention_bwd_varlen_launch."""
+    if TARGET == "sm_90a":
+        _hopper_bwd(q, k, v, do, lse, delta, None, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
+                    0, cu_seqlens_q, cu_seqlens_k)
+    else:
+        raise pk.NotSupportedYet(f"attention_bwd_varlen has no schedule for {TARGET} yet")
+
+
+@pk.kernel(num_waves=12)
+def attention_bwd_dq_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
+                            v: pk.gl["DT", PACKED], do: pk.gl["DT", PACKED],
+                            lse: pk.gl[pk.f32, 2], delta: pk.gl[pk.f32, 2],
+                            dq: pk.gl["DT", PACKED], cu_seqlens_q: pk.gl[pk.i32, 1],
+                            cu_seqlens_k: pk.gl[pk.i32, 1], scale: pk.f32,
+                            DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
+                            BN: pk.const = 64, STAGES: pk.const = 2,
+                            TARGET: pk.target = None):
+    """attention_bwd_dq over a packed batch (layouts: attention_bwd_varlen)."""
+    if TARGET == "sm_90a":
+        _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES,
+                       cu_seqlens_q, cu_seqlens_k)
+    else:
+        raise pk.NotSupportedYet(f"attention_bwd_dq_varlen has no schedule for {TARGET} yet")
+
+
+def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k=None,
+                                **overrides):
+    """(prep, main, dq) launch plans of the packed backward for inputs `i`: q (Hq, total_q,
+    D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here unless both longest
+    lengths are given). prep runs attention_bwd_prep on (1, Hq, total_q, D) views of O and
+    dO (delta does not depend on the sequences); main is attention_bwd_varlen, dq
+    attention_bwd_dq_varlen (dQ by its own pass: deterministic). Hopper only for now."""
+    from ..targets import get
+    t = get(target)
+    _need_shapes(i, ("q", "k"), 3, "(H, total, D)")
+    (hq, tq, d), (hkv, _, _) = i["q"].shape, i["k"].shape
+    _check_heads(i["q"].shape, i["k"].shape, i["k"].shape)
+    if t.family != "hopper":
+        raise pk.NotSupportedYet(f"the attention backward over packed batches has no "
+                                 f"{t.name} schedule yet (Hopper only); pad the batch to "
+                                 "(B, H, N, D) for attention_bwd")
+    if max_seqlen_q is None or max_seqlen_k is None:
+        batch, cu = packed_offsets(i)
+        max_seqlen_q = longest(cu["cu_seqlens_q"]) if max_seqlen_q is None else max_seqlen_q
+        max_seqlen_k = longest(cu["cu_seqlens_k"]) if max_seqlen_k is None else max_seqlen_k
+    else:
+        batch = len(i["cu_seqlens_q"]) - 1
+    causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
+    common = {"D": d, "CAUSAL": causal, "STAGES": 2, "TARGET": t.name, **overrides}
+    return (((-(-tq // 64), hq, 1), {"D": d}),
+            ((max(1, -(-max_seqlen_k // 128)), hkv, batch), {**common, "BM": 64}),
+            ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64}))
 
 
 DQ_SCHEDULES = ("pass", "atomic")
