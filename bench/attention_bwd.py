@@ -6,6 +6,7 @@ all in one run. TFLOP/s of forward+backward = 3.5 x the forward's 4 B Hq Nq Nk D
 
     PYTHONPATH=. python3 bench/attention_bwd.py                 # everything
     PYTHONPATH=. python3 bench/attention_bwd.py correctness     # only the named steps
+    PYTHONPATH=. python3 bench/attention_bwd.py passes          # each pass alone, variants
 Details go to $OUT/attention_bwd.json when OUT is set; a table is printed last.
 """
 from __future__ import annotations
@@ -150,11 +151,64 @@ def performance(rows, details):
                         "causal": causal, **res})
 
 
+# schedule variants of the two big passes, timed alone (bench step "passes"); the first of
+# each is the library's default
+MAIN_VARIANTS = ({}, {"DQ_ATOMIC": 1})
+DQ_VARIANTS = ({},)
+PASS_SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1)]
+
+
+def pass_plans(shape, dt="bf16"):
+    """(name, kernel, grid, consts) of every pass variant of one (B, Hq, Hkv, N, D, causal)."""
+    import numpy as np
+    from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
+                                                 attention_bwd_launch, attention_bwd_prep)
+    b, hq, hkv, n, d, causal = shape
+    shapes = {"q": np.empty((b, hq, n, d), np.float16), "k": np.empty((b, hkv, n, d), np.float16)}
+    (pg, pc), (mg, mc), (qg, qc) = attention_bwd_launch(shapes, "sm_90a", CAUSAL=causal)
+    out = [("prep", attention_bwd_prep, pg, {"DT": dt, **pc})]
+    out += [("main " + (str(o) if o else "default"), attention_bwd, mg, {"DT": dt, **mc, **o})
+            for o in MAIN_VARIANTS]
+    out += [("dq " + (str(o) if o else "default"), attention_bwd_dq, qg, {"DT": dt, **qc, **o})
+            for o in DQ_VARIANTS]
+    return out
+
+
+def passes(rows, details):
+    """Each backward pass alone, the default schedule and its variants: where the time goes."""
+    import math as m
+    import pykittens as pk
+    for shape in PASS_SHAPES:
+        b, hq, hkv, n, d, causal = shape
+        q = torch.randn(b, hq, n, d, device=DEV, dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, n, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        do, o = torch.randn_like(q), torch.randn_like(q)
+        lse = torch.full((b, hq, n), float(m.log(n)), device=DEV)
+        delta = torch.zeros(b, hq, n, device=DEV)
+        dk, dv, dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
+        dq32 = torch.zeros(q.shape, device=DEV)
+        args = {"prep": (o, do, delta), "main": (q, k, v, do, lse, delta, dq32, dk, dv,
+                                                   1 / m.sqrt(d)),
+                "dq": (q, k, v, do, lse, delta, dq, 1 / m.sqrt(d))}
+        gemm = 2 * b * hq * n * n * d / (2 if causal else 1)       # one n x n x d product
+        label = f"({b},{hq},{hkv},{n},{d}){' causal' if causal else ''}"
+        for name, kernel, grid, consts in pass_plans(shape):
+            fn = lambda: pk.launch(kernel, *args[name.split()[0]], grid=grid, **consts)  # noqa: E731
+            t = graph_time(fn, reps=10)
+            products = {"prep": 0, "main": 5 if consts.get("DQ_ATOMIC") else 4,
+                        "dq": 3}[name.split()[0]]
+            tf = products * gemm / t / 1e12
+            _row(rows, "pass", name, "bf16", label, f"{t * 1e3:.3f} ms",
+                 f"{tf:.0f} TFLOP/s" if products else "")
+            details.append({"check": "pass_time", "shape": shape, "pass": name, "s": t,
+                            "tflops": tf})
+
+
 def main() -> int:
     props = torch.cuda.get_device_properties(0)
     env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
-    return run_steps("attention_bwd", {"correctness": correctness, "performance": performance},
-                     env)
+    return run_steps("attention_bwd", {"correctness": correctness, "performance": performance,
+                                       "passes": passes}, env)
 
 
 if __name__ == "__main__":

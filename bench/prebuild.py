@@ -44,6 +44,16 @@ def attention_bwd():
                     yield kernel, {"DT": dt, **plan[1]}
 
 
+def attention_bwd_passes():
+    """The pass variants bench/attention_bwd.py times alone (step "passes")."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import attention_bwd as bench
+    for shape in bench.PASS_SHAPES:
+        for _, kernel, _, consts in bench.pass_plans(shape):
+            yield kernel, consts
+
+
 def chiplet_l2():
     """gemm_ws under every tile order bench/chiplet_l2.py measures."""
     import os

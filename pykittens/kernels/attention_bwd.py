@@ -7,12 +7,12 @@ Three passes, each a library kernel:
 - `attention_bwd_prep`: delta = rowsum(dO * O) per query row (f32);
 - `attention_bwd`: one workgroup per block of keys (and key/value head, batch) walks every
   query block of the group's heads, recomputes P from Q K^T and the LSE, and accumulates
-  dV = P^T dO and dK = dS^T Q in registers; with dq="atomic" it also adds each query
-  block's dQ = dS K into an f32 tensor (TMA reductions: the order of additions varies
-  between runs);
-- `attention_bwd_dq` (dq="pass", the default): one workgroup per query block walks the key
-  blocks in order and accumulates dQ in registers (it recomputes S and dP: two more
-  products, and still measured faster than the reductions; deterministic).
+  dV = P^T dO and dK = dS^T Q in registers; with dq="atomic" (Hopper's default) it also
+  adds each query block's dQ = dS K into an f32 tensor (TMA reductions: the order of
+  additions varies between runs);
+- `attention_bwd_dq` (dq="pass": deterministic; CDNA's only schedule): one workgroup per
+  query block walks the key blocks in order and accumulates dQ in registers (it recomputes
+  S and dP: two more products).
 with dS = P * (dP - delta), dP = dO V^T, all in the base-2 domain of the forward."""
 import math
 
@@ -78,8 +78,9 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
     memory, P^T and dS^T in registers, and dV += P^T dO, dK += dS^T Q with the converted
     registers as wgmma's A operand. With DQ_ATOMIC, dS goes through shared memory into
-    dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, added into the f32
-    `dq` (scaled) by TMA reductions. Grid (ceil(Nk / 128), Hkv, B).
+    dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, staged in shared
+    memory and added into the f32 `dq` (scaled) by TMA reductions that a second producer
+    wave issues. Grid (ceil(Nk / 128), Hkv, B).
 
     With cu_q / cu_k (packed batches, dQ by its own pass): (H, total, D) tensors, lse and
     delta (Hq, total_q); queries past the sequence's end are masked (their rows belong to
@@ -106,8 +107,13 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     # parity, so that storing the next step's never overwrites one a slower wave still reads
     sds = [pk.empty(pk.st((BM, 64), DT, swizzle=8), count=2) for _ in range(2)]
     ds_ready = pk.mbarrier(8)
-    # a group's 64-column blocks of dQ leave through shared memory, added into `dq` by the TMA
-    dq_out = [pk.StagedStore((BM, 64), pk.f32) for _ in range(2)] if DQ_ATOMIC else None
+    # dQ's 64-column blocks leave through shared memory: the consumers write a block, a
+    # producer wave has the TMA unit add it into `dq` and waits for the copy to read it, so
+    # the consumers go on (the tile is free again long before the next step's block)
+    if DQ_ATOMIC:
+        dq_stage = [pk.empty(pk.st((BM, 64), pk.f32, swizzle=8)) for _ in range(D // 64)]
+        dq_ready = [pk.mbarrier(4) for _ in range(D // 64)]
+        dq_free = [pk.mbarrier(1) for _ in range(D // 64)]
     scale2 = scale * LOG2E
 
     def block(step):
@@ -125,6 +131,14 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 st = ring.acquire(step)
                 pk.tma_load(st.q, q, at(h, qs + q0), st.full)
                 pk.tma_load(st.do, do, at(h, qs + q0), st.full)
+        if DQ_ATOMIC:
+            with pk.if_(pk.wave_id() == 1):              # dQ's writer
+                for step in pk.range(steps):
+                    h, q0 = block(step)
+                    for j in pk.static_range(D // 64):
+                        pk.wait(dq_ready[j], step % 2)
+                        pk.tma_store(dq, dq_stage[j], (b, h, q0, 64 * j), add=True)
+                        pk.arrive(dq_free[j])
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=240):
             w = pk.wave_id() % 4
@@ -168,8 +182,10 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                         dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
                         pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=1)
                         pk.mma_AB(dq_part, sds[1][step % 2], kt[1].atom(j))  # dS K, all keys
-                        dq_out[g].store(dq, dq_part * scale, (b, h, q0, 64 * j), use=step,
-                                        add=True)
+                        with pk.if_(step >= 1):         # the writer has read the tile
+                            pk.wait(dq_free[j], (step - 1) % 2)
+                        pk.store(dq_stage[j], dq_part * scale, (16 * w, 0))
+                        pk.arrive(dq_ready[j])
                 pk.mma_wait(dk_acc)
                 pk.load(lse_q, lse, row_at(hn, qs + qn), fill=math.inf)  # the next step's
                 pk.load(delta_q, delta, row_at(hn, qs + qn))
@@ -323,18 +339,26 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
 
 
 DQ_SCHEDULES = ("pass", "atomic")
-# dQ by its own pass measured faster than the f32 TMA reductions on the H200 (docs/PERF.md)
-DQ_DEFAULT = "pass"
 
 
-def attention_bwd_launch(i: dict, target, dq: str = DQ_DEFAULT, **overrides):
+def default_dq(target) -> str:
+    """The faster dQ schedule of a target: on Hopper the main pass's f32 TMA reductions
+    (issued by a producer wave) measured faster than dQ by its own pass (docs/PERF.md); CDNA
+    has only the pass."""
+    from ..targets import get
+    return "atomic" if get(target).family == "hopper" else "pass"
+
+
+def attention_bwd_launch(i: dict, target, dq: str | None = None, **overrides):
     """(prep, main, dq) launch plans for inputs `i` (q (B, Hq, Nq, D), k (B, Hkv, Nk, D)):
     each (grid, consts). dq="pass": the main pass leaves dQ to `attention_bwd_dq` (a fixed
     order of additions: deterministic); dq="atomic": the main pass adds dQ into an f32
-    tensor itself, and the third plan is None. CAUSAL in i or overrides."""
+    tensor itself, and the third plan is None; None: the target's faster one (default_dq).
+    CAUSAL in i or overrides."""
     from ..targets import get
     from .attention import _need_shapes
     t = get(target)
+    dq = default_dq(t) if dq is None else dq
     _need_shapes(i, ("q", "k"), 4, "(B, H, N, D)")
     (b, hq, nq, d), (_, hkv, nk, _) = i["q"].shape, i["k"].shape
     if d not in (64, 128):

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..kernels.attention import attention_fwd, attention_fwd_launch
-from ..kernels.attention_bwd import (DQ_DEFAULT, attention_bwd, attention_bwd_dq,
+from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
                                      attention_bwd_launch, attention_bwd_prep)
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -152,9 +152,10 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     return dq, dk, dv
 
 
-def _dq_schedule(deterministic: bool) -> str:
-    """deterministic=True guarantees dQ's fixed order; otherwise the faster schedule."""
-    return "pass" if deterministic else DQ_DEFAULT
+def _dq_schedule(deterministic: bool) -> str | None:
+    """deterministic=True guarantees dQ's fixed order; otherwise the target's faster
+    schedule (attention_bwd.default_dq)."""
+    return "pass" if deterministic else None
 
 
 def _emulate_bwd(views, lse, dlse, causal, scale, deterministic):
