@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import gemm, gemm_wgmma, gemm_ws
+from . import rows
 from .layernorm import layernorm
 from .pipeline import tma_scale, ws_scale
 from .scaled_add import scaled_add
@@ -70,10 +71,6 @@ def _rows_launch(i, target):
     return (_rows_grid(i["x"].shape[0]),), {}
 
 
-RESIDENT_CHUNK = 512             # a multiple of every target's wave sweep (64 lanes x 8)
-RESIDENT_MAX_REGS = 64           # 32-bit registers per lane a resident row may take
-
-
 TMA_CHUNK = 256                  # columns per TMA box (a box dim is at most 256 elements)
 TMA_MAX_COLS = 8192              # rows staged whole in shared memory: 4 waves x 16 KiB (bf16)
 
@@ -89,49 +86,21 @@ def ln_tma_consts(n: int) -> dict:
             "CHUNK": TMA_CHUNK}
 
 
-SPLIT_SHARE_REGS = 16            # registers per lane for a wave's share of a SPLIT row
-SPLIT_WIDE_WAVES = 4             # ... or 4 waves with twice that, where they cover the row
-
-
-def _ln_launch(i, target):
-    """LayerNorm reads each row once wherever a workgroup can hold it in registers. Rows of
-    up to one share (SPLIT_SHARE_REGS registers per lane) stay in one wave (RESIDENT);
-    longer rows are split across the waves of a workgroup (SPLIT), a power-of-2 share each:
-    one share per wave, except that rows needing exactly 4 double shares take 4 waves of
-    those (the better of the two at 8192 columns). Measured on the H200 at bf16 (docs/PERF.md):
-    2048-12288 columns reach 71-89% of copy bandwidth, the looped schedule 53-67%. Rows
-    longer than a workgroup can hold loop over column blocks (statistics pass + output
-    pass, the second mostly from L2)."""
-    from ..targets import get
-    t = get(target)
-    m, n = i["x"].shape
-    esz = np.dtype(i["x"].dtype).itemsize
-    chunk = RESIDENT_CHUNK
-    share = max(chunk, SPLIT_SHARE_REGS * 4 * t.wave_size // esz)   # elements per wave
-    rows_grid = (max(1, -(-m // WAVES)),)
-
-    def split(share):
-        waves = -(-n // share)
-        return (m,), {"SPLIT": 1, "ROWS": 1, "N_MAX": share * waves, "CHUNK": chunk,
-                      "num_waves": waves}
-
-    if n <= share:
-        n_max = max(chunk, 1 << (max(n, 1) - 1).bit_length())
-        return rows_grid, {"RESIDENT": 1, "N_MAX": n_max, "CHUNK": chunk}
-    if -(-n // (2 * share)) == SPLIT_WIDE_WAVES:
-        return split(2 * share)
-    for s in (share, 2 * share):
-        if -(-n // s) <= t.max_waves_per_workgroup:
-            return split(s)
-    return rows_grid, {"ROWS": 1, "COLS": 1024, "PREFETCH": 1}
+def row_launch(i, target, x="x", row_bytes=None):
+    """(grid, consts) of a row kernel (rows.plan) over the rows of input `x`; row_bytes
+    defaults to x's element size (a forward pass holding x)."""
+    m, n = i[x].shape
+    per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]))
+    return (max(1, -(-m // per)),), consts
 
 
 # ---- layernorm --------------------------------------------------------------------------------
 
 def _ln_inputs(shape, dtype, rng):
-    n = shape[1]
+    m, n = shape
     return {"x": _rand(shape, dtype, rng) + dtype.np(1.5), "w": _rand((n,), dtype, rng),
-            "b": _rand((n,), dtype, rng), "out": np.zeros(shape, dtype.np), "eps": 1e-5}
+            "b": _rand((n,), dtype, rng), "out": np.zeros(shape, dtype.np),
+            "mean": np.zeros(m, np.float32), "rstd": np.zeros(m, np.float32), "eps": 1e-5}
 
 
 def _ln_ref(i):
@@ -251,7 +220,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, _rows_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"},
                torch_reference=_sm_torch),
-    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _ln_launch, ("out",),
+    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, row_launch, ("out",),
                shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
                compile_consts={"DT": "bf16", "SPLIT": 1, "ROWS": 1, "N_MAX": 8192,
                                "CHUNK": 512, "num_waves": 4},       # 8192 columns' default
