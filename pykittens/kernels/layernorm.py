@@ -11,7 +11,7 @@ Schedules, chosen by compile-time constants:
 """
 import pykittens as pk
 
-from .rows import Rows
+from .rows import ColumnSums, Rows
 
 
 def _normalize(rows, xb, w, b, out, mean_out, rstd_out, eps, WEIGHT, BIAS, STATS):
@@ -122,3 +122,70 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
     for j in pk.range(rows.nblocks):
         t = block_at(j * COLS, nxt)
         _store_affine(rows, out, lambda: (t - mu) * inv, w, b, j, WEIGHT, BIAS)
+
+
+def norm_backward(rows, x, dy, w, mean, rstd, dx, dws, dbs, CENTER, WEIGHT, extra=None):
+    """The gradients of a LayerNorm (CENTER=1) or RMSNorm (CENTER=0) over the rows a wave
+    holds: with xhat = (x - mean) * rstd (RMSNorm: x * rstd) and g = dy * w,
+
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat))     (RMSNorm: no mean(g) term)
+
+    plus `extra` (the gradient of a residual sum the forward also returned), and the
+    per-column contributions dy * xhat and dy added into `dws` / `dbs` (ColumnSums or
+    None). Padding reads as zero in x and dy, so it adds nothing to any sum."""
+    xb, dyb = rows.hold(x), rows.hold(dy)
+    mu = pk.load(rows.row, mean, (rows.r0,)) if CENTER else None
+    rs = pk.load(rows.row, rstd, (rows.r0,))
+
+    def xhat(j):
+        return (xb(j) - mu) * rs if CENTER else xb(j) * rs
+
+    def g(j):
+        return dyb(j) * rows.vec(w, j) if WEIGHT else dyb(j)
+
+    gx = pk.zeros(rows.row)
+    gs = pk.zeros(rows.row) if CENTER else None
+    for j in rows.blocks():
+        gj = g(j)
+        pk.row_sum(gj * xhat(j), into=gx)
+        if CENTER:
+            pk.row_sum(gj, into=gs)
+    c = rows.total(gx) / rows.n
+    a = rows.total(gs) / rows.n if CENTER else None
+    for j in rows.blocks():
+        xh = xhat(j)
+        d = g(j) - xh * c
+        if CENTER:
+            d = d - a
+        d = d * rs
+        if extra is not None:
+            d = d + extra(j)
+        rows.store(dx, d, j)
+        if dws is not None:
+            dws.add(dyb(j) * xh, j)
+        if dbs is not None:
+            dbs.add(dyb(j), j)
+
+
+@pk.kernel(num_waves=4)
+def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
+                  mean: pk.gl[pk.f32, 1], rstd: pk.gl[pk.f32, 1], dx: pk.gl["DT", 2],
+                  dw_part: pk.gl[pk.f32, 2], db_part: pk.gl[pk.f32, 2],
+                  DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
+                  RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
+                  SPLIT: pk.const = 0, WEIGHT: pk.const = 1, DW: pk.const = 1,
+                  DB: pk.const = 1):
+    """dx of layernorm (mean and rstd from its STATS=1 run), and per-workgroup partial
+    column sums of dy * xhat (DW: dweight) and dy (DB: dbias) in dw_part / db_part for
+    rows.column_sum. Workgroups walk the rows in steps of the grid (rows.Rows.steps), so
+    the partial sums have one row per workgroup (per wave when the rows are looped:
+    rows.ColumnSums.partial_rows)."""
+    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+    dws = ColumnSums(rows, dw_part) if DW else None
+    dbs = ColumnSums(rows, db_part) if DB else None
+    for i in pk.range(rows.steps()):
+        rows.step(i)
+        norm_backward(rows, x, dy, w, mean, rstd, dx, dws, dbs, 1, WEIGHT)
+    for sums in (dws, dbs):
+        if sums is not None:
+            sums.finish()

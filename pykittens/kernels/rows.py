@@ -28,7 +28,8 @@ def _pow2_floor(x: float) -> int:
     return 1 << max(0, int(math.floor(math.log2(max(x, 1)))))
 
 
-def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SHARE_REGS):
+def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SHARE_REGS,
+         loop: dict = LOOP):
     """(rows per workgroup, schedule constants) for m rows of n columns whose kernel holds
     `row_bytes` register bytes per column of a row (its element size for a forward pass over
     x; more where a backward pass holds x and dy and per-column sums).
@@ -39,7 +40,8 @@ def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SH
     that rows needing exactly 4 double shares take 4 waves of those (the better of the two
     at 8192 columns). Measured on the H200 (LayerNorm, bf16, docs/PERF.md): 2048-12288
     columns reach 71-89% of copy bandwidth this way, the looped schedule 53-67%. Rows longer
-    than a workgroup can hold are walked in column blocks."""
+    than a workgroup can hold are walked in column blocks (`loop`: ROWS, COLS and what else
+    the kernel's looped schedule takes)."""
     from ..targets import get
     t = get(target)
     share = max(CHUNK, _pow2_floor(share_regs * 4 * t.wave_size / row_bytes))
@@ -56,7 +58,7 @@ def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SH
     for s in (share, 2 * share):
         if -(-n // s) <= t.max_waves_per_workgroup:
             return split(s)
-    return WAVES * LOOP["ROWS"], dict(LOOP)
+    return WAVES * loop["ROWS"], dict(loop)
 
 
 def itemsize(x) -> int:
@@ -123,13 +125,13 @@ class Rows:
 
     # ---- data ---------------------------------------------------------------------------
 
-    def hold(self, t, fill=0.0, dtype=None):
+    def hold(self, t, fill=0.0):
         """Block j of tensor t's rows as an f32 tile, as a function of j. Held rows are read
-        once here, in t's storage type (or `dtype`), and converted block by block; otherwise
-        every call reads the block from memory."""
+        once here, in t's storage type, and converted block by block; otherwise every call
+        reads the block from memory. Elements outside t read as `fill`."""
         if not self.held:
             return lambda j: pk.load(self.block, t, self.at(j), fill=fill)
-        regs = pk.load(pk.rt((self.rows, self.width), dtype or t.dtype), t, self.at(0),
+        regs = pk.load(pk.rt((self.rows, self.width), t.dtype), t, self.at(0),
                        fill=fill)
         return lambda j: self.window(regs, j)
 
@@ -209,7 +211,7 @@ class ColumnSums:
 
 @pk.kernel(num_waves=4)
 def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
-               DT: pk.const = None, ROWS: pk.const = 16, COLS: pk.const = 256):
+               DT: pk.const = None, ROWS: pk.const = 8, COLS: pk.const = 256):
     """out[c] = sum over rows r of part[r, c], summed in f32 and rounded once to out's type:
     the reduction after per-block partial column sums (a norm's dweight, a bias's
     gradient)."""
