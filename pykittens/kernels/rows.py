@@ -61,6 +61,27 @@ def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SH
     return WAVES * loop["ROWS"], dict(loop)
 
 
+BWD_PROGRAMS_PER_CU = 2         # workgroups per CU / SM walking the rows of a backward pass
+BWD_LOOP = {"ROWS": 1, "COLS": 1024}
+
+
+def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = None):
+    """(grid, consts) of a backward row kernel whose workgroups walk the rows
+    (Rows.steps) adding per-column partial sums (ColumnSums): at most BWD_PROGRAMS_PER_CU
+    workgroups per CU / SM, so the partial sums stay small beside x, and at most as many as
+    `parts` rows of partial sums hold (ColumnSums.partial_rows)."""
+    from ..targets import get
+    per, consts = plan(m, n, target, row_bytes, loop=BWD_LOOP)
+    grid = min(max(1, -(-m // per)), get(target).num_cus * BWD_PROGRAMS_PER_CU)
+    if parts is not None:
+        per_program = ColumnSums.partial_rows(1, consts)
+        if parts < per_program:
+            raise ValueError(f"{parts} rows of partial sums cannot hold one workgroup's "
+                             f"{per_program}")
+        grid = min(grid, parts // per_program)
+    return (grid,), consts
+
+
 def itemsize(x) -> int:
     return np.dtype(x.dtype).itemsize
 
