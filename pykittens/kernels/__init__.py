@@ -202,12 +202,14 @@ def _norm_grad_torch(t, center):
     return {"dx": rstd * dx + (0 if center else t["ds"])}
 
 
-def rms_grad_launch(i, target, residual=True):
-    """(grid, consts) of rmsnorm_bwd; residual: ds is added (add_rmsnorm's gradient)."""
+def rms_grad_launch(i, target, residual=True, dw=True):
+    """(grid, consts) of rmsnorm_bwd for x = i["x"] (and at most i["dw_part"]'s rows of
+    partial sums, where given); residual: ds is added (add_rmsnorm's gradient); dw: the
+    weight's gradient is summed."""
     m, n = i["x"].shape
-    esz = rows.itemsize(i["x"])
-    grid, consts = rows.walk_plan(m, n, target, (3 if residual else 2) * esz + 4,
-                                  parts=i["dw_part"].shape[0])
+    held = 3 if residual else 2                     # x, dy (, ds) held in their dtype
+    grid, consts = rows.walk_plan(m, n, target, held * rows.itemsize(i["x"]) + 4 * dw,
+                                  parts=i["dw_part"].shape[0] if "dw_part" in i else None)
     return grid, {**consts, "RESIDUAL": int(residual)}
 
 
@@ -227,11 +229,12 @@ def _ln_grad_ref(i):
             "db_part": dy.sum(axis=0)}
 
 
-def ln_grad_launch(i, target):
-    """(grid, consts) of layernorm_bwd (dweight and dbias both)."""
+def ln_grad_launch(i, target, dw=True, db=True):
+    """(grid, consts) of layernorm_bwd, as rms_grad_launch; dw, db: which of the weight's
+    and the bias's gradients are summed."""
     m, n = i["x"].shape
-    return rows.walk_plan(m, n, target, 2 * rows.itemsize(i["x"]) + 8,
-                          parts=i["dw_part"].shape[0])
+    return rows.walk_plan(m, n, target, 2 * rows.itemsize(i["x"]) + 4 * (dw + db),
+                          parts=i["dw_part"].shape[0] if "dw_part" in i else None)
 
 
 # ---- softmax_bwd, column_sum -------------------------------------------------------------------

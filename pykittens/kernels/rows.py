@@ -83,7 +83,8 @@ def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = N
 
 
 def itemsize(x) -> int:
-    return np.dtype(x.dtype).itemsize
+    """Bytes per element of a numpy array or torch tensor."""
+    return x.itemsize
 
 
 class Rows:
