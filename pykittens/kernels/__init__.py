@@ -348,7 +348,7 @@ def gemm_ws_launch(i, target, promote: bool | None = None):
     rows (K elements) must be multiples of 16 bytes."""
     from ..targets import get
     (m, k), (n, _) = i["a"].shape, i["b"].shape
-    esz = np.dtype(i["a"].dtype).itemsize
+    esz = rows.itemsize(i["a"])
     if k * esz % 16:
         raise ValueError(f"gemm_ws copies A and B by TMA: K x element size must be a "
                          f"multiple of 16 bytes, got K = {k} ({k * esz} bytes); pad K")
@@ -356,7 +356,7 @@ def gemm_ws_launch(i, target, promote: bool | None = None):
     bn = 128 if n <= 128 or promote else 256
     (tiles,), consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
     c = i.get("c")
-    tma_store = c is not None and np.dtype(c.dtype).itemsize == 2 and n * 2 % 16 == 0
+    tma_store = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
     # shared memory: 4 ring stages, 3 beside the 64 KiB of C staging of 256-wide blocks;
     # 3 when promoting into f32 C (its registers leave ptxas no room for a fourth branch)
     stages = 3 if (tma_store and bn == 256) or (promote and not tma_store) else 4
@@ -368,7 +368,7 @@ def gemm_ws_launch(i, target, promote: bool | None = None):
 def _gemm_wgmma_launch(i, target):
     """TMA needs B's rows to be a multiple of 16 bytes; otherwise B goes through registers."""
     grid, consts = _gemm_launch(i, target)
-    row_bytes = i["b"].shape[1] * np.dtype(i["b"].dtype).itemsize
+    row_bytes = i["b"].shape[1] * rows.itemsize(i["b"])
     return grid, {**consts, "TMA": int(row_bytes % 16 == 0)}
 
 

@@ -9,6 +9,10 @@ GPU. Importing this module needs torch."""
 from __future__ import annotations
 
 from .attention import attention
+from .matmul import linear, matmul
 from .norms import add_rms_norm, layer_norm, rms_norm
+from .rope import rope
+from .softmax import softmax
 
-__all__ = ["add_rms_norm", "attention", "layer_norm", "rms_norm"]
+__all__ = ["add_rms_norm", "attention", "layer_norm", "linear", "matmul", "rms_norm", "rope",
+           "softmax"]
