@@ -86,12 +86,17 @@ def ln_tma_consts(n: int) -> dict:
             "CHUNK": TMA_CHUNK}
 
 
-def row_launch(i, target, x="x", row_bytes=None):
+def row_launch(i, target, x="x", row_bytes=None, loop=rows.LOOP):
     """(grid, consts) of a row kernel (rows.plan) over the rows of input `x`; row_bytes
     defaults to x's element size (a forward pass holding x)."""
     m, n = i[x].shape
-    per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]))
+    per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]), loop=loop)
     return (max(1, -(-m // per)),), consts
+
+
+def ln_launch(i, target):
+    """LayerNorm's loop prefetches the next column block (measured faster on the H200)."""
+    return row_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
 
 
 # ---- layernorm --------------------------------------------------------------------------------
@@ -110,9 +115,9 @@ def _ln_ref(i):
     return {"out": (x - mu) / np.sqrt(var + i["eps"]) * _f64(i["w"]) + _f64(i["b"])}
 
 
-def stats_launch(i, target, **kw):
-    """row_launch of a forward norm that also writes its per-row statistics (STATS=1)."""
-    grid, consts = row_launch(i, target, **kw)
+def stats_launch(i, target, launch=row_launch, **kw):
+    """The launch of a forward norm that also writes its per-row statistics (STATS=1)."""
+    grid, consts = launch(i, target, **kw)
     return grid, {**consts, "STATS": 1}
 
 
@@ -410,7 +415,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, row_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"},
                torch_reference=_sm_torch),
-    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, row_launch, ("out",),
+    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, ln_launch, ("out",),
                shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
                compile_consts={"DT": "bf16", "SPLIT": 1, "ROWS": 1, "N_MAX": 8192,
                                "CHUNK": 512, "num_waves": 4},       # 8192 columns' default
@@ -484,7 +489,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err",
-           "row_launch", "stats_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
+           "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
            "add_rmsnorm", "column_sum", "gemm", "gemm_wgmma", "gemm_ws", "layernorm",
            "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope", "scaled_add", "softmax",
            "softmax_bwd", "tma_scale", "ws_scale"]

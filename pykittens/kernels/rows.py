@@ -21,7 +21,7 @@ WAVES = 4                        # num_waves of the row kernels' RESIDENT and lo
 CHUNK = 512                      # a multiple of every target's wave sweep (64 lanes x 8)
 SPLIT_SHARE_REGS = 16            # registers per lane for a wave's share of a held row
 SPLIT_WIDE_WAVES = 4             # ... or 4 waves with twice that, where they cover the row
-LOOP = {"ROWS": 1, "COLS": 1024, "PREFETCH": 1}     # rows no workgroup can hold
+LOOP = {"ROWS": 1, "COLS": 1024}     # rows no workgroup can hold: one per wave, in blocks
 
 
 def _pow2_floor(x: float) -> int:
@@ -62,7 +62,6 @@ def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SH
 
 
 BWD_PROGRAMS_PER_CU = 2         # workgroups per CU / SM walking the rows of a backward pass
-BWD_LOOP = {"ROWS": 1, "COLS": 1024}
 
 
 def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = None):
@@ -71,7 +70,7 @@ def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = N
     workgroups per CU / SM, so the partial sums stay small beside x, and at most as many as
     `parts` rows of partial sums hold (ColumnSums.partial_rows)."""
     from ..targets import get
-    per, consts = plan(m, n, target, row_bytes, loop=BWD_LOOP)
+    per, consts = plan(m, n, target, row_bytes)
     grid = min(max(1, -(-m // per)), get(target).num_cus * BWD_PROGRAMS_PER_CU)
     if parts is not None:
         per_program = ColumnSums.partial_rows(1, consts)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..kernels import ln_grad_launch, rms_grad_launch, row_launch, stats_launch
+from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
 from ..kernels.layernorm import layernorm, layernorm_bwd
 from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
@@ -72,7 +72,7 @@ def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor
     y, mean, rstd = x.new_empty((m, n)), x.new_empty((m,), dtype=F32), x.new_empty((m,), dtype=F32)
     if x.numel() == 0:
         return y, mean, rstd
-    grid, consts = stats_launch({"x": x}, target_of(x))
+    grid, consts = stats_launch({"x": x}, target_of(x), launch=ln_launch)
     run(layernorm, {"x": x, "w": placeholder(x, 1) if weight is None else weight,
                     "b": placeholder(x, 1) if bias is None else bias, "out": y,
                     "mean": mean, "rstd": rstd, "eps": eps}, grid,
