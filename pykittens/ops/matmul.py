@@ -101,9 +101,16 @@ def linear(input, weight, bias=None):
 def matmul(input, other):
     """torch.matmul where `other` is a matrix (K, N) and input a matrix (M, K), a vector
     (K,) or a stack (..., M, K) of matrices (multiplied as one (M', K) matrix); bfloat16 or
-    float16, float32 accumulation. Differentiable in both. A batched or vector `other`
-    raises NotImplementedError: the library GEMMs multiply by one matrix."""
-    _check("matmul", "input", input, "other", other)
+    float16, float32 accumulation. `other` may be row-major or a transposed view (w.t() of
+    a row-major w), read as it is either way. Differentiable in both. A batched or vector
+    `other` raises NotImplementedError: the library GEMMs multiply by one matrix."""
+    if isinstance(other, torch.Tensor) and other.dim() == 2 and other.stride(1) != 1 and \
+            other.stride(0) == 1:               # a transposed view, x @ w.t(): read w as is
+        _check("matmul", "input", input, "other.t()", other.t())
+        form, b = "nt", other.t()
+    else:
+        _check("matmul", "input", input, "other", other)
+        form, b = "nn", other
     if other.dim() != 2:
         raise NotImplementedError(f"matmul: other {tuple(other.shape)} must be a matrix "
                                   "(K, N); the library GEMMs multiply by one matrix (use "
@@ -112,4 +119,4 @@ def matmul(input, other):
     if input.shape[-1] != k:
         raise ValueError(f"matmul: input {tuple(input.shape)} and other {tuple(other.shape)}"
                          f" do not agree in the inner dim ({input.shape[-1]} vs {k})")
-    return _gemm(input.reshape(-1, k), other, "nn").view(*input.shape[:-1], n)
+    return _gemm(input.reshape(-1, k), b, form).view(*input.shape[:-1], n)
