@@ -301,3 +301,21 @@ def test_a_gpu_that_is_not_cuda_is_named():
     with pytest.raises(ValueError, match="tensors on meta are not supported"):
         target_of(torch.empty(1, device="meta"))
     assert math.isfinite(1.0)
+
+
+def test_llama_block_matches_torch_on_cpu():
+    """bench/llama_block.py at its CPU size: the block on pykittens.ops (bf16) is as close
+    to torch in float64 as torch's own bf16 block, forward and every gradient."""
+    import importlib.util
+    import os
+    import sys
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location(
+        "llama_block", os.path.join(ROOT, "bench", "llama_block.py"))
+    script = sys.modules["llama_block"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    errs = script.compare(script.TINY, "cpu")
+    assert set(errs["pykittens"]) == {"y", "dx", "dnorm1", "dnorm2", "dwqkv", "dwo", "dw13",
+                                      "dw2"}
+    for name, e in errs["pykittens"].items():
+        assert e < 2e-2 and e < 1.5 * errs["torch"][name], (name, e, errs["torch"][name])
