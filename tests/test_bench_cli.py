@@ -73,3 +73,15 @@ def test_harness_on_cpu_tensors(monkeypatch):
         assert all(r.rel_err < 2e-2 for r in results if r.mode == "fwd")
         assert {r.timing for r in results} == {"stand-in"}
     assert len(calls) == 8
+
+
+def test_readme_shows_the_help_as_it_is(capsys, monkeypatch):
+    import os
+    from conftest import ROOT
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    shown = readme.split("$ pykittens bench --help\n", 1)[1].split("```", 1)[0]
+    assert shown == out
