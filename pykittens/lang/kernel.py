@@ -86,6 +86,7 @@ class Kernel:
                 raise KernelError(f"parameter {p.name!r} needs an annotation: pk.gl[dtype, "
                                   f"rank], a scalar type such as pk.f32, or pk.const",
                                   self.loc, self.name)
+        self.param_names = tuple(p.name for p in self.params)
 
     @property
     def const_names(self):

@@ -9,6 +9,8 @@ bytes (its TMA copies), else the mma.sync `gemm`; on CDNA `gemm` (MFMA; A (M, K)
 An operand stored the other way is copied transposed (torch) first."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..kernels import KERNELS, gemm_ws_launch
@@ -32,15 +34,30 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
     if c.numel() == 0 or k == 0:
         return c.zero_()
     target = target_of(a)
-    if uses_gemm_ws(target, k, a.itemsize):
-        args = {"a": A.contiguous(), "b": B.t().contiguous(), "c": c}
-        grid, consts = gemm_ws_launch(args, target)
-        run(gemm_ws, args, grid, consts, ("c",))
-    else:
-        args = {"a": A.contiguous(), "b": B.contiguous(), "c": c}
-        grid, consts = KERNELS["gemm"].launch(args, target)
-        run(gemm, args, grid, consts, ("c",))
+    kernel, grid, consts = _plan(target, m, k, n, a.itemsize)
+    b_rows = B.t() if kernel is gemm_ws else B             # gemm_ws reads B as (N, K)
+    run(kernel, {"a": A.contiguous(), "b": b_rows.contiguous(), "c": c}, grid, consts,
+        ("c",))
     return c
+
+
+class _Meta:
+    """What the GEMM launch rules read of an operand: its shape and element size."""
+
+    def __init__(self, shape, itemsize):
+        self.shape, self.itemsize = shape, itemsize
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(target: str, m: int, k: int, n: int, itemsize: int):
+    """(kernel, grid, consts) of an (m, k) x (k, n) product with a C of the operands' type,
+    decided once per shape (the launch rules consult the cache simulator's choice)."""
+    if uses_gemm_ws(target, k, itemsize):
+        i = {"a": _Meta((m, k), itemsize), "b": _Meta((n, k), itemsize),
+             "c": _Meta((m, n), itemsize)}
+        return (gemm_ws, *gemm_ws_launch(i, target))
+    i = {"a": _Meta((m, k), itemsize), "b": _Meta((k, n), itemsize)}
+    return (gemm, *KERNELS["gemm"].launch(i, target))
 
 
 @_gemm.register_fake

@@ -2,6 +2,8 @@
 rank, static dim or device is an error that says what to pass instead."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ..ir import types as T
@@ -9,7 +11,9 @@ from ..ir.errors import KernelError
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
+    """A torch tensor (or a subclass of one); torch is not imported here for the question."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def bind_args(kernel, args: tuple, kwargs: dict, *, device: str = "cpu") -> tuple[dict, dict]:

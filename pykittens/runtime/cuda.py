@@ -132,7 +132,7 @@ class _OnDevice:
     device is never changed behind its back."""
 
     def __init__(self, device: int):
-        d = _init()
+        d = _DRIVER if _INIT else _init()
         if device not in _CTX:
             n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
             if not 0 <= device < n:
@@ -304,15 +304,23 @@ class Function:
                       f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={shared_bytes}) "
                       f"for {self.name!r}")
                 self._dyn_limit = shared_bytes
-            hstream = d.CUstream(stream_handle(stream, self.module.device))
-            cbuf = ctypes.create_string_buffer(buf, max(len(buf), 1))
+        self.launch_checked(grid, block, buf, shared_bytes, stream_handle(stream,
+                                                                           self.module.device))
+
+    def launch_checked(self, grid, block, buf, shared_bytes: int, stream: int) -> None:
+        """cuLaunchKernel with arguments `launch` has already checked (grid and block as
+        3-tuples, the packed buffer, a stream handle): the part of a launch that repeats."""
+        with _OnDevice(self.module.device) as d:
+            cbuf = (ctypes.c_char * max(len(buf), 1)).from_buffer(bytearray(buf) or
+                                                                  bytearray(1))
             size = ctypes.c_size_t(len(buf))
             extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(cbuf),
                                           _BUFFER_SIZE, ctypes.addressof(size), _END)
-            check(d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, hstream, None,
-                                   ctypes.addressof(extra) if buf else 0),
-                  f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
-                  f"shared={shared_bytes})")
+            err = d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, d.CUstream(stream),
+                                   None, ctypes.addressof(extra) if buf else 0)
+            if int(err[0] if isinstance(err, tuple) else err):
+                check(err, f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
+                      f"shared={shared_bytes})")
 
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------
