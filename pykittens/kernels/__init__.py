@@ -105,7 +105,7 @@ def _ln_inputs(shape, dtype, rng):
     m, n = shape
     return {"x": _rand(shape, dtype, rng) + dtype.np(1.5), "w": _rand((n,), dtype, rng),
             "b": _rand((n,), dtype, rng), "out": np.zeros(shape, dtype.np),
-            "mean": np.zeros(m, np.float32), "rstd": np.zeros(m, np.float32), "eps": 1e-5}
+            "stats": np.zeros((2, m), np.float32), "eps": 1e-5}
 
 
 def _ln_ref(i):
@@ -122,10 +122,10 @@ def stats_launch(i, target, launch=row_launch, **kw):
 
 
 def _ln_stats(x):
-    """float64 mean and 1/std of x's rows as the forward kernel stores them (f32)."""
+    """The mean and 1/std of x's rows as the forward kernel stores them: (2, rows), f32."""
     mu = x.mean(axis=1)
     rstd = 1 / np.sqrt(((x - mu[:, None]) ** 2).mean(axis=1) + 1e-5)
-    return mu.astype(np.float32), rstd.astype(np.float32)
+    return np.stack([mu, rstd]).astype(np.float32)
 
 
 PARTS = 8                 # rows of partial column sums in the backward specs: small grids walk
@@ -198,8 +198,9 @@ def _rms_grad_ref(i):
 
 def _norm_grad_torch(t, center):
     """_norm_grad_ref on torch tensors (the GPU reference)."""
-    x, rstd = t["x"], t["rstd"][:, None]
-    xhat = (x - t["mean"][:, None]) * rstd if center else x * rstd
+    x = t["x"]
+    rstd = (t["stats"][1] if center else t["rstd"])[:, None]
+    xhat = (x - t["stats"][0][:, None]) * rstd if center else x * rstd
     g = t["dy"] * t["w"]
     dx = g - xhat * (g * xhat).mean(1, keepdim=True)
     if center:
@@ -222,24 +223,27 @@ def rms_grad_launch(i, target, residual=True, dw=True):
 
 def _ln_grad_inputs(shape, dtype, rng):
     i = _grad_inputs(shape, dtype, rng)
-    i["mean"], i["rstd"] = _ln_stats(_f64(i["x"]))
-    i["db_part"] = np.zeros_like(i["dw_part"])
+    i["stats"] = _ln_stats(_f64(i["x"]))
+    i["part"] = np.zeros((PARTS, 2 * shape[1]), np.float32)      # dweight's, then dbias's
+    del i["dw_part"]
     return i
 
 
 def _ln_grad_ref(i):
-    xhat = (_f64(i["x"]) - _f64(i["mean"])[:, None]) * _f64(i["rstd"])[:, None]
+    mean, rstd = _f64(i["stats"])
+    xhat = (_f64(i["x"]) - mean[:, None]) * rstd[:, None]
     dy = _f64(i["dy"])
-    return {"dx": _norm_grad_ref(i, xhat, True), "dw_part": (dy * xhat).sum(axis=0),
-            "db_part": dy.sum(axis=0)}
+    return {"dx": _norm_grad_ref({**i, "rstd": rstd}, xhat, True),
+            "part": np.concatenate([(dy * xhat).sum(axis=0), dy.sum(axis=0)])}
 
 
 def ln_grad_launch(i, target, dw=True, db=True):
-    """(grid, consts) of layernorm_bwd, as rms_grad_launch; dw, db: which of the weight's
-    and the bias's gradients are summed."""
+    """(grid, consts) of layernorm_bwd, as rms_grad_launch (at most i["part"]'s rows of
+    partial sums, where given); dw, db: which of the weight's and the bias's gradients are
+    summed."""
     m, n = i["x"].shape
     return rows.walk_plan(m, n, target, 2 * rows.itemsize(i["x"]) + 4 * (dw + db),
-                          parts=i["dw_part"].shape[0] if "dw_part" in i else None)
+                          parts=i["part"].shape[0] if "part" in i else None)
 
 
 # ---- softmax_bwd, column_sum -------------------------------------------------------------------
@@ -436,7 +440,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                                "RESIDUAL": 1},
                torch_reference=lambda t: _norm_grad_torch(t, False)),
     KernelSpec("layernorm_bwd", layernorm_bwd, _ln_grad_inputs, _ln_grad_ref, ln_grad_launch,
-               ("dx", "dw_part", "db_part"), partials=("dw_part", "db_part"),
+               ("dx", "part"), partials=("part",),
                shapes=_NORM_SMALL, gpu_shapes=((16384, 8192),),
                compile_consts={"DT": "bf16", "SPLIT": 1, "ROWS": 1, "N_MAX": 2048,
                                "CHUNK": 512, "num_waves": 4},

@@ -1,6 +1,7 @@
 """LayerNorm forward, weight and bias optional (WEIGHT, BIAS), and with STATS=1 the mean and
-1/std of every row (f32) for the backward pass; statistics in f32 (the mean, then the
-centred sum of squares, so large means do not cancel).
+1/std of every row (f32, rows 0 and 1 of `stats`) for the backward pass; statistics in f32
+(the mean, then the centred sum of squares, so large means do not cancel). And its
+backward, `layernorm_bwd`, with the RMSNorm backward's shared body `norm_backward`.
 
 Schedules, chosen by compile-time constants:
 - RESIDENT=1 / SPLIT=1: the row schedules of `rows.Rows` (rows read once into registers);
@@ -14,7 +15,7 @@ import pykittens as pk
 from .rows import ColumnSums, Rows
 
 
-def _normalize(rows, xb, w, b, out, mean_out, rstd_out, eps, WEIGHT, BIAS, STATS):
+def _normalize(rows, xb, w, b, out, stats, eps, WEIGHT, BIAS, STATS):
     """Rows whose block j (an f32 tile) is `xb(j)`: two passes over the blocks give the mean
     and the centred sum of squares, a third writes the output."""
     total = pk.zeros(rows.row)
@@ -26,7 +27,7 @@ def _normalize(rows, xb, w, b, out, mean_out, rstd_out, eps, WEIGHT, BIAS, STATS
         d = rows.mask(xb(j) - mean, j)
         pk.row_sum(d * d, into=sq)
     rstd = pk.rsqrt(rows.total(sq) / rows.n + eps)
-    _store_stats(rows, mean_out, rstd_out, mean, rstd, STATS)
+    _store_stats(rows, stats, mean, rstd, STATS)
     for j in rows.blocks():
         _store_affine(rows, out, lambda: (xb(j) - mean) * rstd, w, b, j, WEIGHT, BIAS)
 
@@ -44,25 +45,25 @@ def _store_affine(rows, out, normed, w, b, j, WEIGHT, BIAS):
     rows.store(out, y, j)
 
 
-def _store_stats(rows, mean_out, rstd_out, mean, rstd, STATS):
+def _store_stats(rows, stats, mean, rstd, STATS):
     if STATS:
-        rows.store_rows(mean_out, mean)
-        rows.store_rows(rstd_out, rstd)
+        rows.store_rows(stats, mean, 0)
+        rows.store_rows(stats, rstd, 1)
 
 
 @pk.kernel(num_waves=4)
 def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.gl["DT", 2],
-              mean: pk.gl[pk.f32, 1], rstd: pk.gl[pk.f32, 1], eps: pk.f32,
+              stats: pk.gl[pk.f32, 2], eps: pk.f32,
               DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
               RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
               TMA: pk.const = 0, PREFETCH: pk.const = 0, SPLIT: pk.const = 0,
               WEIGHT: pk.const = 1, BIAS: pk.const = 1, STATS: pk.const = 0):
     """out = (x - mean) / sqrt(var + eps) * w + b per row (w, b: WEIGHT, BIAS); with STATS
-    also mean and rstd = 1 / sqrt(var + eps) per row."""
+    also stats[0] = mean and stats[1] = rstd = 1 / sqrt(var + eps), a column per row."""
     affine = dict(WEIGHT=WEIGHT, BIAS=BIAS, STATS=STATS)
     if SPLIT or RESIDENT:
         rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
-        _normalize(rows, rows.hold(x), w, b, out, mean, rstd, eps, **affine)
+        _normalize(rows, rows.hold(x), w, b, out, stats, eps, **affine)
         return
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
@@ -81,7 +82,7 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
         pk.wait(landed, 0)
         wave = pk.wave_id()
         _normalize(rows, lambda j: pk.load(rows.block, staged, (j * nw + wave, 0)), w, b,
-                   out, mean, rstd, eps, **affine)
+                   out, stats, eps, **affine)
         return
 
     # Statistics in one pass over column blocks: each block's mean and centred sum of
@@ -116,7 +117,7 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
         mu += delta * share
         m2 += pk.row_sum(d * d) + delta * delta * (c0 * share)
     inv = pk.rsqrt(m2 / n + eps)
-    _store_stats(rows, mean, rstd, mu, inv, STATS)
+    _store_stats(rows, stats, mu, inv, STATS)
 
     nxt = pk.load(tile, x, (r0, 0)) if PREFETCH else None
     for j in pk.range(rows.nblocks):
@@ -124,7 +125,7 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
         _store_affine(rows, out, lambda: (t - mu) * inv, w, b, j, WEIGHT, BIAS)
 
 
-def norm_backward(rows, x, dy, w, mean, rstd, dx, dws, dbs, CENTER, WEIGHT, extra=None):
+def norm_backward(rows, x, dy, wv, stats, dx, dws, dbs, CENTER, extra=None):
     """The gradients of a LayerNorm (CENTER=1) or RMSNorm (CENTER=0) over the rows a wave
     holds: with xhat = (x - mean) * rstd (RMSNorm: x * rstd) and g = dy * w,
 
@@ -132,16 +133,18 @@ def norm_backward(rows, x, dy, w, mean, rstd, dx, dws, dbs, CENTER, WEIGHT, extr
 
     plus `extra` (the gradient of a residual sum the forward also returned), and the
     per-column contributions dy * xhat and dy added into `dws` / `dbs` (ColumnSums or
-    None). Padding reads as zero in x and dy, so it adds nothing to any sum."""
+    None). `wv(j)` is block j of the weight (rows.vecs), None without one; `stats` holds
+    the forward's mean and rstd per row (rows 0 and 1), or rstd alone (a 1-D tensor) for
+    RMSNorm. Padding reads as zero in x and dy, so it adds nothing to any sum."""
     xb, dyb = rows.hold(x), rows.hold(dy)
-    mu = pk.load(rows.row, mean, (rows.r0,)) if CENTER else None
-    rs = pk.load(rows.row, rstd, (rows.r0,))
+    mu = pk.load(rows.row, stats, (0, rows.r0)) if CENTER else None
+    rs = pk.load(rows.row, stats, (1, rows.r0) if CENTER else (rows.r0,))
 
     def xhat(j):
         return (xb(j) - mu) * rs if CENTER else xb(j) * rs
 
     def g(j):
-        return dyb(j) * rows.vec(w, j) if WEIGHT else dyb(j)
+        return dyb(j) * wv(j) if wv is not None else dyb(j)
 
     gx = pk.zeros(rows.row)
     gs = pk.zeros(rows.row) if CENTER else None
@@ -169,23 +172,24 @@ def norm_backward(rows, x, dy, w, mean, rstd, dx, dws, dbs, CENTER, WEIGHT, extr
 
 @pk.kernel(num_waves=4)
 def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
-                  mean: pk.gl[pk.f32, 1], rstd: pk.gl[pk.f32, 1], dx: pk.gl["DT", 2],
-                  dw_part: pk.gl[pk.f32, 2], db_part: pk.gl[pk.f32, 2],
+                  stats: pk.gl[pk.f32, 2], dx: pk.gl["DT", 2], part: pk.gl[pk.f32, 2],
                   DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
                   RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
                   SPLIT: pk.const = 0, WEIGHT: pk.const = 1, DW: pk.const = 1,
                   DB: pk.const = 1):
-    """dx of layernorm (mean and rstd from its STATS=1 run), and per-workgroup partial
-    column sums of dy * xhat (DW: dweight) and dy (DB: dbias) in dw_part / db_part for
-    rows.column_sum. Workgroups walk the rows in steps of the grid (rows.Rows.steps), so
-    the partial sums have one row per workgroup (per wave when the rows are looped:
-    rows.ColumnSums.partial_rows)."""
+    """dx of layernorm (stats from its STATS=1 run), and per-workgroup partial column sums
+    of dy * xhat (DW: dweight) and of dy (DB: dbias) side by side in `part` for
+    rows.column_sum: dweight's in columns 0..n-1, dbias's after them (from column 0 when
+    DW=0), so `part` has (DW + DB) * n columns. Workgroups walk the rows in steps of the grid
+    (rows.Rows.steps), so `part` has one row per workgroup (per wave when the rows are
+    looped: rows.ColumnSums.partial_rows)."""
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
-    dws = ColumnSums(rows, dw_part) if DW else None
-    dbs = ColumnSums(rows, db_part) if DB else None
+    dws = ColumnSums(rows, part) if DW else None
+    dbs = ColumnSums(rows, part, first=rows.n if DW else 0) if DB else None
+    wv = rows.vecs(w) if WEIGHT else None
     for i in pk.range(rows.steps()):
         rows.step(i)
-        norm_backward(rows, x, dy, w, mean, rstd, dx, dws, dbs, 1, WEIGHT)
+        norm_backward(rows, x, dy, wv, stats, dx, dws, dbs, 1)
     for sums in (dws, dbs):
         if sums is not None:
             sums.finish()

@@ -64,9 +64,11 @@ def rmsnorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     column sums of dy * xhat in dw_part (DW), as layernorm_bwd."""
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
     dws = ColumnSums(rows, dw_part) if DW else None
+    wv = rows.vecs(w) if WEIGHT else None
     for i in pk.range(rows.steps()):
         rows.step(i)
-        extra = rows.hold(ds) if RESIDUAL else None
-        norm_backward(rows, x, dy, w, None, rstd, dx, dws, None, 0, WEIGHT, extra=extra)
+        # read where it is added, block by block: each element is used once
+        extra = (lambda j: pk.load(rows.block, ds, rows.at(j))) if RESIDUAL else None
+        norm_backward(rows, x, dy, wv, rstd, dx, dws, None, 0, extra=extra)
     if dws is not None:
         dws.finish()

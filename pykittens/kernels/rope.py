@@ -11,7 +11,8 @@ positions tensor gives it); the columns after them pass through unchanged:
   2 * HALF) holding each angle twice (c_0 c_0 c_1 c_1 ...): a lane holds both columns of a
   pair (pk.xor_cols) but not the table entry of another column.
 
-One wave rotates one token: all its heads, HEADS at a time."""
+A wave rotates HEADS heads of one token: grid axis 0 walks the tokens, axis 1 the blocks
+of heads."""
 import pykittens as pk
 
 from .rows import WAVES
@@ -36,24 +37,23 @@ def rope(x: pk.gl["DT", 4], cos: pk.gl["CT", 2], sin: pk.gl["CT", 2],
     if INVERSE:
         sn = -sn
     rd = 2 * HALF
-    for hb in pk.range((nh + HEADS - 1) // HEADS):
-        h = hb * HEADS
-        if INTERLEAVED:
-            t = pk.load(tile, x, (b, s, h, 0), end=(None, None, None, rd))
-            partner = pk.xor_cols(t, 1)                      # x_{2i+1} at 2i and back
-            cols = pk.col_index(t)
-            even = pk.xor_cols(cols, 1) > cols
-            pk.store(out, t * c + pk.where(even, -partner, partner) * sn, (b, s, h, 0),
-                     end=(None, None, None, rd))
-        else:
-            lo = pk.load(tile, x, (b, s, h, 0), end=(None, None, None, HALF))
-            hi = pk.load(tile, x, (b, s, h, HALF), end=(None, None, None, rd))
-            pk.store(out, lo * c - hi * sn, (b, s, h, 0), end=(None, None, None, HALF))
-            pk.store(out, hi * c + lo * sn, (b, s, h, HALF), end=(None, None, None, rd))
-        if PASS:
-            for k in pk.range((nd - rd + WIDTH - 1) // WIDTH):
-                c0 = rd + k * WIDTH
-                pk.store(out, pk.load(tile, x, (b, s, h, c0)), (b, s, h, c0))
+    h = pk.program_id(1) * HEADS                             # this wave's block of heads
+    if INTERLEAVED:
+        t = pk.load(tile, x, (b, s, h, 0), end=(None, None, None, rd))
+        partner = pk.xor_cols(t, 1)                          # x_{2i+1} at 2i and back
+        cols = pk.col_index(t)
+        even = pk.xor_cols(cols, 1) > cols
+        pk.store(out, t * c + pk.where(even, -partner, partner) * sn, (b, s, h, 0),
+                 end=(None, None, None, rd))
+    else:
+        lo = pk.load(tile, x, (b, s, h, 0), end=(None, None, None, HALF))
+        hi = pk.load(tile, x, (b, s, h, HALF), end=(None, None, None, rd))
+        pk.store(out, lo * c - hi * sn, (b, s, h, 0), end=(None, None, None, HALF))
+        pk.store(out, hi * c + lo * sn, (b, s, h, HALF), end=(None, None, None, rd))
+    if PASS:
+        for k in pk.range((nd - rd + WIDTH - 1) // WIDTH):
+            c0 = rd + k * WIDTH
+            pk.store(out, pk.load(tile, x, (b, s, h, c0)), (b, s, h, c0))
 
 
 TILE_ELEMS = 2048        # elements of a wave's (heads x columns) tile
@@ -69,6 +69,6 @@ def rope_launch(shape, half: int, interleaved: bool, target: str, **consts):
     heads = min(1 << max(0, nh - 1).bit_length(), max(1, TILE_ELEMS // width))
     # a lane must hold runs of 8 columns (pk.xor_cols): a tile of at least a wave's sweep
     heads = max(heads, -(-get(target).wave_size * 8 // width))
-    return (max(1, -(-nb * ns // WAVES)),), {
+    return (max(1, -(-nb * ns // WAVES)), -(-nh // heads)), {
         "HALF": half, "WIDTH": width, "HEADS": heads, "INTERLEAVED": int(interleaved),
         "PASS": int(2 * half < nd), **consts}

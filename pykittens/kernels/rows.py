@@ -164,6 +164,14 @@ class Rows:
         """Block j's columns of the 1-D tensor w, as an f32 column vector."""
         return pk.load(self.col, w, (self.col_of(j),))
 
+    def vecs(self, w):
+        """vec(w, j) as a function of j: for held rows, every block's read now (once, e.g.
+        before a loop over row groups); otherwise each call reads its block."""
+        if not self.held:
+            return lambda j: self.vec(w, j)
+        held = [self.vec(w, j) for j in range(self.nblocks)]
+        return lambda j: held[j]
+
     def mask(self, t, j, value=0.0):
         """t with the elements outside the tensor (ragged rows and columns) set to value."""
         return pk.mask_outside(t, self.at(j), (self.m, self.n), value=value)
@@ -171,14 +179,15 @@ class Rows:
     def store(self, dst, t, j):
         pk.store(dst, t, self.at(j))
 
-    def store_rows(self, dst, v):
-        """A value per row (a row vector: the statistics) into the 1-D tensor dst; in a
-        split row every wave holds it, and wave 0 writes it."""
+    def store_rows(self, dst, v, at=None):
+        """A value per row (a row vector: the statistics) into the 1-D tensor dst, or into
+        row `at` of a 2-D one; in a split row every wave holds it, and wave 0 writes it."""
+        coord = (self.r0,) if at is None else (at, self.r0)
         if not self.split:
-            pk.store(dst, v, (self.r0,))
+            pk.store(dst, v, coord)
             return
         with pk.if_(pk.wave_id() == 0):
-            pk.store(dst, v, (self.r0,))
+            pk.store(dst, v, coord)
 
     def total(self, v):
         return pk.workgroup_sum(v) if self.split else v
@@ -189,13 +198,14 @@ class Rows:
 
 class ColumnSums:
     """Per-column sums over every row a workgroup walks (a norm's dweight and dbias), kept
-    as partial sums in the f32 tensor `part` for `column_sum` to add up. Held rows keep them
-    in registers and write one partial row per workgroup at the end (`finish`); looped rows
-    add each block into the wave's own partial row in memory (one row per wave, no
+    as partial sums in the f32 tensor `part`, in its columns first .. first + n - 1 (so
+    that several sums can share one tensor), for `column_sum` to add up. Held rows keep
+    them in registers and write one partial row per workgroup at the end (`finish`); looped
+    rows add each block into the wave's own partial row in memory (one row per wave, no
     synchronisation)."""
 
-    def __init__(self, rows: Rows, part):
-        self.rows, self.part = rows, part
+    def __init__(self, rows: Rows, part, first=0):
+        self.rows, self.part, self.first = rows, part, first
         self.acc = [pk.zeros(rows.block) for _ in range(rows.nblocks)] if rows.held else None
 
     def add(self, t, j):
@@ -204,9 +214,9 @@ class ColumnSums:
             self.acc[j] += t
             return
         p = pk.program_id(0) * pk.num_waves() + pk.wave_id()
-        c = rows.col_of(j)
+        c = self._col(j)
         have = pk.load(rows.col, self.part, (p, c))
-        pk.store(self.part, have + pk.col_sum(t), (p, c))
+        pk.store(self.part, have + pk.col_sum(t), (p, c), end=self._end())
 
     def finish(self):
         rows = self.rows
@@ -214,13 +224,21 @@ class ColumnSums:
             return
         for j in pk.static_range(rows.nblocks):
             v = pk.col_sum(self.acc[j])
-            c = (pk.program_id(0), rows.col_of(j))
+            c = (pk.program_id(0), self._col(j))
             if rows.split:                     # each wave holds its own columns
-                pk.store(self.part, v, c)
+                pk.store(self.part, v, c, end=self._end())
             else:                              # each wave holds its own rows
                 v = pk.workgroup_sum(v)
                 with pk.if_(pk.wave_id() == 0):
-                    pk.store(self.part, v, c)
+                    pk.store(self.part, v, c, end=self._end())
+
+    def _end(self):
+        """Stores stop at the last column: another ColumnSums may follow in `part`."""
+        return (None, self.first + self.rows.n)
+
+    def _col(self, j):
+        c = self.rows.col_of(j)
+        return c if isinstance(self.first, int) and self.first == 0 else c + self.first
 
     @staticmethod
     def partial_rows(grid: int, consts: dict) -> int:

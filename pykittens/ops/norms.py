@@ -67,65 +67,66 @@ def _grad_rows(dy, x):
 
 @torch.library.custom_op("pykittens::layer_norm", mutates_args=())
 def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output, and each row's mean and 1/std (rows 0 and 1 of a (2, rows) tensor)."""
     m, n = x.shape
-    y, mean, rstd = x.new_empty((m, n)), x.new_empty((m,), dtype=F32), x.new_empty((m,), dtype=F32)
+    y, stats = x.new_empty((m, n)), x.new_empty((2, m), dtype=F32)
     if x.numel() == 0:
-        return y, mean, rstd
+        return y, stats
     grid, consts = stats_launch({"x": x}, target_of(x), launch=ln_launch)
     run(layernorm, {"x": x, "w": placeholder(x, 1) if weight is None else weight,
                     "b": placeholder(x, 1) if bias is None else bias, "out": y,
-                    "mean": mean, "rstd": rstd, "eps": eps}, grid,
+                    "stats": stats, "eps": eps}, grid,
         {**consts, "WEIGHT": int(weight is not None), "BIAS": int(bias is not None)},
-        ("out", "mean", "rstd"))
-    return y, mean, rstd
+        ("out", "stats"))
+    return y, stats
 
 
 @_layer_norm.register_fake
 def _(x, weight, bias, eps):
     m, n = x.shape
-    return x.new_empty((m, n)), x.new_empty((m,), dtype=F32), x.new_empty((m,), dtype=F32)
+    return x.new_empty((m, n)), x.new_empty((2, m), dtype=F32)
 
 
 @torch.library.custom_op("pykittens::layer_norm_bwd", mutates_args=())
 def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
-                    mean: torch.Tensor, rstd: torch.Tensor, dw: bool, db: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dx, and dweight / dbias where asked for (else empty)."""
+                    stats: torch.Tensor, dw: bool, db: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx, and the gradients asked for one after the other in one tensor: dweight (dw),
+    then dbias (db); (dw + db) * n elements."""
     m, n = x.shape
     dx = x.new_empty((m, n))
+    width = (dw + db) * n
     if x.numel() == 0:
-        return dx, x.new_zeros((n if dw else 0,)), x.new_zeros((n if db else 0,))
+        return dx, x.new_zeros((width,))
     grid, consts = ln_grad_launch({"x": x}, target_of(x), dw, db)
-    parts = {k: _column_sums(x, grid, consts, n, want)
-             for k, want in (("dw_part", dw), ("db_part", db))}
+    part = _column_sums(x, grid, consts, width, width > 0)
     run(layernorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
-                        "mean": mean, "rstd": rstd, "dx": dx, **parts}, grid,
+                        "stats": stats, "dx": dx, "part": part}, grid,
         {**consts, "WEIGHT": int(weight is not None), "DW": int(dw), "DB": int(db)},
-        ("dx", "dw_part", "db_part"))
-    return dx, _column_sum(parts["dw_part"], x, dw), _column_sum(parts["db_part"], x, db)
+        ("dx", "part"))
+    return dx, _column_sum(part, x, width > 0)
 
 
 @_layer_norm_bwd.register_fake
-def _(dy, x, weight, mean, rstd, dw, db):
-    n = x.shape[1]
-    return x.new_empty(x.shape), x.new_empty((n if dw else 0,)), x.new_empty((n if db else 0,))
+def _(dy, x, weight, stats, dw, db):
+    return x.new_empty(x.shape), x.new_empty(((dw + db) * x.shape[1],))
 
 
 def _ln_setup(ctx, inputs, output):
     x, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.save_for_backward(x, weight, output[1])
     ctx.has_bias = bias is not None
-    ctx.mark_non_differentiable(mean, rstd)
+    ctx.mark_non_differentiable(output[1])
 
 
-def _ln_backward(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
+def _ln_backward(ctx, dy, _dstats):
+    x, weight, stats = ctx.saved_tensors
     dw = weight is not None and ctx.needs_input_grad[1]
     db = ctx.has_bias and ctx.needs_input_grad[2]
-    dx, gw, gb = _layer_norm_bwd(_grad_rows(dy, x), x, weight, mean, rstd, dw, db)
-    return dx, gw if dw else None, gb if db else None, None
+    dx, sums = _layer_norm_bwd(_grad_rows(dy, x), x, weight, stats, dw, db)
+    n = x.shape[1]
+    return dx, sums[:n] if dw else None, sums[n * dw:] if db else None, None
 
 
 torch.library.register_autograd("pykittens::layer_norm", _ln_backward, setup_context=_ln_setup)
