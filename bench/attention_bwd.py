@@ -10,15 +10,12 @@ Details go to $OUT/attention_bwd.json when OUT is set; a table is printed last.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
-import time
 
 import torch
 
-from pykittens.bench import text_table
+from pykittens.bench import run_steps
 from pykittens.bench.gpu import graph_time
 
 DEV = "cuda"
@@ -154,28 +151,10 @@ def performance(rows, details):
 
 
 def main() -> int:
-    t0 = time.time()
     props = torch.cuda.get_device_properties(0)
     env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    rows, details = [], []
-    for step in (correctness, performance):
-        if args and step.__name__ not in args:
-            continue
-        print(f"[{time.time() - t0:.0f}s] {step.__name__} ...", flush=True)
-        try:
-            step(rows, details)
-        except Exception as e:  # noqa: BLE001 - report and continue
-            import traceback
-            traceback.print_exc()
-            rows.append([step.__name__, "ERROR", "", "", type(e).__name__, str(e)[:80]])
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "attention_bwd.json"), "w") as f:
-            json.dump({"env": env, "results": details}, f, indent=2, default=str)
-    print(f"\n{env}  ({time.time() - t0:.0f}s)")
-    print(text_table(rows))
-    return 1 if any(str(r[-1]).endswith("FAIL") or "ERROR" in r for r in rows) else 0
+    return run_steps("attention_bwd", {"correctness": correctness, "performance": performance},
+                     env)
 
 
 if __name__ == "__main__":

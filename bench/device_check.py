@@ -7,16 +7,13 @@ bandwidth against a device-to-device copy and torch.nn.functional.layer_norm.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
 
 import numpy as np
 import torch
 
 import pykittens as pk
-from pykittens.bench import gpu, text_table
+from pykittens.bench import gpu, run_steps
 from pykittens.bench.gpu import copy_ceiling, graph_time
 from pykittens.kernels import KERNELS, gemm_ws_launch
 
@@ -199,7 +196,6 @@ def gemm_performance(rows, details):
 
 
 def main() -> int:
-    t0 = time.time()
     props = torch.cuda.get_device_properties(0)
     env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
            "sms": props.multi_processor_count}
@@ -208,30 +204,14 @@ def main() -> int:
         env["triton"] = triton.__version__
     except ImportError:
         pass
-    rows, details = [], []
 
     def correctness(rows, details):
         res = gpu.check_library("gpu") + gpu.emulator_agreement()
         details.extend(res)
         rows.extend(gpu.summary_rows(res))
 
-    steps = (correctness, performance, gemm_performance)
-    only = sys.argv[1:]                  # e.g. `performance`: run only the named steps
-    for step in [s for s in steps if not only or s.__name__ in only]:
-        try:
-            step(rows, details)
-        except Exception as e:  # noqa: BLE001 - report and continue with the next step
-            import traceback
-            traceback.print_exc()
-            rows.append([step.__name__, "ERROR", "", "", type(e).__name__, str(e)[:80]])
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "device_check.json"), "w") as f:
-            json.dump({"env": env, "results": details}, f, indent=2, default=str)
-    print(f"\n{env}  ({time.time() - t0:.0f}s)")
-    print(text_table(rows))
-    bad = [r for r in rows if str(r[-1]).endswith("FAIL") or "ERROR" in r]
-    return 1 if bad else 0
+    return run_steps("device_check", {"correctness": correctness, "performance": performance,
+                                      "gemm_performance": gemm_performance}, env)
 
 
 if __name__ == "__main__":

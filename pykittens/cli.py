@@ -17,6 +17,10 @@ from .targets import NAMES as TARGETS
 from .toolchain.isolate import ToolchainError
 
 
+class CliError(Exception):
+    """A mistake on the command line: main() prints it as one line and exits with 2."""
+
+
 def resolve_kernel(ref: str):
     """A library kernel name, or `path/to/file.py:name` naming a pk.kernel or a KernelSpec.
     Returns (kernel, spec or None)."""
@@ -26,27 +30,45 @@ def resolve_kernel(ref: str):
     if ref in KERNELS:
         return KERNELS[ref].kernel, KERNELS[ref]
     if ":" not in ref:
-        raise SystemExit(f"unknown kernel {ref!r}: use one of {', '.join(KERNELS)} or "
-                         "path/to/file.py:function")
+        raise CliError(f"unknown kernel {ref!r}: use one of {', '.join(KERNELS)} or "
+                       "path/to/file.py:function")
     path, name = ref.rsplit(":", 1)
-    if not os.path.exists(path):
-        raise SystemExit(f"no such file: {path}")
+    if not os.path.isfile(path):
+        raise CliError(f"no such file: {path}")
     spec_ = importlib.util.spec_from_file_location(f"_pk_user_{abs(hash(path))}", path)
+    if spec_ is None or spec_.loader is None:
+        raise CliError(f"{path} is not a Python file (name it something.py)")
     mod = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(mod)
+    try:
+        spec_.loader.exec_module(mod)
+    except KernelError:
+        raise
+    except Exception as e:
+        tb = e.__traceback__
+        line = None
+        while tb is not None:                   # the innermost frame in the user's file
+            if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        if isinstance(e, SyntaxError):
+            line = e.lineno
+        where = f"{path}:{line}" if line else path
+        raise CliError(f"could not load {where}: {type(e).__name__}: {e}") from None
     obj = getattr(mod, name, None)
     if isinstance(obj, KernelSpec):
         return obj.kernel, obj
     if isinstance(obj, Kernel):
         return obj, None
-    raise SystemExit(f"{path} has no pk.kernel or KernelSpec named {name!r}")
+    if callable(obj):
+        raise CliError(f"{path}:{name} is a plain function: decorate it with @pk.kernel")
+    raise CliError(f"{path} has no pk.kernel or KernelSpec named {name!r}")
 
 
 def _consts(pairs, spec) -> dict:
     out = dict(spec.compile_consts) if spec else {}
     for p in pairs or []:
-        if "=" not in p:
-            raise SystemExit(f"-D takes NAME=VALUE, got {p!r}")
+        if "=" not in p or not p.split("=", 1)[0].strip():
+            raise CliError(f"-D takes NAME=VALUE, got {p!r}")
         k, v = p.split("=", 1)
         try:
             out[k] = int(v)
@@ -58,8 +80,17 @@ def _consts(pairs, spec) -> dict:
     return out
 
 
+def _check_target(spec, target: str) -> None:
+    """Library kernels name the targets they are written for: say so rather than fail
+    somewhere inside the lowering (e.g. a Hopper kernel's shared memory on a CDNA target)."""
+    if spec is not None and target not in spec.targets:
+        raise CliError(f"{spec.name} runs on {', '.join(spec.targets)} only, not {target}; "
+                       f"pick --target {spec.targets[0]}")
+
+
 def cmd_compile(a) -> int:
     kernel, spec = resolve_kernel(a.kernel)
+    _check_target(spec, a.target)
     consts = _consts(a.define, spec)
     if a.report:
         rep = compiler.report(kernel, a.target, **consts)
@@ -77,22 +108,55 @@ def cmd_emulate(a) -> int:
     from .kernels.spec import check
     kernel, spec = resolve_kernel(a.kernel)
     if spec is None:
-        raise SystemExit(f"{a.kernel} is a bare kernel: emulate needs a KernelSpec (inputs, "
-                         "reference, grid); see docs/language.md")
-    shape = tuple(a.shape) if a.shape else spec.shapes[1]
+        raise CliError(f"{a.kernel} is a bare kernel: emulate needs a KernelSpec (inputs, "
+                       "reference, grid); see docs/language.md")
+    _check_target(spec, a.target)
+    shape = _shape(a.shape, spec)
+    dtype = _dtype(a.dtype, spec)
     t0 = time.time()
     rng = np.random.default_rng(a.seed)
-    res = (_check_isa if a.isa else check)(spec, shape, a.dtype, a.target, rng)
+    res = (_check_isa if a.isa else check)(spec, shape, dtype, a.target, rng)
     ok = True
     how = " (code object, ISA emulator)" if a.isa else ""
     for name, r in res.items():
-        passed = r["rel_err"] <= spec.tolerance(a.dtype)
+        passed = r["rel_err"] <= spec.tolerance(dtype)
         ok &= passed
-        print(f"{spec.name} {a.target}{how} {a.dtype} shape={shape} {name}: max_abs_err="
+        print(f"{spec.name} {a.target}{how} {dtype} shape={shape} {name}: max_abs_err="
               f"{r['max_abs_err']:.3g} rel_err={r['rel_err']:.3g} "
-              f"({'ok' if passed else 'FAIL'}, tol {spec.tolerance(a.dtype):g}, "
+              f"({'ok' if passed else 'FAIL'}, tol {spec.tolerance(dtype):g}, "
               f"{time.time() - t0:.2f}s)")
     return 0 if ok else 1
+
+
+def _shape(given, spec) -> tuple:
+    """--shape, checked against the kernel's own shapes (how many sizes, each >= 1); by
+    default the second of its small shapes (a ragged one), or its only one."""
+    if not given:
+        if not spec.shapes:
+            raise CliError(f"{spec.name} lists no shapes: give --shape")
+        return tuple(spec.shapes[1] if len(spec.shapes) > 1 else spec.shapes[0])
+    shape = tuple(given)
+    if spec.shapes and len(shape) != len(spec.shapes[0]):
+        example = " ".join(map(str, spec.shapes[0]))
+        raise CliError(f"--shape for {spec.name} takes {len(spec.shapes[0])} sizes (e.g. "
+                       f"--shape {example}), got {len(shape)}")
+    if any(d < 1 for d in shape):
+        raise CliError(f"--shape sizes must be >= 1, got {' '.join(map(str, shape))}")
+    return shape
+
+
+def _dtype(given, spec) -> str:
+    """--dtype: one of the kernel's element types (its first by default)."""
+    from .ir.types import DTYPES
+    if given is None:
+        return spec.dtypes[0]
+    if given not in DTYPES:
+        raise CliError(f"--dtype {given!r} is not an element type: {spec.name} takes "
+                       f"{' or '.join(spec.dtypes)}")
+    if given not in spec.dtypes:
+        raise CliError(f"{spec.name} is checked for --dtype {' or '.join(spec.dtypes)}, not "
+                       f"{given}")
+    return given
 
 
 def _check_isa(spec, shape, dtype, target, rng) -> dict:
@@ -100,8 +164,8 @@ def _check_isa(spec, shape, dtype, target, rng) -> dict:
     from . import isa
     from .ir.types import dtype_of
     if target not in spec.targets or not target.startswith("gfx"):
-        raise SystemExit(f"--isa runs AMD code objects: {spec.name} on gfx942/gfx950, not "
-                         f"{target}")
+        raise CliError(f"--isa runs AMD code objects: {spec.name} on gfx942/gfx950, not "
+                       f"{target}")
     inputs = spec.poison(spec.make_inputs(shape, dtype_of(dtype), rng))
     grid, consts = spec.launch(inputs, target)
     got = isa.emulate(spec.kernel, grid=grid, target=target, **inputs, **consts)
@@ -121,8 +185,15 @@ def cmd_bench(a) -> int:
     return ops.main(a.families, a.out, quick=a.quick, dtypes=a.dtype, reps=a.reps)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes as one line on stderr (exit status 2), not a usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pykittens", description=__doc__)
+    p = _Parser(prog="pykittens", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="trace, lower and emulate the library kernels for every "
                        "target; compile reports and a chiplet study where available")
@@ -141,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("kernel")
     e.add_argument("--target", required=True, choices=TARGETS)
     e.add_argument("--shape", type=int, nargs="+")
-    e.add_argument("--dtype", default="f32")
+    e.add_argument("--dtype", default=None, help="element type (default: the kernel's first)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--isa", action="store_true", help="compile for the target and run the "
                    "code object on the instruction-level emulator (gfx942, gfx950)")
@@ -175,22 +246,71 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(msg) -> str:
+    lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
+    text = " | ".join(lines) or "error"
+    return text if len(text) <= 2000 else text[:1997] + "..."
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command; every mistake is one line on stderr and a non-zero status (1 for a
+    kernel or toolchain error, 2 for bad usage), never a traceback
+    ($PYKITTENS_TRACEBACK=1 shows them)."""
     try:
-        return args.fn(args) or 0
-    except NotSupportedYet as e:
-        print(f"pykittens: not supported yet: {e}", file=sys.stderr)
-        return 2
-    except KernelError as e:
-        print(f"pykittens: error: {e}", file=sys.stderr)
-        return 1
-    except ToolchainError as e:
-        print(f"pykittens: toolchain error: {e}", file=sys.stderr)
-        return 1
-    except ISAError as e:
-        print(f"pykittens: ISA emulator: {e}", file=sys.stderr)
-        return 1
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:                  # --help (0) or a usage error (2, already printed)
+        return e.code if isinstance(e.code, int) else 2
+    show = os.environ.get("PYKITTENS_TRACEBACK")
+    try:
+        code = args.fn(args) or 0
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # the reader went away (`pykittens ... | head`): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        print("pykittens: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if show:
+            raise
+        if isinstance(e, NotSupportedYet):
+            what, code = "not supported yet", 2
+        elif isinstance(e, CliError):
+            what, code = "error", 2
+        elif isinstance(e, KernelError):
+            what, code = "error", 1
+        elif isinstance(e, ToolchainError):
+            what, code = "toolchain error", 1
+        elif isinstance(e, ISAError):
+            what, code = "ISA emulator", 1
+        elif _user_frame(e) is not None:         # raised by the user's own code
+            what, code = "error", 1
+            e = f"{_user_frame(e)}: {type(e).__name__}: {e}"
+        elif isinstance(e, (ValueError, TypeError, OSError)):
+            what, code = "error", 1
+        else:
+            what, code = f"internal error ({type(e).__name__}; PYKITTENS_TRACEBACK=1 shows "\
+                         "where)", 1
+        print(f"pykittens: {what}: {_one_line(e)}", file=sys.stderr)
+        return code
+
+
+def _user_frame(e):
+    """file:line of the innermost frame of the exception outside pykittens and the Python
+    and site-packages libraries: where the user's own code (a KernelSpec, say) raised it."""
+    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    lib = tuple(p for p in {os.path.dirname(os.__file__), os.path.dirname(np.__file__)} if p)
+    tb, found = e.__traceback__, None
+    while tb is not None:
+        fn = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not fn.startswith(pkg) and not fn.startswith(lib) and "site-packages" not in fn \
+                and not fn.startswith("<"):
+            found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
 
 
 if __name__ == "__main__":

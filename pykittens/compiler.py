@@ -12,7 +12,8 @@ STAGES = ("tile", "lane", "llvm", "asm")
 
 
 def tile_ir(kernel, **consts):
-    return kernel.specialize(**consts)
+    from .lang.kernel import require_kernel
+    return require_kernel(kernel, "compiling").specialize(**consts)
 
 
 def lane_ir(kernel, target, **consts):

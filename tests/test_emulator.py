@@ -507,7 +507,7 @@ def ids_k(out: pk.gl[pk.i32, 4]):
     """out[z, y, x, :] = [pid0, pid1, pid2, np0, np1, np2, wave, num_waves]"""
     p = [pk.program_id(a) for a in range(3)]
     vals = p + [pk.num_programs(a) for a in range(3)] + [pk.wave_id(), pk.num_waves()]
-    t = pk.rt((8, 64), pk.i32)
+    t = pk.rt((1, 64), pk.i32)               # one row each: workgroups write disjoint rows
     for i in pk.static_range(8):
         v = pk.full(t, vals[i])
         pk.store(out, v, (p[2], p[1], p[0] * 8 + i, 0))

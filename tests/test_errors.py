@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import pykittens as pk
-from pykittens.emulator import BarrierMismatch, OutOfBounds, Race, UnwrittenRead
+from pykittens.emulator import (BarrierMismatch, MissingBarrier, OutOfBounds, Race,
+                                UnwrittenRead)
 
 from conftest import TARGETS, assert_names_line, line_of, poison
 
@@ -151,8 +152,9 @@ def test_register_budget_and_wave_limits():
         pk.emulate(big, x8(), grid=1, target="gfx942")
 
     @pk.kernel
-    def small(x: pk.gl[pk.f32, 2]):
-        pk.store(x, pk.load(pk.rt((4, 8), pk.f32), x))  # MARK-small
+    def small(x: pk.gl[pk.f32, 2]):     # each wave its own rows (waves past 8 rows: none)
+        r0 = pk.wave_id() * 4
+        pk.store(x, pk.load(pk.rt((4, 8), pk.f32), x, (r0, 0)), (r0, 0))  # MARK-small
 
     pk.emulate(small, x8(), grid=1, target="sm_90a")             # 32 elements, 32 lanes
     with pytest.raises(pk.KernelError, match=r"register tile \(4, 8\) has 32 elements, not a "
@@ -251,11 +253,26 @@ def test_read_after_write_race():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_unwritten_shared_read(target):
-    with pytest.raises(UnwrittenRead, match=r"read of shared memory that was never written "
-                                            r"\(byte 1024 of st0\)") as e:
+    # the other wave writes these bytes later: a missing barrier, not a missing store
+    with pytest.raises(MissingBarrier, match=r"missing barrier: reads shared memory \(byte "
+                                             r"1024 of st0\) that no wave has written yet") as e:
         pk.emulate(swap_k, x8(), poison((8, 64)), grid=1, target=target, PRE=False,
                    SYNC=False)
+    assert isinstance(e.value, UnwrittenRead) and isinstance(e.value, Race)
     assert_names_line(e.value, HERE, "# MARK-swap-r")
+
+
+def test_shared_tile_nobody_writes(target):
+    @pk.kernel(num_waves=2)
+    def k(out: pk.gl[pk.f32, 2]):
+        s = pk.empty(pk.st((8, 64), pk.f32))
+        pk.store(out, pk.load(pk.rt((4, 64), pk.f32), s, (pk.wave_id() * 4, 0)),
+                 (pk.wave_id() * 4, 0))  # MARK-nobody
+
+    with pytest.raises(UnwrittenRead, match=r"read of shared memory that was never written "
+                                            r"\(byte 0 of st0\)") as e:
+        pk.emulate(k, poison((8, 64)), grid=1, target=target)
+    assert not isinstance(e.value, MissingBarrier)
 
 
 def test_unwritten_register_tile():

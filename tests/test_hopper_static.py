@@ -2,9 +2,12 @@
 cuobjdump/nvdisasm, all installed by install.sh): every library kernel builds without
 spills or stack, and its matrix multiplies are the tensor-core instructions meant: wgmma
 (HGMMA / QGMMA) in the main loop where `mma` reads b from shared memory, HMMA for the
-warp-level mma.sync."""
+warp-level mma.sync; the wgmma shared-memory descriptors against the PTX ISA's format."""
+import re
+
 import pytest
 
+import pykittens as pk
 from pykittens import compiler
 from pykittens.ir import types as T
 from pykittens.ir.nodes import walk
@@ -52,3 +55,50 @@ def test_library_kernel_cubin(name, consts):
     if "mma.sync" in kinds:
         assert mix.get("HMMA", 0) > 0, mix
     assert kinds or name not in ("gemm", "gemm_wgmma", "gemm_ws")
+
+
+# ---- wgmma shared-memory descriptors, against the PTX ISA's format ------------------------
+
+@pk.kernel(num_waves=4)
+def _kmajor_product(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2]):
+    """C (64 x 64) = A (64 x 128) B^T with B stored N x K (64 x 128): two 128-byte column
+    blocks of K."""
+    sb = pk.empty(pk.st((64, 128), pk.bf16, swizzle=8))
+    r = 16 * pk.wave_id()
+    pk.store(sb, pk.load(pk.rt((16, 128), pk.bf16), b, (r, 0)), (r, 0))
+    pk.barrier()
+    acc = pk.mma_ABt(pk.empty(pk.rt((16, 64), pk.f32, role="acc")),
+                     pk.load(pk.rt((16, 128), pk.bf16, role="a"), a, (r, 0)), sb, c=0)
+    pk.store(c, acc, (r, 0))
+
+
+def _descriptors(ir: str) -> list[tuple[int, int]]:
+    """(start-address constant, or-ed constant) of every wgmma descriptor in the LLVM IR:
+    `or i64 (zext (add i32 %x, START)), CONST` with CONST's layout bits (62-63) set."""
+    defs = dict(re.findall(r"(%[\w.]+) = (.*)", ir))
+    out = []
+    for m in re.finditer(r"= or i64 (%[\w.]+), (\d+)", ir):
+        const = int(m.group(2))
+        if const >> 62 == 0:
+            continue
+        zext = re.match(r"zext i32 (%[\w.]+) to i64", defs[m.group(1)])
+        start = re.match(r"add i32 %[\w.]+, (\d+)", defs[zext.group(1)])
+        out.append((int(start.group(1)), const))
+    return out
+
+
+def test_wgmma_descriptors_follow_the_ptx_isa():
+    """PTX ISA, "Matrix Descriptor Format": bits 0-13 the start address >> 4, 32-45 the
+    stride byte offset >> 4, 62-63 the swizzle mode (1 = 128B). In the 128B swizzle an 8-row
+    core-matrix group is 8 x 128 B = 1024 B apart; a K-major operand's K16 steps (32 bytes of
+    bf16) move the start address along its 128-byte rows, and past 64 elements into the next
+    128-byte column block (64 rows x 128 B further on)."""
+    ir = compiler.llvm_ir(_kmajor_product, "sm_90a")
+    descs = _descriptors(ir)
+    assert len(descs) == 128 // 16                              # one per K16 step
+    for _, const in descs:
+        assert const >> 62 == 1                                 # 128B swizzle
+        assert (const >> 32) & 0x3FFF == 1024 >> 4              # stride byte offset
+    starts = [s - descs[0][0] for s, _ in descs]
+    want = [(32 * k % 128 + 32 * k // 128 * 64 * 128) >> 4 for k in range(8)]
+    assert starts == want

@@ -8,8 +8,16 @@ from pykittens.kernels import scaled_add
 
 def test_launch_needs_gpu_tensors():
     x = np.ones((4, 64), np.float32)
-    with pytest.raises(pk.KernelError, match="needs at least one GPU tensor"):
+    with pytest.raises(pk.KernelError, match="argument 'x' of scaled_add is on the CPU; move "
+                                             "it to the GPU"):
         pk.launch(scaled_add, x, x, x, 1.0, grid=1)
+
+    @pk.kernel
+    def no_tensors(n: pk.i32):
+        pass
+
+    with pytest.raises(pk.KernelError, match="needs at least one GPU tensor"):
+        pk.launch(no_tensors, 1, grid=1)
 
 
 def test_launch_checks_arguments_first():
@@ -17,7 +25,7 @@ def test_launch_checks_arguments_first():
     with pytest.raises(pk.KernelError, match="missing argument"):
         pk.launch(scaled_add, x, x, grid=1)
     with pytest.raises(pk.KernelError, match="element type i32 but the kernel expects f32"):
-        pk.launch(scaled_add, x, x, np.ones((4, 64), np.int32), 1.0, grid=1, DT="f32")
+        pk.emulate(scaled_add, x, x, np.ones((4, 64), np.int32), 1.0, grid=1, DT="f32")
 
 
 def test_hip_path_says_where_it_runs():
@@ -46,3 +54,55 @@ def test_torch_references_match_numpy(rng):
              for k, v in inputs.items()}
         got = spec.torch_reference(t)[spec.outputs[0]].numpy()
         np.testing.assert_allclose(got, spec.reference(inputs)[spec.outputs[0]], atol=1e-12)
+
+
+class _GPUTensor:
+    """A stand-in for a torch GPU tensor: what pk.launch reads before it compiles."""
+
+    def __init__(self, shape, ptr, dtype="torch.int32"):
+        self.shape, self._ptr, self.dtype = tuple(shape), ptr, dtype
+        self.device = type("Dev", (), {"type": "cuda", "index": 0,
+                                       "__str__": lambda s: "cuda:0"})()
+
+    def stride(self, dim=None):
+        s = (self.shape[1], 1)
+        return s if dim is None else s[dim]
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        return self.shape[0] * self.shape[1]
+
+
+@pk.kernel
+def mapped(out: pk.gl[pk.i32, 2], MAP: pk.const = None):
+    r, c = MAP(pk.program_id(0))
+    pk.store(out, pk.full(pk.rt((1, 64), pk.i32), r * 100 + c), (r, c * 64))
+
+
+def test_launch_cache_keys_constants_by_value(monkeypatch):
+    """Two grid mappings that print alike ('row-major') over different grids are different
+    kernels: the launch cache keys constants by value and type, not by their text."""
+    from pykittens import chiplet, compiler
+    from pykittens.runtime import cuda, launch
+    m23, m32 = chiplet.gemm_row_major(2, 3), chiplet.gemm_row_major(3, 2)
+    assert str(m23) == str(m32) and m23 != m32
+    built, launched = [], []
+    monkeypatch.setattr(launch, "_modules", {})
+    monkeypatch.setattr(launch, "gpu_target", lambda index: "sm_90a")
+    monkeypatch.setattr(compiler, "compile_lane", lambda prog, aligned: built.append(prog) or {})
+    monkeypatch.setattr(cuda.Module, "from_compiled", classmethod(
+        lambda cls, obj, device: type("M", (), {"function": lambda s, n: n})()))
+    monkeypatch.setattr(cuda, "launch", lambda fn, params, bound, grid, block, **kw:
+                        launched.append(grid))
+    out = _GPUTensor((3, 192), 0x7F0000000000)
+    for m in (m23, m32, m23, m32):
+        pk.launch(mapped, out, grid=(6,), MAP=m)
+    assert len(built) == 2 and built[0] is not built[1] and len(launched) == 4
+    # the two programs differ: each maps launch ids through its own grid
+    a, b = (pk.emulate(mapped, np.zeros((3, 192), np.int32), grid=6, target="sm_90a",
+                       MAP=m)["out"] for m in (m23, m32))
+    assert not np.array_equal(a, b)
+    from pykittens.lang.kernel import const_key
+    assert len({const_key({"N": v}) for v in (1, 1.0, True)}) == 3    # equal, not the same

@@ -205,6 +205,11 @@ def test_block_scaled_mma_on_gfx950(dt, mma, instr, rng):
     out = pk.emulate(mx_gemm, a, b, sa, sb, np.zeros((32, 32), np.float32), grid=1,
                      target="gfx950", MMA=mma)["c"]
     assert rel_err(out, ref) < 1e-6
+    # and from the code object: the MFMA's operand and scale registers as the ISA documents
+    # them (pykittens/isa), not as the lane layouts say
+    got = pk.emulate(mx_gemm, a, b, sa, sb, np.zeros((32, 32), np.float32), grid=1,
+                     target="gfx950", MMA=mma, isa=True)["c"]
+    assert rel_err(got, ref) < 1e-6
     ir = compiler.llvm_ir(mx_gemm, "gfx950", DT=dt.name, MMA=mma)
     assert f"@llvm.amdgcn.mfma.scale.f32.{mma}x{mma}x{64 if mma == 32 else 128}.f8f6f4" in ir
     assert instr in _asm(ir, "gfx950")

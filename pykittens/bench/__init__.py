@@ -3,13 +3,48 @@ graphs, library kernels against float64 references and against the emulator, cop
 The scripts in bench/ and `pykittens demo` use it."""
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
+
 
 def text_table(rows: list[list], header: list | None = None) -> str:
-    """Rows as left-aligned columns, two spaces apart; a header gets a dashed rule under it."""
-    cols = ([header] if header else []) + rows
-    w = [max(len(str(r[i])) for r in cols) for i in range(len(cols[0]))]
+    """Rows as left-aligned columns, two spaces apart (short rows padded); a header gets a
+    dashed rule under it."""
+    width = max(len(r) for r in ([header] if header else []) + rows)
+    cols = [list(r) + [""] * (width - len(r)) for r in ([header] if header else []) + rows]
+    header, rows = (cols[0], cols[1:]) if header else (None, cols)
+    w = [max(len(str(r[i])) for r in cols) for i in range(width)]
 
     def line(r):
         return "  ".join(str(x).ljust(w[i]) for i, x in enumerate(r))
     head = [line(header), "  ".join("-" * x for x in w)] if header else []
     return "\n".join(head + [line(r) for r in rows])
+
+
+def run_steps(name: str, steps: dict, env: dict, argv=None) -> int:
+    """A GPU script's main: run its steps (name -> fn(rows, details)), or only those named on
+    the command line, each failure a row rather than the end of the run; write
+    $OUT/<name>.json when OUT is set; print the environment and the table of rows last.
+    Exit status 1 when a row ends in FAIL or holds ERROR."""
+    t0 = time.time()
+    only = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--")]
+    rows, details = [], []
+    for step, fn in steps.items():
+        if only and step not in only:
+            continue
+        print(f"[{time.time() - t0:.0f}s] {step} ...", flush=True)
+        try:
+            fn(rows, details)
+        except Exception as e:  # noqa: BLE001 - report and continue with the next step
+            import traceback
+            traceback.print_exc()
+            rows.append([step, "ERROR", "", "", type(e).__name__, str(e)[:80]])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
+            json.dump({"env": env, "results": details}, f, indent=2, default=str)
+    print(f"\n{env}  ({time.time() - t0:.0f}s)")
+    print(text_table(rows))
+    return 1 if any(str(r[-1]).endswith("FAIL") or "ERROR" in r for r in rows) else 0

@@ -1,7 +1,14 @@
 """The emulator: a workgroup's waves run as separate instruction streams (generators) that
 meet at barriers; LDS is a byte array with per-byte write/read tracking, so reads of
 never-written shared memory, races between waves and out-of-bounds accesses are reported
-with the kernel name, the user's line, the workgroup and the wave."""
+with the kernel name, the user's line, the workgroup and the wave.
+
+Global tensors that the kernel writes are tracked per element too: two workgroups (or two
+waves of one workgroup not ordered by a barrier) writing one element, or one reading an
+element another writes, is a race — the GPU runs workgroups in no fixed order, so such a
+result depends on timing. Atomic adds (pk.atomic_add, TMA reduce-add stores) may meet
+each other; they race only with plain writes and reads. Arguments passed as the same array
+(an in-place update) share one buffer, as they share memory on the GPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,13 +35,23 @@ class Race(EmulatorError):
     pass
 
 
+class MissingBarrier(Race, UnwrittenRead):
+    """A wave reads shared memory that other waves write, before they wrote it: the
+    barrier between the store and the load is missing."""
+
+
 class BarrierMismatch(EmulatorError):
     """Some waves wait at a barrier that the others never reach: a deadlock."""
 
 
 class _GlobalBuf:
-    def __init__(self, name, arr: np.ndarray, gt: T.GlobalType):
+    """A global tensor (C order copy). `track`: the kernel writes it, so every access
+    records who made it (unit = workgroup index * waves + wave) and when (the workgroup's
+    clock), for the race checks."""
+
+    def __init__(self, name, arr: np.ndarray, gt: T.GlobalType, track: bool = False):
         self.name = name
+        self.names = [name]
         self.flat = np.ascontiguousarray(arr).reshape(-1).copy()
         self.shape = arr.shape
         st, acc = [], 1
@@ -42,6 +59,18 @@ class _GlobalBuf:
             st.append(acc)
             acc *= d
         self.strides = tuple(reversed(st))
+        self.track = track
+        if track:
+            n, i32 = self.flat.size, np.int32        # (times: a workgroup's own clock)
+            self.w_unit, self.w_time = np.full(n, -1, i32), np.full(n, -1, i32)
+            self.a_unit, self.a_time = np.full(n, -1, i32), np.full(n, -1, i32)
+            self.r_unit, self.r_time = np.full(n, -1, i32), np.full(n, -1, i32)
+            self.r_many = np.zeros(n, bool)          # read by two or more workgroups
+
+    def label(self) -> str:
+        also = [n for n in self.names if n != self.name]
+        return repr(self.name) + (f" (also passed as {', '.join(map(repr, also))})"
+                                  if also else "")
 
 
 class _Workgroup:
@@ -53,7 +82,8 @@ class _Workgroup:
     past visible to the waves that wait on it. An access by one wave to bytes another wave
     touched at a time the first has not seen is a race."""
 
-    def __init__(self, nbytes, num_waves):
+    def __init__(self, nbytes, num_waves, index=0):
+        self.index = index                       # linear workgroup index in the grid
         n = max(nbytes, 1)
         self.lds = np.zeros(n, np.uint8)
         self.written = np.zeros(n, bool)
@@ -96,6 +126,79 @@ class _Machine:
         self.p, self.bufs, self.scalars, self.grid = prog, bufs, scalars, grid
         self.W = prog.wave_size
         self._coord_cache: dict = {}
+        self.lds_written = _lds_written_ranges(prog)
+
+    # -- global races --------------------------------------------------------------------
+    def _unit(self, w: _Wave) -> int:
+        return w.wg.index * self.p.num_waves + w.wave
+
+    def _unordered(self, w: _Wave, units, times):
+        """Which of the accesses (by `units`, at workgroup clock `times`) wave w has not
+        seen: any by another workgroup, or by another wave of its own since the last
+        barrier (or mbarrier wait) that ordered them."""
+        nw = self.p.num_waves
+        known = units >= 0
+        wg = units // nw
+        other_wg = known & (wg != w.wg.index)
+        other_wave = known & ~other_wg & (units != self._unit(w))
+        seen = w.wg.vc[w.wave][np.where(other_wave, units % nw, 0)]
+        return other_wg | (other_wave & (times > seen))
+
+    def _who(self, unit: int) -> str:
+        nw = self.p.num_waves
+        g, wave = divmod(int(unit), nw)
+        gx, gy = self.grid[0], self.grid[1]
+        return f"workgroup {(g % gx, g // gx % gy, g // (gx * gy))}, wave {wave}"
+
+    def _global_race(self, w, op, buf, offs, bad, other_units, what, other_did):
+        i = int(np.argmax(bad))
+        elem = tuple(int(c) for c in np.unravel_index(int(offs[i]), buf.shape))
+        u = int(other_units[i])
+        who = self._who(u) if u >= 0 and u != self._unit(w) else "another workgroup"
+        raise self.fail(Race, w, op, f"race on global tensor {buf.label()}: {what} element "
+                        f"{elem}, which {who} {other_did} in the same launch; workgroups (and "
+                        "waves between barriers) run in no fixed order on the GPU, so the "
+                        "result depends on timing: give each element one writer (check the "
+                        "tile coordinates or the grid mapping), accumulate with "
+                        "pk.atomic_add, or pass separate input and output tensors")
+
+    def global_read(self, w, op, buf, offs):
+        if not buf.track or offs.size == 0:
+            return
+        offs = np.asarray(offs).reshape(-1)
+        for units, times, did in ((buf.w_unit, buf.w_time, "writes"),
+                                  (buf.a_unit, buf.a_time, "adds to atomically")):
+            u = units[offs]
+            bad = self._unordered(w, u, times[offs])
+            if np.any(bad):
+                self._global_race(w, op, buf, offs, bad, u, "reads", did)
+        me, wg = self._unit(w), w.wg.index
+        prev = buf.r_unit[offs]
+        buf.r_many[offs] |= (prev >= 0) & (prev // self.p.num_waves != wg)
+        buf.r_unit[offs] = me
+        buf.r_time[offs] = w.wg.tick()
+
+    def global_write(self, w, op, buf, offs, atomic=False):
+        if not buf.track or offs.size == 0:
+            return
+        offs = np.asarray(offs).reshape(-1)
+        checks = [(buf.w_unit, buf.w_time, "writes")]
+        if not atomic:
+            checks.append((buf.a_unit, buf.a_time, "adds to atomically"))
+        checks.append((buf.r_unit, buf.r_time, "reads"))
+        what = "adds atomically to" if atomic else "writes"
+        for units, times, did in checks:
+            u = units[offs]
+            bad = self._unordered(w, u, times[offs])
+            if units is buf.r_unit:
+                bad = bad | buf.r_many[offs]
+            if np.any(bad):
+                self._global_race(w, op, buf, offs, bad, u, what, did)
+        t = w.wg.tick()
+        if atomic:
+            buf.a_unit[offs], buf.a_time[offs] = self._unit(w), t
+        else:
+            buf.w_unit[offs], buf.w_time[offs] = self._unit(w), t
 
     # -- errors -------------------------------------------------------------------------
     def fail(self, cls, w: _Wave, op, msg):
@@ -393,6 +496,8 @@ class _Machine:
         idx = [int(self.get(w, s)) for s in op.srcs[1:]]
         inside = all(0 <= i < n for i, n in zip(idx, buf.shape))
         off = sum(i * st for i, st in zip(idx, buf.strides))
+        if inside:
+            self.global_read(w, op, buf, np.array([off]))
         self.put(w, op.dst, buf.flat[off] if inside else np.zeros((), buf.flat.dtype))
 
     def _gcheck(self, w, op, buf, off, mask):
@@ -407,18 +512,21 @@ class _Machine:
         buf, off, mask = self._tensor_window(w, op, 0)
         self._gcheck(w, op, buf, off, mask)
         fill = V.to_dtype(np.asarray(op.attrs["fill"]), op.dst.type.dtype)
+        self.global_read(w, op, buf, off[mask])
         self.put(w, op.dst, _masked_read(buf, off, mask, fill))
 
     def x_gstore(self, w, op):
         buf, off, mask = self._tensor_window(w, op, 1)
         self._gcheck(w, op, buf, off, mask)
         v = np.broadcast_to(self.get(w, op.srcs[-1]), off.shape)
+        self.global_write(w, op, buf, off[mask])
         buf.flat[off[mask]] = V.to_dtype(v[mask], T.dtype_of(buf.flat.dtype))
 
     def x_gatomic_add(self, w, op):
         buf, off, mask = self._tensor_window(w, op, 1)
         self._gcheck(w, op, buf, off, mask)
         v = np.broadcast_to(self.get(w, op.srcs[-1]), off.shape)
+        self.global_write(w, op, buf, off[mask], atomic=True)
         np.add.at(buf.flat, off[mask], v[mask].astype(buf.flat.dtype))
 
     # -- LDS ------------------------------------------------------------------------------
@@ -448,9 +556,16 @@ class _Machine:
         wg = self.wg_of(w)
         if not np.all(wg.written[idx]):
             b = int(idx[~wg.written[idx]][0])
+            name = op.attrs['region'].name
+            if self.p.num_waves > 1 and any(lo <= b < hi for lo, hi in self.lds_written):
+                raise self.fail(MissingBarrier, w, op, f"missing barrier: reads shared memory "
+                                f"(byte {b} of {name}) that no wave has written yet, though "
+                                "the kernel writes it elsewhere; waves run in no fixed order "
+                                "between barriers, so put pk.barrier() (or an mbarrier wait) "
+                                "between the store and this load")
             raise self.fail(UnwrittenRead, w, op, f"read of shared memory that was never "
-                            f"written (byte {b} of {op.attrs['region'].name}); store or load "
-                            "the shared tile before reading it")
+                            f"written (byte {b} of {name}); store or load the shared tile "
+                            "before reading it")
         writer = wg.w_wave[idx]
         seen = wg.vc[w.wave][np.maximum(writer, 0)]
         racy = (writer >= 0) & (writer != w.wave) & (wg.w_time[idx] > seen)
@@ -484,6 +599,7 @@ class _Machine:
         lds_store of the same layout would put them."""
         buf, off, mask = self._tensor_window(w, op, 0)
         self._gcheck(w, op, buf, off, mask)
+        self.global_read(w, op, buf, off[mask])
         self._lds_write(w, op, _masked_read(buf, off, mask), (0, 0))
 
     def x_tma_load(self, w, op):
@@ -498,7 +614,9 @@ class _Machine:
                             f"outside shared tile {region.name} of shape {t.shape}")
         rows = np.arange(box_rows)[:, None]
         cols = np.arange(t.shape[1])[None, :]
-        vals = _masked_read(buf, *_box(buf, rows + r0, cols + c0, lead))
+        off, mask = _box(buf, rows + r0, cols + c0, lead)
+        self.global_read(w, op, buf, off[mask])
+        vals = _masked_read(buf, off, mask)
         idx = _element_bytes(region, rows + at, cols)
         self._store_bytes(w, op, idx, np.ascontiguousarray(vals).view(np.uint8).reshape(-1))
         self.x_mbar_arrive(w, _BarOp(op))
@@ -516,6 +634,7 @@ class _Machine:
         self._check_lds_read(w, op, idx)
         vals = _lds_values(w.wg.lds, idx, t.dtype).reshape(t.shape)
         off, mask = _box(buf, rows + r0, cols + c0, lead)
+        self.global_write(w, op, buf, off[mask], atomic=bool(op.attrs.get("add")))
         if op.attrs.get("add"):
             vals = (buf.flat[off[mask]].astype(np.float32) + vals[mask].astype(np.float32))
             buf.flat[off[mask]] = vals.astype(buf.flat.dtype)
@@ -554,7 +673,9 @@ class _Machine:
         warpgroup-wide wgmma); a workgroup barrier opens when every live wave stands at one,
         a wgmma when all four waves of its warpgroup stand at the same one; no runnable wave
         and nothing to open is a deadlock, reported with what each wave waits for."""
-        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves)
+        gx, gy = self.grid[0], self.grid[1]
+        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves,
+                        pid[0] + gx * (pid[1] + gy * pid[2]))
         waves = [_Wave(self, wg, pid, i) for i in range(self.p.num_waves)]
         gens = {w: self.run_block(w, self.p.body) for w in waves}
         state = {w: None for w in waves}        # None: runnable; op: blocked; "done"
@@ -738,23 +859,54 @@ class _Busy(Exception):
     """A register read while an unretired wgmma group writes it (turned into a Race)."""
 
 
+def _lds_written_ranges(prog) -> list[tuple[int, int]]:
+    """LDS byte ranges that some op of the program writes (to tell a missing barrier from
+    a tile nobody stores)."""
+    from ..ir.nodes import walk
+    out = []
+    for op in walk(prog.body):
+        if op.kind in ("lds_store", "gload_lds", "tma_load"):
+            r = op.attrs["region"]
+            out.append((r.base, r.base + max(r.size, r.stride * r.count)))
+    return out
+
+
+def _view_key(a):
+    """Arguments with equal keys are the same view of the same memory (an in-place
+    update): they share one buffer, as they share memory on the GPU."""
+    if not isinstance(a, np.ndarray) or a.size == 0:
+        return None
+    return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+
+
 def run_program(prog: LaneProgram, args: dict, grid) -> dict:
     """Run `prog` over `grid` (tuple of up to 3 ints). `args` maps parameter names to numpy
-    arrays (global tensors) or numbers (scalars). Returns the global tensors after the run
-    (new arrays; the inputs are not modified)."""
+    arrays (global tensors) or numbers (scalars); the same array under two names is one
+    buffer. Returns the global tensors after the run (new arrays; the inputs are not
+    modified)."""
     grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
-    bufs, scalars = {}, {}
+    bufs, scalars, views = {}, {}, {}
+    from ..runtime.args import written_params
+    written = written_params(prog)
     for p in prog.params:
         if p.name not in args:
             raise KernelError(f"missing argument {p.name!r}", None, prog.name)
         a = args[p.name]
         if p.kind == "gl":
-            bufs[p.name] = _GlobalBuf(p.name, a, p.type)
+            views.setdefault(_view_key(np.asarray(a)) or id(a), []).append(p.name)
         else:
             scalars[p.name] = np.asarray(a).astype(p.type.dtype.np)
+    for key, names in views.items():
+        a = np.asarray(args[names[0]])
+        p = next(q for q in prog.params if q.name == names[0])
+        buf = _GlobalBuf(names[0], a, p.type, track=any(n in written for n in names))
+        buf.names = names
+        for n in names:
+            bufs[n] = buf
     m = _Machine(prog, bufs, scalars, grid)
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x in range(grid[0]):
                 m.run_workgroup((x, y, z))
-    return {n: b.flat.reshape(b.shape) for n, b in bufs.items()}
+    out = {id(b): b.flat.reshape(b.shape) for b in bufs.values()}
+    return {n: out[id(b)] for n, b in bufs.items()}

@@ -2,7 +2,7 @@
 Errors carry the user's line (the op that allocated the offending tile)."""
 from __future__ import annotations
 
-from .errors import KernelError
+from .errors import KernelError, NotSupportedYet
 from .nodes import Block, KernelIR, walk
 from ..targets.cdna import MIN_FREE_VGPRS
 from .types import (GlobalType, MBarrierType, RegTileType, RegVecType, ScalarType,
@@ -31,9 +31,38 @@ def _dtype_ok(target, d, loc, kname, what):
                           loc, kname)
 
 
+def _hopper_only(k: KernelIR, target) -> None:
+    """A Hopper feature (mbarriers, TMA, wgmma) on a CDNA target is reported first, at its
+    line, before the budgets those kernels are sized for (shared memory) fail instead.
+    The messages are the lowering's own."""
+    if target.family == "hopper":
+        return
+    tn = target.name
+    for op in walk(k.body):
+        t = op.dst.type if op.dst is not None else None
+        if op.kind == "alloc" and isinstance(getattr(t, "of", t), MBarrierType):
+            what = f"mbarriers are a Hopper feature; on {tn} synchronise waves with pk.barrier()"
+        elif op.kind == "tma_load":
+            what = (f"TMA is a Hopper feature; on {tn} use pk.load (direct=True copies memory "
+                    "straight into LDS on CDNA)")
+        elif op.kind == "tma_store":
+            what = f"TMA is a Hopper feature; on {tn} use pk.store"
+        elif op.kind == "mma" and len(op.srcs) > 1 and isinstance(op.srcs[1].type,
+                                                                  SharedTileType):
+            what = (f"mma with b in shared memory is Hopper's wgmma form; on {tn} load b into "
+                    "a register tile (role='b')")
+        elif op.kind == "mma_wait":
+            what = (f"pk.mma_wait waits for Hopper's asynchronous wgmma groups; {tn}'s matrix "
+                    "instructions complete in order")
+        else:
+            continue
+        raise NotSupportedYet(what, op.loc, k.name)
+
+
 def verify(k: KernelIR, target) -> dict:
     """Raise KernelError on the first problem; return resource facts (lds_bytes, reg estimate)."""
     kn = k.name
+    _hopper_only(k, target)
     if k.num_waves > target.max_waves_per_workgroup:
         raise KernelError(f"num_waves={k.num_waves} exceeds {target.name}'s limit of "
                           f"{target.max_waves_per_workgroup} waves per workgroup", k.loc, kn)

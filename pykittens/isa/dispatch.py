@@ -87,18 +87,17 @@ def run(hsaco: bytes, target: str, params, args: dict, grid, num_waves: int, *,
     padded rows); returns every tensor after the run, by parameter name. Wait-state
     hazards and registers read before their loads were waited for are errors unless
     switched off."""
+    from ..runtime.args import check_grid
     prog = program(hsaco, target, kernel)
-    grid = tuple(int(g) for g in ((grid,) if isinstance(grid, int) else grid))
+    grid = check_grid(grid)
     grid3 = grid + (1,) * (3 - len(grid))
-    if not 1 <= len(grid) <= 3 or min(grid) < 1:
-        raise ValueError(f"grid must be 1 to 3 positive workgroup counts, not {grid}")
     wave = prog.info.wavefront_size
     if num_waves * wave > prog.info.max_flat_workgroup_size:
         raise ValueError(f"{prog.name} was compiled for at most "
                          f"{prog.info.max_flat_workgroup_size // wave} waves per "
                          f"workgroup, not {num_waves}")
     mem = Memory()
-    values, tensors = {}, {}
+    values, tensors, placed = {}, {}, {}
     for p in params:
         if p.name not in args:
             raise ValueError(f"no value for kernel argument {p.name!r}")
@@ -107,6 +106,13 @@ def run(hsaco: bytes, target: str, params, args: dict, grid, num_waves: int, *,
             values[p.name] = v.item() if isinstance(v, np.generic) else v
             continue
         a = np.asarray(v)
+        key = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str) \
+            if a.size else id(v)
+        if key in placed:              # the same array under two names: one allocation,
+            tensors[p.name] = tensors[placed[key]]          # as on the GPU
+            values[p.name] = values[placed[key]]
+            continue
+        placed[key] = p.name
         strides = strides_for(a.shape, pad_rows)
         extent = sum((d - 1) * s for d, s in zip(a.shape, strides)) + 1 if a.size else 0
         addr = mem.alloc(extent * a.dtype.itemsize, p.name)
@@ -152,14 +158,17 @@ def emulate(kernel, *args, grid, target: str = "gfx950", pad_rows: bool = False,
     global tensor after the run, by parameter name; the inputs are not modified)."""
     from .. import compiler
     from ..lower import lower
-    from ..runtime.args import bind_args
+    from ..runtime.args import bind_args, check_grid, check_kernel, check_program_args
     from ..targets import get as get_target
+    check_kernel(kernel, "isa.emulate")
     t = get_target(target)
     if t.family != "cdna":
         raise ValueError(f"the ISA emulator runs AMD code objects (gfx942, gfx950), not "
                          f"{t.name}; use pk.emulate(..., isa=False) for {t.name}")
     bound, consts = bind_args(kernel, args, kwargs)
+    check_grid(grid, kernel)
     prog = lower(kernel.specialize(**consts), t)
+    check_program_args(prog, bound, kernel)
     arrays = {k: np.asarray(v) for k, v in bound.items() if not np.isscalar(v)}
     obj = compiler.compile_lane(prog, aligned=aligned(arrays, pad_rows))
     return run(obj, t.name, prog.params, bound, grid, prog.num_waves, kernel=prog.name,

@@ -175,7 +175,9 @@ class Waits:
     when it issues; its destination registers (and, for loads into LDS, its LDS bytes)
     stay pending until an s_waitcnt retires it: vector memory in issue order (vmcnt),
     LDS in order and scalar loads in any order (lgkmcnt, so only lgkmcnt(0) retires a
-    scalar load). Touching a pending register or LDS byte is an error."""
+    scalar load). Touching a pending register or LDS byte is an error. The LDS bytes a
+    DS instruction reads or writes stay pending for the other waves of the workgroup
+    until lgkmcnt retires it (Workgroup.lds_read / lds_write)."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -184,15 +186,19 @@ class Waits:
         w.pend = {"vm": [], "lgkm": []}
         w.pend_regs = {}
 
-    def issue(self, w, counter, regs, smem=False, inst=None, lds=None):
+    def issue(self, w, counter, regs, smem=False, inst=None, lds=None, ds=None):
+        """`lds`: (first byte, count) a load into LDS writes; `ds`: (LDS byte indices,
+        writing) of a DS instruction."""
         if not self.enabled:
             return
-        entry = (tuple(regs), inst, smem, lds)
+        entry = (tuple(regs), inst, smem, lds, ds)
         w.pend[counter].append(entry)
         for r in regs:
             w.pend_regs[r] = (counter, entry)
         if lds is not None:
             w.wg.dma.append((lds[0], lds[0] + lds[1], w, entry))
+        if ds is not None and len(w.wg.waves) > 1:
+            w.wg.ds_pending.append((ds[0], ds[1], w, entry))
 
     def wait(self, w, vm, lgkm):
         if not self.enabled:
@@ -213,6 +219,8 @@ class Waits:
                         del w.pend_regs[r]
                 if e[3] is not None:
                     w.wg.dma = [d for d in w.wg.dma if d[3] is not e]
+                if e[4] is not None:
+                    w.wg.ds_pending = [d for d in w.wg.ds_pending if d[3] is not e]
 
     def check(self, w, hz):
         """Before `hz` (hazards.Info) issues: it must not read or write a register whose
@@ -249,6 +257,7 @@ class Workgroup:
         self.id = wg_id
         self.lds = np.zeros(max(self.prog.kd.group_segment_fixed_size, 0), np.uint8)
         self.dma: list = []
+        self.ds_pending: list = []        # (LDS bytes, writing, wave, entry) not yet waited for
         self.waves = [Wave(i, self) for i in range(num_waves)]
 
     # LDS ------------------------------------------------------------------------------------
@@ -272,16 +281,51 @@ class Workgroup:
                     f"while wave {owner.id}'s {entry[1].where()} may still be writing them "
                     "(no s_waitcnt vmcnt / barrier in between)")
 
-    def lds_read(self, w, addr: np.ndarray, size: int, inst) -> np.ndarray:
+    def _check_ds(self, w, touched: np.ndarray, inst, writing: bool):
+        """LDS requests of different waves are not ordered by s_barrier alone: "the LDS
+        memory has multiple request queues shared by the SIMDs of a CU. Therefore, the LDS
+        operations performed by different wavefronts of a work-group can be reordered
+        relative to each other" (LLVM AMDGPUUsage, Memory Model GFX942; likewise GFX90A),
+        so a wave waits with s_waitcnt lgkmcnt(0) before the barrier that hands LDS over.
+        Touching bytes another wave's DS instruction writes (or, writing, reads) before
+        that wave has waited for it is a race."""
+        for b, wrote, owner, entry in self.ds_pending:
+            if owner is w or not (wrote or writing):
+                continue
+            both = np.intersect1d(b, touched)
+            if both.size:
+                raise ISAError(
+                    f"{inst.where()} {'writes' if writing else 'reads'} LDS bytes "
+                    f"{int(both[0])}..{int(both[-1])} while wave {owner.id}'s "
+                    f"{entry[1].where()} may still be {'writing' if wrote else 'reading'} "
+                    "them (no s_waitcnt lgkmcnt(0) in that wave before the barrier)")
+
+    def lds_read(self, w, addr: np.ndarray, size: int, inst, touched: list | None = None
+                 ) -> np.ndarray:
+        """The bytes each lane reads; with `touched`, the byte indices read are appended
+        (for Waits.issue: pending for the other waves until waited for)."""
         act = w.exec
         self._check_lds(w, addr[act], size, inst, False)
+        if touched is not None or self.ds_pending:
+            b = (addr[act][:, None] + np.arange(size)).ravel()
+            if self.ds_pending:
+                self._check_ds(w, b, inst, False)
+            if touched is not None:
+                touched.append(b)
         safe = np.where(act, addr, 0)
         return self.lds[safe[:, None] + np.arange(size)]
 
-    def lds_write(self, w, addr: np.ndarray, raw: np.ndarray, inst):
+    def lds_write(self, w, addr: np.ndarray, raw: np.ndarray, inst,
+                  touched: list | None = None):
         size = raw.shape[1] if raw.ndim == 2 else 1
         dma = inst.op.startswith("buffer_")
         self._check_lds(w, addr, size, inst, True, dma)
+        if touched is not None or self.ds_pending:
+            b = (addr[:, None] + np.arange(size)).ravel()
+            if self.ds_pending:
+                self._check_ds(w, b, inst, True)
+            if touched is not None:
+                touched.append(b)
         self.lds[addr[:, None] + np.arange(size)] = raw
 
 

@@ -335,12 +335,13 @@ def compile_ds(inst, ctx):
 
         def ds_read_tr(w):
             a = _lds_addr(addr(w), off)
-            raw = w.wg.lds_read(w, a, 8, inst)                     # (lanes, 8) bytes
+            touched: list = []
+            raw = w.wg.lds_read(w, a, 8, inst, touched)            # (lanes, 8) bytes
             h = np.ascontiguousarray(raw).view("<u2")              # (lanes, 4) halves
             t = h[src_lane, src_elem]                              # (lanes, 4)
             for k in range(2):
                 w.write_v(d + k, t[:, 2 * k].astype(U32) | (t[:, 2 * k + 1].astype(U32) << 16))
-            w.wg.waits.issue(w, "lgkm", (d, d + 1), inst=inst)
+            w.wg.waits.issue(w, "lgkm", (d, d + 1), inst=inst, ds=(touched[0], False))
         return ds_read_tr
     m = _DS_RW.fullmatch(op)
     if not m:
@@ -360,8 +361,9 @@ def compile_ds(inst, ctx):
         def ds_read(w):
             base = _lds_addr(addr(w), 0)          # before any result lands (it may be v_addr)
             reg = d
+            touched: list = []
             for o in offs:
-                raw = w.wg.lds_read(w, (base + o) & 0xFFFFFFFF, size, inst)
+                raw = w.wg.lds_read(w, (base + o) & 0xFFFFFFFF, size, inst, touched)
                 if size >= 4:
                     for k, dw in enumerate(_to_dwords(raw)):
                         w.write_v(reg + k, dw)
@@ -373,13 +375,14 @@ def compile_ds(inst, ctx):
                         v = ((old & U32(0xFFFF)) | (v << U32(16))) if d16 == "_d16_hi" else \
                             ((old & U32(0xFFFF0000)) | (v & U32(0xFFFF)))
                     w.write_v(d, v)
-            w.wg.waits.issue(w, "lgkm", regs, inst=inst)
+            w.wg.waits.issue(w, "lgkm", regs, inst=inst, ds=(np.concatenate(touched), False))
         return ds_read
     addr = vsrc(ops[0])
     n_words = max(1, size // 4)
     datas = [[vsrc(data, part=k) for k in range(n_words)] for data in ops[1:]]
 
     def ds_write(w):
+        touched: list = []
         for o, data in zip(offs, datas):
             vals = np.stack([np.broadcast_to(np.asarray(f(w), U32), (LANES,)) for f in data], 1)
             if size < 4:
@@ -389,8 +392,8 @@ def compile_ds(inst, ctx):
             else:
                 raw = np.ascontiguousarray(vals.astype("<u4")).view(np.uint8)
             lanes = w.exec
-            w.wg.lds_write(w, _lds_addr(addr(w), o)[lanes], raw[lanes], inst)
-        w.wg.waits.issue(w, "lgkm", (), inst=inst)
+            w.wg.lds_write(w, _lds_addr(addr(w), o)[lanes], raw[lanes], inst, touched)
+        w.wg.waits.issue(w, "lgkm", (), inst=inst, ds=(np.concatenate(touched), True))
     return ds_write
 
 

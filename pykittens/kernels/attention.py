@@ -268,6 +268,7 @@ def attention_fwd_launch(i: dict, target, **overrides):
     and says so: head dims 64 and 128, Hq a multiple of Hkv, 16-bit element types."""
     from ..targets import get
     t = get(target)
+    _need_shapes(i, ("q", "k", "v"), 4, "(B, H, N, D)")
     (b, hq, nq, d), bk = i["q"].shape, i["k"].shape[0]
     if bk != b:
         raise ValueError(f"attention: q {tuple(i['q'].shape)} and k {tuple(i['k'].shape)} "
@@ -281,6 +282,17 @@ def attention_fwd_launch(i: dict, target, **overrides):
     if consts["PERSISTENT"]:
         return (min(blocks * hq * b, t.num_cus),), consts
     return (blocks, hq, b), consts
+
+
+def _need_shapes(i: dict, names, rank: int, layout: str) -> None:
+    """Each of `names` in `i`, with `rank` dims: an error naming the argument otherwise."""
+    for name in names:
+        if name not in i:
+            raise ValueError(f"attention: the inputs need {name!r} (a {layout} tensor)")
+        shape = getattr(i[name], "shape", None)
+        if shape is None or len(shape) != rank:
+            got = f"shape {tuple(shape)}" if shape is not None else type(i[name]).__name__
+            raise ValueError(f"attention: {name} must be a {layout} array or tensor, got {got}")
 
 
 def _check_heads(q_shape, k_shape, v_shape):
@@ -339,11 +351,17 @@ def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides)
     workgroups in head-first order."""
     from ..targets import get
     t = get(target)
+    _need_shapes(i, ("q", "k", "v"), 3, "(H, total, D)")
     _check_heads(i["q"].shape, i["k"].shape, i["v"].shape)
     (hq, _, d), tk = i["q"].shape, i["k"].shape[1]
     cu = {}
     for name, total in (("cu_seqlens_q", i["q"].shape[1]), ("cu_seqlens_k", tk)):
-        c = [int(x) for x in i[name].tolist()]
+        if name not in i:
+            raise ValueError(f"attention: the inputs need {name!r} (B + 1 int32 offsets)")
+        raw = i[name].tolist() if hasattr(i[name], "tolist") else list(i[name])
+        if any(isinstance(x, bool) or float(x) != int(x) for x in raw):
+            raise ValueError(f"attention: {name} must hold integer offsets, got {raw[:8]}")
+        c = [int(x) for x in raw]
         if len(c) < 2 or c[0] < 0 or c[-1] > total or any(b < a for a, b in zip(c, c[1:])):
             raise ValueError(f"attention: {name} must be B + 1 >= 2 non-decreasing offsets "
                              f"from 0 to at most {total}, got {c[:8]}")

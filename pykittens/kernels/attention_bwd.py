@@ -20,8 +20,6 @@ import pykittens as pk
 
 from .attention import LOG2E, _causal_blocks
 
-LN2 = math.log(2.0)
-
 
 @pk.kernel(num_waves=4)
 def attention_bwd_prep(o: pk.gl["DT", 4], do: pk.gl["DT", 4], delta: pk.gl[pk.f32, 3],
@@ -224,7 +222,9 @@ def attention_bwd_launch(i: dict, target, dq: str = DQ_DEFAULT, **overrides):
     order of additions: deterministic); dq="atomic": the main pass adds dQ into an f32
     tensor itself, and the third plan is None. CAUSAL in i or overrides."""
     from ..targets import get
+    from .attention import _need_shapes
     t = get(target)
+    _need_shapes(i, ("q", "k"), 4, "(B, H, N, D)")
     (b, hq, nq, d), (_, hkv, nk, _) = i["q"].shape, i["k"].shape
     if t.family != "hopper":
         raise NotImplementedError(f"attention_bwd has no schedule for {t.name} yet")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 
 from ..ir import types as T
@@ -63,6 +64,7 @@ class Kernel:
         self.params: list[Param] = []
         self.const_defaults: dict = {}
         self._cache: dict = {}
+        self._lock = threading.RLock()      # one trace per constants, whichever thread asks
         try:        # resolve string annotations (`from __future__ import annotations`)
             sig = inspect.signature(fn, eval_str=True)
         except Exception:
@@ -110,10 +112,14 @@ class Kernel:
         if bad:
             raise KernelError(f"compile-time constant(s) {bad} must be hashable values "
                               "(e.g. a tuple, not a list)", self.loc, self.name)
-        key = tuple(sorted(merged.items()))
-        if key not in self._cache:
-            self._cache[key] = self._trace(merged)
-        return self._cache[key]
+        key = const_key(merged)
+        ir = self._cache.get(key)
+        if ir is None:
+            with self._lock:
+                ir = self._cache.get(key)
+                if ir is None:
+                    ir = self._cache[key] = self._trace(merged)
+        return ir
 
     def _trace(self, consts: dict) -> KernelIR:
         nw = int(consts.pop("num_waves", self.num_waves))
@@ -126,18 +132,25 @@ class Kernel:
             v = trace.new_value(p.type, p.name)
             values[p.name] = v
             args[p.name] = GL(v, p.name) if p.kind == "gl" else Scalar(v)
-        trace._stack.append(tr)
+        trace.push(tr)
         try:
             self.fn(**args, **consts)
         finally:
-            trace._stack.pop()
+            trace.pop()
         return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc)
 
     def resolve(self, p: Param, consts: dict) -> Param:
         """The parameter with a dtype named by a const replaced by that const's value."""
         if p.kind == "gl" and isinstance(p.type.dtype, str):
-            return Param(p.name, p.kind, T.GlobalType(T.dtype_of(consts[p.type.dtype]),
-                                                      p.type.shape))
+            value = consts[p.type.dtype]
+            try:
+                d = T.dtype_of(value)
+            except TypeError:
+                raise KernelError(f"compile-time constant {p.type.dtype}={value!r} (the element "
+                                  f"type of {p.name!r}) is not an element type pykittens "
+                                  f"takes: use one of {', '.join(T.DTYPES)}", self.loc,
+                                  self.name) from None
+            return Param(p.name, p.kind, T.GlobalType(d, p.type.shape))
         return p
 
     def __call__(self, *a, **k):
@@ -146,6 +159,54 @@ class Kernel:
 
     def __repr__(self):
         return f"<pykittens kernel {self.name}>"
+
+
+class NotAKernel(KernelError, TypeError):
+    """A plain function (or anything else) where a @pk.kernel is needed."""
+
+
+def require_kernel(obj, what: str) -> "Kernel":
+    """`obj` itself if it is a @pk.kernel; otherwise an error that names the function's own
+    file and line and says to decorate it."""
+    if isinstance(obj, Kernel):
+        return obj
+    code = getattr(obj, "__code__", None)
+    name = getattr(obj, "__name__", type(obj).__name__)
+    if code is not None:
+        raise NotAKernel(f"{what} takes a @pk.kernel, but {name!r} is a plain "
+                         f"{type(obj).__name__}: put @pk.kernel (or @pk.kernel(num_waves=...)) "
+                         f"above `def {name}`", Loc(code.co_filename, code.co_firstlineno))
+    raise NotAKernel(f"{what} takes a @pk.kernel function, not {type(obj).__name__}",
+                     _outside_pykittens())
+
+
+def _outside_pykittens() -> Loc | None:
+    """The innermost frame outside the pykittens package: the user's call."""
+    import os
+    import sys
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(pkg) and not fn.startswith("<frozen"):
+            return Loc(fn, f.f_lineno)
+        f = f.f_back
+    return None
+
+
+def const_key(consts: dict) -> tuple:
+    """A key that tells constants apart by value and type: 1, 1.0 and True are equal in
+    Python but trace differently, and two objects that print alike (e.g. grid mappings
+    over different grids) are different constants."""
+    return tuple(sorted((k, _typed(v)) for k, v in consts.items()))
+
+
+def _typed(v):
+    if isinstance(v, (tuple, list)):
+        return (type(v).__qualname__, tuple(_typed(x) for x in v))
+    if isinstance(v, frozenset):
+        return ("frozenset", frozenset(_typed(x) for x in v))
+    return (type(v).__module__, type(v).__qualname__, v)
 
 
 def _hashable(v) -> bool:

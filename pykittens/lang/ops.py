@@ -8,10 +8,12 @@ import dataclasses
 import math
 import sys
 
+import numpy as np
+
 from ..ir import types as T
 from ..ir.nodes import Block
 from .trace import current, error, new_value
-from .values import GL, RT, RV, ST, Scalar, Stages, Tile, as_scalar
+from .values import GL, RT, RV, ST, Scalar, Stages, Tile, as_index, as_scalar
 
 # ---- types --------------------------------------------------------------------------------
 
@@ -206,7 +208,7 @@ def _coords(coord, n, what):
         coord = (coord,)
     if len(coord) != n:
         raise error(f"{what} needs {n} coordinates (one per tensor dim), got {len(coord)}")
-    return tuple(as_scalar(c, T.i32).v for c in coord)
+    return tuple(as_index(c, f"{what}: a coordinate").v for c in coord)
 
 
 def _check_window(tile_t, mem_t, what):
@@ -225,7 +227,7 @@ def _ends(end, gl, what):
     if not isinstance(end, (tuple, list)) or len(end) != gl.rank:
         raise error(f"{what}: end= needs one bound per tensor dim ({gl.rank}), None for "
                     "the tensor's own size")
-    return tuple(None if e is None else as_scalar(e, T.i32).v for e in end)
+    return tuple(None if e is None else as_index(e, f"{what}: an end= bound").v for e in end)
 
 
 def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None) -> Tile:
@@ -411,7 +413,7 @@ def _index(t, dim, start):
         raise error("index tiles take the layout of a plain or accumulator register tile "
                     "(operand layouts depend on the element type: convert afterwards)")
     dst = empty(dataclasses.replace(tt, dtype=T.i32, pin=None))
-    current().emit("index", dst.v, (as_scalar(start, T.i32).v,), dim=dim)
+    current().emit("index", dst.v, (as_index(start, "an index tile's start").v,), dim=dim)
     return dst
 
 
@@ -843,44 +845,101 @@ def mma_AtB(d, a, b, c=None, *, scale_a=None, scale_b=None):
 
 def range(start, stop=None, step=1):  # noqa: A001
     """A real loop in the IR (not unrolled): the body is traced once with a symbolic index.
-    Tiles written in the body are loop-carried."""
+    Tiles written in the body are loop-carried; scalars are not (derive them from the
+    index)."""
     if stop is None:
         start, stop = 0, start
-    if isinstance(step, Scalar) or step == 0:
-        raise error("pk.range step must be a non-zero Python int")
+    if isinstance(step, (float, np.floating)) and float(step).is_integer():
+        step = int(step)
+    if not isinstance(step, (int, np.integer)) or isinstance(step, (bool, np.bool_)) \
+            or step == 0:
+        raise error(f"pk.range step must be a non-zero Python int, not {step!r}")
     tr = current()
     idx = new_value(T.ScalarType(T.i32), "i")
     body = Block()
-    tr.emit("for", idx, (as_scalar(start, T.i32).v, as_scalar(stop, T.i32).v),
+    tr.emit("for", idx, (as_index(start, "a pk.range bound").v,
+                         as_index(stop, "a pk.range bound").v),
             regions=[body], step=int(step))
     caller = sys._getframe(1)                 # the kernel body that runs `for ... in pk.range`
-    before = {n: v.v for n, v in caller.f_locals.items() if isinstance(v, Tile)}
+    before = {n: (v.v if isinstance(v, (Tile, Scalar)) else v)
+              for n, v in caller.f_locals.items() if _carriable(v)}
     tr.blocks.append(body)
     try:
         yield Scalar(idx)
     finally:
         tr.blocks.pop()
-    _check_carried(body, before, caller.f_locals)
+    _check_carried(body, before, caller.f_locals, _loop_targets(caller.f_code))
 
 
-def _check_carried(body: Block, before: dict, after: dict) -> None:
-    """The body is traced once: a name that read a tile from before the loop and was then
-    rebound to a tile made in the loop (`acc = acc + t`) does not carry anything from one
-    iteration to the next. Say so rather than compute the last iteration only."""
+_LOOP_TARGETS: dict = {}
+
+
+def _loop_targets(code) -> frozenset:
+    """Names a `for` statement of `code` binds (e.g. the variable of a pk.static_range loop
+    inside a pk.range body): a Python number those change is expected to change."""
+    got = _LOOP_TARGETS.get(code)
+    if got is None:
+        import dis
+        names, ins = set(), list(dis.get_instructions(code))
+        for i, x in enumerate(ins):
+            if x.opname != "FOR_ITER":
+                continue
+            j, want = i + 1, 1
+            while j < len(ins) and want:
+                y = ins[j]
+                if y.opname.startswith("UNPACK_"):
+                    want += (y.argval if isinstance(y.argval, int) else 1) - 1
+                elif y.opname.startswith("STORE_"):
+                    names.add(y.argval)
+                    want -= 1
+                elif y.opname not in ("NOP", "EXTENDED_ARG", "CACHE"):
+                    break
+                j += 1
+        got = _LOOP_TARGETS[code] = frozenset(n for n in names if isinstance(n, str))
+    return got
+
+
+def _carriable(v) -> bool:
+    return isinstance(v, (Tile, Scalar)) or (isinstance(v, (int, float, np.integer, np.floating))
+                                            and not isinstance(v, (bool, np.bool_)))
+
+
+def _check_carried(body: Block, before: dict, after: dict,
+                   loop_targets: frozenset = frozenset()) -> None:
+    """The body is traced once: a name that read a tile or scalar from before the loop and
+    was then rebound to a value made in the loop (`acc = acc + t`, `off = off + 64`) does
+    not carry anything from one iteration to the next, and a Python number the body
+    changes (`k0 += 64`) changed once, at trace time. Say so rather than compute the first
+    or last iteration only."""
     from ..ir.nodes import walk
-    used, made = set(), set()
+    used, made, allocated = set(), set(), set()
     for op in walk(body):
         used.update(id(s) for s in op.srcs)
-        if op.kind == "alloc":
+        if op.dst is not None:
             made.add(id(op.dst))
+        if op.kind == "alloc":
+            allocated.add(id(op.dst))
     for name, old in before.items():
         new = after.get(name)
-        if isinstance(new, Tile) and new.v is not old and id(new.v) in made and \
+        if isinstance(new, Tile) and new.v is not old and id(new.v) in allocated and \
                 id(old) in used:
             raise error(f"`{name}` is read in this pk.range body and then rebound to a new "
                         f"tile, so the loop does not carry it (the body is traced once): "
                         f"update it in place (`{name} += ...`, `{name}.set(...)`, "
                         "`into=`/`out=`)")
+        if isinstance(new, Scalar) and hasattr(old, "type") and new.v is not old and \
+                id(new.v) in made and id(old) in used:
+            raise error(f"`{name}` is rebound in this pk.range body to a value computed from "
+                        f"its value before the loop, but scalars are not loop-carried (the "
+                        f"body is traced once, so every iteration would see the first "
+                        f"value): compute it from the loop index instead (e.g. "
+                        f"`{name} = start + i * step`)")
+        if not hasattr(old, "type") and not isinstance(new, (Tile, Scalar)) and \
+                _carriable(new) and new != old and name not in loop_targets:
+            raise error(f"`{name}` is a Python number that this pk.range body changes "
+                        f"({old!r} -> {new!r}); the body is traced once, so the loop would "
+                        f"use {old!r} in every iteration: compute it from the loop index "
+                        f"instead (e.g. `{name} = start + i * step`)")
 
 
 def static_range(*args):

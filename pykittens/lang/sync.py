@@ -19,7 +19,7 @@ from ..ir import types as T
 from ..ir.nodes import Block
 from . import ops
 from .trace import current, error, new_value
-from .values import Scalar, Tile, as_scalar
+from .values import Scalar, Tile, as_index
 
 
 class MBarrier(Tile):
@@ -60,7 +60,7 @@ def wait(bar: MBarrier, parity) -> None:
     _need_bar(bar, "pk.wait")
     if isinstance(parity, int) and parity not in (0, 1):
         raise error("wait parity is 0 or 1 (the phase number modulo 2)")
-    current().emit("wait", None, (bar.v, as_scalar(parity, T.i32).v))
+    current().emit("wait", None, (bar.v, as_index(parity, "a wait parity").v))
 
 
 def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> None:
@@ -82,7 +82,7 @@ def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> N
     if t.swizzle and box_rows % 8:
         raise error("a 128B-swizzled TMA box covers whole 8-row swizzle atoms: rows % 8 == 0")
     c = ops._coords(coord, src.rank, "tma_load")
-    current().emit("tma_load", dst.v, (src.v,) + c + (bar.v, as_scalar(at, T.i32).v),
+    current().emit("tma_load", dst.v, (src.v,) + c + (bar.v, as_index(at, "tma_load at=").v),
                    rows=box_rows)
 
 

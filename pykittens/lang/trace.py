@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 
 from ..ir.errors import KernelError
 from ..ir.nodes import Block, Loc, Op, Value
@@ -42,18 +43,41 @@ class Tracer:
         return KernelError(msg, user_loc(), self.kernel_name)
 
 
-_stack: list[Tracer] = []
+class _Stack(threading.local):
+    """The tracers active on this thread (a kernel may trace another's helper): one stack
+    per thread, so kernels traced concurrently never see each other's ops."""
+
+    def __init__(self):
+        self.tracers: list[Tracer] = []
+
+
+_local = _Stack()
+
+
+def push(t: Tracer) -> None:
+    _local.tracers.append(t)
+
+
+def pop() -> None:
+    _local.tracers.pop()
+
+
+def active() -> Tracer | None:
+    """The innermost tracer on this thread, or None outside tracing."""
+    st = _local.tracers
+    return st[-1] if st else None
 
 
 def current() -> Tracer:
-    if not _stack:
+    t = active()
+    if t is None:
         raise KernelError("pykittens ops can only be called while a @pk.kernel function is "
                           "being traced (compile, emulate or launch the kernel)", user_loc())
-    return _stack[-1]
+    return t
 
 
 def error(msg: str) -> KernelError:
-    t = _stack[-1] if _stack else None
+    t = active()
     return KernelError(msg, user_loc(), t.kernel_name if t else None)
 
 

@@ -29,6 +29,28 @@ def as_scalar(x, dtype: T.DType | None = None) -> "Scalar":
     raise error(f"expected a scalar or a number, got {type(x).__name__}")
 
 
+def as_index(x, what: str = "a coordinate") -> "Scalar":
+    """An i32 scalar for a coordinate, index, bound or stage: integers only. A float (from
+    `/`, or a float operand) is never rounded silently: that is how `pid * 3 / 2` would
+    address the wrong element."""
+    if isinstance(x, Scalar):
+        if x.dtype.is_float:
+            raise error(f"{what} must be an integer, but this traced scalar is {x.dtype} (made "
+                        "by `/` or by a float operand): use `//` for integer division, or "
+                        ".cast(pk.i32) to truncate on purpose")
+        if x.dtype == T.boolean:
+            raise error(f"{what} must be an integer, not a condition")
+        return x if x.dtype == T.i32 else x.cast(T.i32)
+    if isinstance(x, (float, np.floating)) and not float(x).is_integer():
+        raise error(f"{what} must be an integer, got {x!r}: use `//` for integer division")
+    if isinstance(x, (float, np.floating)):
+        x = int(x)
+    if not isinstance(x, (int, np.integer)) or isinstance(x, (bool, np.bool_)):
+        raise error(f"{what} must be an integer (a Python int or a traced integer scalar), "
+                    f"not {type(x).__name__}")
+    return as_scalar(x, T.i32)
+
+
 class Scalar:
     """A wave-uniform scalar (program id, loop index, kernel argument, ...)."""
     __slots__ = ("v",)
@@ -51,6 +73,8 @@ class Scalar:
             return NotImplemented
         o = as_scalar(other) if not isinstance(other, Scalar) else other
         a, b = (o, self) if reverse else (self, o)
+        # `/` is true division (an f32 quotient, as in Python); such a value is refused
+        # where an integer is needed (as_index), so it can never round into a coordinate
         d = T.f32 if (a.dtype.is_float or b.dtype.is_float or op == "div") else T.i32
         if op in ("and", "or") and a.dtype == b.dtype == T.boolean:
             d = T.boolean              # `(c1) & (c2)` stays a condition for pk.if_
@@ -261,7 +285,7 @@ class Stages:
         if isinstance(i, (int, np.integer)) and not 0 <= i < self.count:
             raise error(f"stage {i} of {self.count}: index out of range")
         out = new_value(self.v.type.of)
-        current().emit("stage", out, (self.v, as_scalar(i, T.i32).v))
+        current().emit("stage", out, (self.v, as_index(i, "a stage index").v))
         return self._wrap(out)
 
     def __iter__(self):
@@ -299,7 +323,8 @@ class GL:
             raise error(f"{self.name}[...] needs {self.rank} indices (one per dim), got "
                         f"{len(index)}")
         out = new_value(T.ScalarType(self.dtype))
-        current().emit("sload", out, (self.v,) + tuple(as_scalar(i, T.i32).v for i in index))
+        current().emit("sload", out, (self.v,) + tuple(as_index(i, f"an index of {self.name}").v
+                                                      for i in index))
         return Scalar(out)
 
     def dim(self, i: int):

@@ -14,7 +14,7 @@ from .run import EMULATE_TARGET, HALVES as DTYPES, from_numpy as _from_numpy
 from .run import to_numpy as _to_numpy
 
 
-def _check(q, k, v, scale):
+def _check(q, k, v, scale, causal=False):
     """The op's contract, each violation a message naming the argument and the limit."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -46,8 +46,15 @@ def _check(q, k, v, scale):
     if hkv == 0 or hq % hkv:
         raise ValueError(f"attention: {hq} query heads are not a multiple of {hkv} key/value "
                          "heads")
-    if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"attention: scale must be a positive finite number, got {scale}")
+    if scale is not None:
+        if isinstance(scale, (bool, str, bytes)) or not hasattr(scale, "__float__"):
+            raise TypeError(f"attention: scale must be a number (or None for "
+                            f"1/sqrt(head_dim)), not {type(scale).__name__}")
+        scale = float(scale)
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"attention: scale must be a positive finite number, got {scale}")
+    if not isinstance(causal, (bool, np.bool_)) and causal not in (0, 1):
+        raise TypeError(f"attention: causal must be True or False, not {causal!r}")
 
 
 @torch.library.custom_op("pykittens::attention_fwd", mutates_args=())
@@ -197,7 +204,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
         >>> o = pykittens.ops.attention(q, k, v, causal=True)
         >>> o.float().square().sum().backward()
     """
+    _check(q, k, v, scale, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    _check(q, k, v, scale)
     o, lse = _attention_fwd(q, k, v, bool(causal), scale, bool(deterministic))
     return (o, lse) if return_lse else o

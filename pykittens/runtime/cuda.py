@@ -20,8 +20,10 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+import threading
 
 from ..ir import types as T
+from . import args as args_check
 from .abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
 
 
@@ -124,6 +126,7 @@ def _init():
 
 
 _CTX: dict[int, object] = {}
+_CTX_LOCK = threading.Lock()
 
 
 class _OnDevice:
@@ -132,13 +135,17 @@ class _OnDevice:
     device is never changed behind its back."""
 
     def __init__(self, device: int):
-        d = _DRIVER if _INIT else _init()
+        d = _DRIVER if _INIT else _init()          # once initialised: no call (fast path)
         if device not in _CTX:
-            n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
-            if not 0 <= device < n:
-                raise CudaError(f"CUDA device {device} does not exist; this machine has {n}")
-            dev = check(d.cuDeviceGet(device), "cuDeviceGet")
-            _CTX[device] = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            with _CTX_LOCK:             # retain each primary context once, from any thread
+                if device not in _CTX:
+                    n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
+                    if not 0 <= device < n:
+                        raise CudaError(f"CUDA device {device} does not exist; this machine "
+                                        f"has {n}")
+                    dev = check(d.cuDeviceGet(device), "cuDeviceGet")
+                    _CTX[device] = check(d.cuDevicePrimaryCtxRetain(dev),
+                                         "cuDevicePrimaryCtxRetain")
         self.d, self.ctx, self.pushed = d, _CTX[device], False
 
     def __enter__(self):
@@ -332,15 +339,9 @@ _END, _BUFFER_POINTER, _BUFFER_SIZE = 0, 1, 2
 
 
 def dims3(v, what: str) -> tuple[int, int, int]:
-    """int or up-to-3 tuple -> (x, y, z), each a positive int."""
-    t = (v,) if isinstance(v, int) else tuple(v)
-    if not 1 <= len(t) <= 3 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                       for x in t):
-        raise ValueError(f"{what} must be an int or a tuple of 1-3 ints, not {v!r}")
-    t = t + (1,) * (3 - len(t))
-    if any(x < 1 for x in t):
-        raise ValueError(f"{what} dimensions must be >= 1, got {t}")
-    return t
+    """int or up-to-3 tuple -> (x, y, z), each a positive int (runtime.args.check_grid)."""
+    t = args_check.check_grid(v, what=what)
+    return t + (1,) * (3 - len(t))
 
 
 def pack_values(pairs) -> bytes:
@@ -419,37 +420,12 @@ def check_tensor(t, *, name: str = "tensor", dtype=None, rank: int | None = None
                  device: int | None = None, align: int | None = 16) -> None:
     """Reject what would make a kernel read garbage: a tensor not on the GPU or on another
     GPU, the wrong element type or rank, an inner dimension that is not contiguous, strides
-    or sizes beyond the ABI's i32, or a pointer that breaks `align`-byte vector loads."""
-    if not all(hasattr(t, a) for a in ("data_ptr", "stride", "dtype", "device", "shape")):
-        raise TypeError(f"{name} must be a torch tensor, not {type(t).__name__}")
-    dev = t.device
-    if getattr(dev, "type", None) != "cuda":
-        raise CudaError(f"{name} is on {dev}; move it to the GPU first (x.cuda() or "
-                        f"x.to('cuda:{0 if device is None else device}'))")
-    if device is not None and dev.index is not None and dev.index != device:
-        raise CudaError(f"{name} is on cuda:{dev.index} but the kernel is loaded on "
-                        f"cuda:{device}; move it with .to('cuda:{device}')")
-    if dtype is not None:
-        got, want = T.dtype_of(t.dtype), T.dtype_of(dtype)
-        if got != want:
-            raise TypeError(f"{name} has element type {got} but the kernel expects {want}; "
-                            f"convert it first (x.to(...))")
-    shape = tuple(t.shape)
-    if rank is not None and len(shape) != rank:
-        raise ValueError(f"{name} has rank {len(shape)} but the kernel expects rank {rank}")
-    strides = tuple(t.stride())
-    if shape and shape[-1] != 1 and strides[-1] != 1:
-        raise ValueError(f"{name} has stride {strides[-1]} in its last dimension; kernels "
-                         "need the last dimension contiguous: pass x.contiguous()")
-    if any(s < 0 for s in strides):
-        raise ValueError(f"{name} has a negative stride {strides}; pass x.contiguous()")
-    if any(v >= 2**31 for v in shape + strides):
-        raise ValueError(f"{name} has a size or stride >= 2^31 (shape {shape}, strides "
-                         f"{strides}); the kernel ABI passes them as i32")
-    if align and t.data_ptr() % align:
-        raise ValueError(f"{name} starts at address {t.data_ptr():#x}, not {align}-byte "
-                         "aligned (a slice with an offset?); pass x.clone() or a slice that "
-                         "starts on an aligned element")
+    or sizes beyond the ABI's i32, or a pointer that breaks `align`-byte vector loads.
+    The rules are runtime.args.check_tensor's, shared with HIP and the emulator."""
+    if not (hasattr(t, "data_ptr") and hasattr(t, "stride") and hasattr(t, "shape")):
+        raise args_check.fail(f"{name} must be a torch tensor, not {type(t).__name__}")
+    args_check.check_tensor(t, name=name, dtype=dtype, rank=rank, device="cuda",
+                            device_index=device, align=align)
 
 
 def kernel_arg_values(params, bound: dict, *, device: int | None = None,
@@ -459,12 +435,21 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
     the encoded tensor maps of `tmaps`)."""
     kargs = kernel_args(params, tmaps)
     by_name = {p.name: p for p in params}
+    tma = {t.param for t in tmaps}
     for p in params:
         if p.name not in bound:
-            raise ValueError(f"missing kernel argument {p.name!r}")
+            raise args_check.fail(f"missing kernel argument {p.name!r}")
         if p.kind == "gl":
-            check_tensor(bound[p.name], name=f"argument {p.name!r}", dtype=p.type.dtype,
-                         rank=p.type.rank, device=device, align=align)
+            if not (hasattr(bound[p.name], "data_ptr") and hasattr(bound[p.name], "stride")):
+                raise args_check.fail(f"argument {p.name!r} must be a torch tensor, not "
+                                      f"{type(bound[p.name]).__name__}")
+            args_check.check_tensor(bound[p.name], name=f"argument {p.name!r}",
+                                    dtype=p.type.dtype, rank=p.type.rank, shape=p.type.shape,
+                                    device="cuda", device_index=device, align=align,
+                                    tma=p.name in tma)
+        else:
+            args_check.check_scalar(bound[p.name], f"argument {p.name!r}", p.type.dtype)
+    args_check.check_overlaps({p.name: bound[p.name] for p in params if p.kind == "gl"})
     values = []
     for a in kargs:
         v = bound[a.param]
@@ -473,10 +458,8 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
         elif a.kind == "tmap":
             values.append(encode_tensor_map(v, a.tma, by_name[a.param].type.dtype))
         else:
-            want = by_name[a.param].type.dtype
-            if not T.dtype_of(want).is_float and float(v) != int(v):
-                raise TypeError(f"argument {a.name!r} must be an integer ({want}), not {v!r}")
-            values.append(v)
+            values.append(args_check.check_scalar(v, f"argument {a.name!r}",
+                                                  by_name[a.param].type.dtype))
     return kargs, values
 
 
@@ -514,11 +497,15 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
 
 
 def launch(function: Function, params, bound: dict, grid, block, *, shared_bytes: int = 0,
-           stream=None, align: int | None = 16, tmaps=()) -> None:
-    """Check `bound` (name -> tensor/scalar) against `params`, pack per runtime.abi, launch."""
+           stream=None, align: int | None = 16, tmaps=()) -> tuple[list[KernArg], list, bytes]:
+    """Check `bound` (name -> tensor/scalar) against `params`, pack per runtime.abi, launch.
+    Returns the ABI arguments, their values and the packed buffer (pk.launch keeps them to
+    replay the launch for calls of the same signature)."""
     kargs, values = kernel_arg_values(params, bound, device=function.module.device,
                                       align=align, tmaps=tmaps)
     if function.kargs is None:
         function.kargs = kargs
-    function.launch(grid, block, pack(kargs, values), shared_bytes=shared_bytes, stream=stream)
+    buf = pack(kargs, values)
+    function.launch(grid, block, buf, shared_bytes=shared_bytes, stream=stream)
+    return kargs, values, buf
 

@@ -21,11 +21,13 @@ import ctypes.util
 import hashlib
 import os
 import sys
+import threading
 
 from .. import targets
 from ..analysis.hsaco import kernel as kernel_info
 from ..analysis.hsaco import metadata
 from .abi import KernArg, kernel_args, offsets, pack_arg, tensor_value
+from .args import check_grid, check_overlaps, check_tensor
 
 NO_HIP = ("no HIP runtime found (libamdhip64.so); pykittens launches CDNA kernels only on a "
           "ROCm machine — use pk.emulate on this machine")
@@ -197,17 +199,20 @@ class HipModule:
 
 
 _MODULES: dict[tuple[str, int], HipModule] = {}
+_LOCK = threading.Lock()
 
 
 def load(hsaco: bytes) -> HipModule:
-    """The module for this code object on the current device, loaded once per process."""
+    """The module for this code object on the current device, loaded once per process
+    (whichever thread asks first)."""
     lib = hip_runtime()
     dev = ctypes.c_int()
     _check(lib, lib.hipGetDevice(ctypes.byref(dev)), "hipGetDevice")
     key = (hashlib.sha256(hsaco).hexdigest(), dev.value)
-    if key not in _MODULES:
-        _MODULES[key] = HipModule(hsaco)
-    return _MODULES[key]
+    with _LOCK:
+        if key not in _MODULES:
+            _MODULES[key] = HipModule(hsaco)
+        return _MODULES[key]
 
 
 def launch(hsaco: bytes, kernel_name: str, params, values: dict, *, grid, num_waves: int,
@@ -227,15 +232,20 @@ def launch(hsaco: bytes, kernel_name: str, params, values: dict, *, grid, num_wa
         raise ValueError(f"{kernel_name} needs {lds} bytes of LDS per workgroup "
                          f"({dynamic_lds_bytes} dynamic); {target.name} has "
                          f"{target.lds_bytes_per_workgroup}")
-    grid3 = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+    grid3 = check_grid(grid)
     grid3 = grid3 + (1,) * (3 - len(grid3))
-    if len(grid3) != 3 or any(int(g) < 1 or int(g) >= 2**31 for g in grid3):
-        raise ValueError(f"grid must be 1 to 3 positive workgroup counts, not {grid!r}")
+    # the rules pk.launch and the emulator apply (runtime.args): device, element type,
+    # rank, unit last stride (the generated code assumes it), i32 sizes and strides
+    by_name = {p.name: p for p in params}
     tensors = {p: v for p, v in values.items() if _is_tensor(v)}
     for p, v in tensors.items():
-        if getattr(getattr(v, "device", None), "type", "cuda") != "cuda":
-            raise ValueError(f"argument {p!r} is on {v.device}; move it to the GPU with "
-                             ".to('cuda')")
+        param = by_name.get(p)
+        gl = param is not None and param.kind == "gl"
+        check_tensor(v, name=f"argument {p!r}", device="cuda",
+                     dtype=param.type.dtype if gl and hasattr(v, "dtype") else None,
+                     rank=param.type.rank if gl else None,
+                     shape=param.type.shape if gl else None)
+    check_overlaps(tensors)
     devices = {str(v.device) for v in tensors.values() if hasattr(v, "device")}
     if len(devices) > 1:
         raise ValueError(f"the tensors are on different GPUs ({', '.join(sorted(devices))}); "

@@ -2,25 +2,32 @@
 gfx950, through HIP), compiling on first use. Code objects are cached on disk by the
 toolchain and loaded modules in memory per (kernel, constants, alignment, device).
 
-Repeated calls take a fast path: the first call with a given *signature* — the kernel, its
-constants, the grid, and each tensor's dtype, shape, strides, device and 16-byte alignment
-(each scalar's type) — runs every check, picks the build and packs the argument buffer;
-what it decided is kept as a `_Plan`, and later calls with the same signature only write
-their pointers and scalar values into a copy of that buffer (and re-encode TMA tensor maps
-whose tensor moved) before the driver call. Everything the checks look at is in the
-signature, so the fast path launches exactly what the checked path would.
-PYKITTENS_FAST_LAUNCH=0 turns it off."""
+Arguments are checked by the rules the emulator applies too (runtime.args). Repeated calls
+take a fast path: the first call with a given *signature* — the kernel, its constants (by
+value and type), the grid (ints), and each tensor's dtype, shape, strides, device and
+address modulo 16 (each scalar's type) — runs every check, picks the build and packs the
+argument buffer; what it decided is kept as a `_Plan`. A later call with the same signature
+has passed every check that depends on those (dtype, rank, static dims, unit last stride,
+i32 extents, element and TMA alignment, stride-0 outputs, one device) and is checked only
+for what varies from call to call: the scalars' ranges and tensors that overlap in memory
+(a call that fails either takes the checked path, which says what is wrong). It then
+writes its pointers and scalar values into a copy of the plan's buffer (and re-encodes TMA
+tensor maps whose tensor moved) before the driver call, so it launches exactly what the
+checked path would. PYKITTENS_FAST_LAUNCH=0 turns it off."""
 from __future__ import annotations
 
 import functools
 import os
 import struct
 import sys
+import threading
 
 from ..ir.errors import KernelError
-from .args import bind_args
+from .args import (_F32_MAX, I32_MAX, bind_args, check_grid, check_kernel, check_program_args,
+                   fail)
 
 _modules: dict = {}
+_lock = threading.Lock()
 _plans: dict = {}
 MAX_PLANS = 4096          # signatures kept (shapes that keep changing must not grow it forever)
 FAST_PATH = os.environ.get("PYKITTENS_FAST_LAUNCH", "1") != "0"
@@ -59,20 +66,22 @@ def gpu_target(device_index: int) -> str:
 def launch(kernel, *args, grid, stream=None, **kwargs):
     """Run `kernel` on the GPU over `grid` workgroups. Tensor and scalar arguments go by
     position or name; other keywords are compile-time constants. Tensors are written in
-    place (as any GPU kernel would); returns None."""
+    place (as any GPU kernel would); returns None. Arguments are checked by the rules the
+    emulator applies too (runtime.args); nothing runs when a tensor has no elements."""
     key = _signature(kernel, args, kwargs, grid) if FAST_PATH else None
-    try:
-        plan = _plans.get(key) if key is not None else None
-    except TypeError:                        # an unhashable constant: the checked path
-        key = plan = None
-    if plan is None:
-        plan = _checked_launch(kernel, args, kwargs, grid, stream)
-        if key is not None and plan is not None:
-            if len(_plans) >= MAX_PLANS:
-                _plans.clear()
-            _plans[key] = plan
+    plan = None
+    if key is not None:
+        try:
+            plan = _plans.get(key)
+        except TypeError:                    # an unhashable constant: the checked path
+            key = None
+    if plan is not None and plan(args, kwargs, stream):
         return None
-    plan(args, kwargs, stream)
+    plan = _checked_launch(kernel, args, kwargs, grid, stream)
+    if key is not None and plan is not None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
     return None
 
 
@@ -81,64 +90,82 @@ def _checked_launch(kernel, args, kwargs, grid, stream):
     where nothing was launched)."""
     from .. import compiler
     from . import cuda
+    from ..lang.kernel import const_key
     from ..lower import lower
-    bound, consts = bind_args(kernel, args, kwargs, device="cuda")
+    check_kernel(kernel, "pk.launch")
+    bound, consts = bind_args(kernel, args, kwargs, device="cuda", what="pk.launch")
+    grid = check_grid(grid, kernel)
     tensors = [v for v in bound.values() if hasattr(v, "data_ptr")]
     if not tensors:
         raise KernelError("launch needs at least one GPU tensor argument", kernel.loc,
                           kernel.name)
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise fail(f"the tensors are on different GPUs ({', '.join(devices)}); put them on "
+                   "one", kernel)
     dev = tensors[0].device
-    if dev.type != "cuda":
-        raise KernelError(f"tensors are on {dev}; pykittens launches on CUDA devices here "
-                          "(use pk.emulate for CPU arrays)", kernel.loc, kernel.name)
     if any(t.numel() == 0 for t in tensors):
         return None                                       # nothing to compute
     index = dev.index if dev.index is not None else 0
     target = gpu_target(index)
-    grid = (grid,) if isinstance(grid, int) else tuple(int(g) for g in grid)
     aligned = _aligned(bound)
-    key = (id(kernel), tuple(sorted((k, str(v)) for k, v in consts.items())), aligned, index)
-    entry = _modules.get(key)
-    if entry is None:
-        prog = lower(kernel.specialize(**consts), target)
-        obj = compiler.compile_lane(prog, aligned=aligned)
-        if prog.target.family == "cdna":
-            entry = (obj, prog)                       # the HIP launcher loads and caches it
+    # constants by value and type (two mappings that print alike are different kernels)
+    key = (id(kernel), const_key(consts), aligned, index)
+    with _lock:
+        entry = _modules.get(key)
+        if entry is None:
+            prog = lower(kernel.specialize(**consts), target)
+            obj = compiler.compile_lane(prog, aligned=aligned)
+            if prog.target.family == "cdna":
+                entry = (obj, prog)                   # the HIP launcher loads and caches it
+            else:
+                module = cuda.Module.from_compiled(obj, device=index)
+                entry = (module.function(prog.name), prog)
+            _modules[key] = (kernel, entry)           # the kernel kept alive: id() stays its
         else:
-            module = cuda.Module.from_compiled(obj, device=index)
-            entry = (module.function(prog.name), prog)
-        _modules[key] = entry
+            entry = entry[1]
     code, prog = entry
+    check_program_args(prog, bound, kernel)
     if prog.target.family == "cdna":
         from . import hip
         hip.launch(code, prog.name, prog.params, bound, grid=grid, num_waves=prog.num_waves,
                    stream=stream)
-        return _Plan(kernel, grid, bound, hip_entry=entry)
-    kargs, values = cuda.kernel_arg_values(prog.params, bound, device=code.module.device,
-                                           align=16 if aligned else None, tmaps=prog.tmaps)
-    if code.kargs is None:
-        code.kargs = kargs
-    buf = cuda.pack(kargs, values)
+        return _Plan(kernel, grid, bound, prog.params, hip_entry=entry)
     block = (prog.num_waves * prog.wave_size, 1, 1)
-    code.launch(grid, block, buf, shared_bytes=prog.lds_bytes, stream=stream)
-    return _Plan(kernel, cuda.dims3(grid, "grid"), bound, function=code, block=block,
-                 shared=prog.lds_bytes, kargs=kargs, values=values, buf=buf,
-                 params=prog.params)
+    packed = cuda.launch(code, prog.params, bound, grid, block, shared_bytes=prog.lds_bytes,
+                         stream=stream, align=16 if aligned else None, tmaps=prog.tmaps)
+    if packed is None:                                    # nothing to replay
+        return None
+    kargs, values, buf = packed
+    return _Plan(kernel, cuda.dims3(grid, "grid"), bound, prog.params, function=code,
+                 block=block, shared=prog.lds_bytes, kargs=kargs, values=values, buf=buf)
 
 
 def _signature(kernel, args, kwargs, grid):
     """What a launch's checks and build depend on (see the module docstring), or None where
-    the call is not one the fast path takes (numpy arrays, unhashable constants, ...)."""
-    names = kernel.param_names
+    the call is not one the fast path takes (numpy arrays, 0-d tensors or numpy numbers as
+    scalars, a float or bool in the grid, an argument given twice, ...): those take the
+    checked path every time."""
+    names = getattr(kernel, "param_names", None)
     torch = sys.modules.get("torch")
-    if len(args) > len(names) or torch is None:
+    if names is None or torch is None or len(args) > len(names):
         return None
-    tensor = torch.Tensor
-    key = [kernel, grid if isinstance(grid, int) else tuple(grid)]
-    consts = []
+    if type(grid) is int:
+        g = grid
+    elif type(grid) in (tuple, list) and all(type(x) is int for x in grid):
+        g = tuple(grid)
+    else:
+        return None
+    key = [kernel, g]
+    consts = {}
+    positional = names[:len(args)]
     for k, v in kwargs.items():
         if k not in names:
-            consts.append((k, v))
+            consts[k] = v
+        elif k in positional:
+            return None                      # given twice: the checked path says so
+    tensor = torch.Tensor
+    params = kernel.params
     for i, name in enumerate(names):
         if i < len(args):
             v = args[i]
@@ -148,64 +175,103 @@ def _signature(kernel, args, kwargs, grid):
             return None
         t = type(v)
         if t is int or t is float:
-            p = kernel.params[i]
-            if t is float and p.kind == "scalar" and not p.type.dtype.is_float:
+            if t is float and not params[i].type.dtype.is_float:
                 return None                  # the checked path says whether it is integral
             key.append(t)
         elif isinstance(v, tensor):
-            key.append((v.dtype, v.shape, v.stride(), v.device, v.data_ptr() % 16 == 0))
+            key.append((v.dtype, v.shape, v.stride(), v.device, v.data_ptr() % 16))
         else:
             return None
-    key.append(tuple(sorted(consts)) if len(consts) > 1 else tuple(consts))
+    if consts:
+        from ..lang.kernel import const_key
+        key.append(const_key(consts))
     return tuple(key)
 
 
 class _Plan:
     """A checked launch, replayed for calls of the same signature: the argument buffer of
     the checked call with this call's pointers and scalars written in (ABI offsets), and
-    the tensor maps of the tensors whose address changed re-encoded."""
+    the tensor maps of the tensors whose address changed re-encoded. Calling it launches
+    and returns True, or returns False (launching nothing) where this call's scalars or
+    overlapping tensors need the checked path."""
 
-    def __init__(self, kernel, grid, bound, function=None, block=None, shared=0, kargs=(),
-                 values=(), buf=b"", params=(), hip_entry=None):
+    def __init__(self, kernel, grid, bound, params, function=None, block=None, shared=0,
+                 kargs=(), values=(), buf=b"", hip_entry=None):
+        from ..ir import types as T
         from .abi import FORMAT, offsets
+        from .args import memory_span
         self.names = kernel.param_names
         self.grid, self.hip_entry, self.function = grid, hip_entry, function
         self.block, self.shared, self.buf = block, shared, bytes(buf)
         self.params = {p.name: p for p in params}
-        self.fields, self.tmaps = [], []
         index = {n: i for i, n in enumerate(self.names)}
+        # scalars: (index, the largest magnitude the checks accept)
+        self.scalars = [(index[p.name], _F32_MAX if T.dtype_of(p.type.dtype).is_float
+                         else None) for p in params if p.kind != "gl"]
+        # tensors: (index, bytes from the first element to past the last, layout) for the
+        # overlap check (runtime.args.check_overlaps: spans that meet must be one view)
+        self.tensors = []
+        for p in params:
+            if p.kind == "gl":
+                v = bound[p.name]
+                lo, hi = memory_span(v)
+                self.tensors.append((index[p.name], hi - lo,
+                                     (str(v.dtype), tuple(v.shape), tuple(v.stride()))))
+        self.fields, self.tmaps = [], []
         for a, off, v in zip(kargs, offsets(kargs) if kargs else (), values):
             if a.kind == "ptr":
                 self.fields.append((index[a.param], off, "ptr", FORMAT["ptr"]))
             elif a.kind == "scalar":
                 self.fields.append((index[a.param], off, a.dtype, FORMAT[a.dtype]))
             elif a.kind == "tmap":
-                ptr = bound[a.param].data_ptr()
-                self.tmaps.append([index[a.param], off, a, ptr, bytes(v)])
+                # [index, offset, karg, (address, encoded map)]: the pair replaced at once,
+                # so concurrent callers never see a map of another address
+                self.tmaps.append((index[a.param], off, a,
+                                   [(bound[a.param].data_ptr(), bytes(v))]))
 
-    def __call__(self, args, kwargs, stream):
+    def _passes(self, vals) -> bool:
+        """The checks that depend on more than the signature."""
+        for i, limit in self.scalars:
+            v = vals[i]
+            if limit is None:
+                if not -2**31 <= v <= I32_MAX:
+                    return False
+            elif not -limit <= v <= limit:            # overflow, or inf / nan: checked path
+                return False
+        if len(self.tensors) > 1:
+            spans = sorted((vals[i].data_ptr(), n, i, layout) for i, n, layout in self.tensors)
+            end, last = spans[0][0] + spans[0][1], spans[0]
+            for s in spans[1:]:
+                if s[0] < end and not (s[0] == last[0] and s[3] == last[3] and
+                                       s[1] == last[1]):
+                    return False                      # overlapping, not the same view
+                if s[0] + s[1] > end:
+                    end, last = s[0] + s[1], s
+        return True
+
+    def __call__(self, args, kwargs, stream) -> bool:
         vals = list(args) + [kwargs[n] for n in self.names[len(args):]]
+        if not self._passes(vals):
+            return False
         if self.hip_entry is not None:
             from . import hip
             code, prog = self.hip_entry
             hip.launch(code, prog.name, prog.params, dict(zip(self.names, vals)),
                        grid=self.grid, num_waves=prog.num_waves, stream=stream)
-            return
+            return True
         from . import cuda
         buf = bytearray(self.buf)
         for i, off, kind, fmt in self.fields:
             v = vals[i]
-            if kind == "ptr":
-                v = v.data_ptr()
-            elif kind == "i32" and not -2**31 <= v < 2**31:
-                raise OverflowError(f"kernel argument {self.names[i]!r} = {v} does not fit "
-                                    "i32")
-            struct.pack_into(fmt, buf, off, v)
-        for tm in self.tmaps:
-            t = vals[tm[0]]
-            if t.data_ptr() != tm[3]:                     # the tensor moved: a new map
-                tm[3], tm[4] = t.data_ptr(), cuda.encode_tensor_map(
-                    t, tm[2].tma, self.params[tm[2].param].type.dtype)
-            buf[tm[1]:tm[1] + 128] = tm[4]
+            struct.pack_into(fmt, buf, off, v.data_ptr() if kind == "ptr" else v)
+        for i, off, karg, cell in self.tmaps:
+            t = vals[i]
+            ptr, enc = cell[0]
+            if t.data_ptr() != ptr:                       # the tensor moved: a new map
+                ptr, enc = t.data_ptr(), cuda.encode_tensor_map(
+                    t, karg.tma, self.params[karg.param].type.dtype)
+                cell[0] = (ptr, enc)
+            buf[off:off + 128] = enc
         self.function.launch_checked(self.grid, self.block, buf, self.shared,
                                      cuda.stream_handle(stream, self.function.module.device))
+        return True

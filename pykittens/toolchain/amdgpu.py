@@ -34,6 +34,11 @@ from . import cache
 from .isolate import ToolchainError, run_isolated
 
 CODE_OBJECT_VERSIONS = (4, 5, 6)
+# What pykittens asks of LLVM and the linker; all of it is part of the cache key, so a
+# change here (or in _codegen_* / _link: bump PIPELINE_VERSION) never reuses an old object.
+PIPELINE_VERSION = 1
+PASSES = "default<O3>"               # the IR pass pipeline, then codegen at -O3, PIC
+LINK_FLAGS = ("-shared", "--no-undefined")
 _ROCM = "rocm-llvm-python"
 _LLVMLITE = "llvmlite"
 _INSTALL_ROCM = ("pip install rocm-llvm-python (Linux x86-64, CPython 3.11/3.12; it bundles "
@@ -64,12 +69,14 @@ def compile_ir(ir_text: str, target: str, *, code_object_version: int = 5) -> by
     backend = _codegen_backend(ir)
     lld = find_lld()
     key = cache.cache_key("hsaco", ir, t.name, str(code_object_version),
+                          f"pipeline {PIPELINE_VERSION}", PASSES, " ".join(LINK_FLAGS),
                           _backend_version(backend), lld_version(lld))
     hit = cache.lookup("hsaco", key)
     if hit is not None:
         return hit
     fn = "_codegen_rocm" if backend == _ROCM else "_codegen_llvmlite"
-    out = run_isolated(f"{__name__}:{fn}", {"ir": ir, "cpu": t.name, "triple": t.triple},
+    out = run_isolated(f"{__name__}:{fn}", {"ir": ir, "cpu": t.name, "triple": t.triple,
+                                            "passes": PASSES},
                        what=f"AMDGPU code generation for {t.name} ({backend})", save_text=ir)
     for msg in out["warnings"]:
         if not _PINNED_CLOBBER.match(msg):
@@ -91,7 +98,8 @@ def disassemble(hsaco: bytes, target: str) -> str:
     t = _cdna(target)
     if not _have_rocm():
         raise ToolchainError(f"disassembling {t.name} code needs AMD's LLVM: {_INSTALL_ROCM}")
-    key = cache.cache_key("asm", hsaco, t.name, _backend_version(_ROCM))
+    key = cache.cache_key("asm", hsaco, t.name, f"pipeline {PIPELINE_VERSION}",
+                          _backend_version(_ROCM))
     hit = cache.lookup("asm", key)
     if hit is not None:
         return hit.decode()
@@ -110,7 +118,8 @@ def instructions(hsaco: bytes, target: str) -> dict[str, list[tuple[int, int, st
     t = _cdna(target)
     if not _have_rocm():
         raise ToolchainError(f"disassembling {t.name} code needs AMD's LLVM: {_INSTALL_ROCM}")
-    key = cache.cache_key("insts", hsaco, t.name, _backend_version(_ROCM))
+    key = cache.cache_key("insts", hsaco, t.name, f"pipeline {PIPELINE_VERSION}",
+                          _backend_version(_ROCM))
     hit = cache.lookup("insts", key)
     if hit is not None:
         return {k: [tuple(i) for i in v] for k, v in json.loads(hit).items()}
@@ -321,7 +330,7 @@ def _link(obj: bytes, lld: str, cpu: str, ir: str) -> bytes:
         src, dst = os.path.join(d, "kernel.o"), os.path.join(d, "kernel.hsaco")
         with open(src, "wb") as f:
             f.write(obj)
-        proc = subprocess.run([lld, "-shared", "--no-undefined", src, "-o", dst],
+        proc = subprocess.run([lld, *LINK_FLAGS, src, "-o", dst],
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             fd, path = tempfile.mkstemp(prefix="pykittens-failed-", suffix=".ll")
@@ -443,7 +452,8 @@ def _codegen_rocm(p: dict) -> dict:
     tm = lib.LLVMCreateTargetMachine(tgt, triple, p["cpu"].encode(), b"", 3, 2, 0)
     if not lib.LLVMGetDataLayoutStr(mod):
         lib.LLVMSetModuleDataLayout(mod, lib.LLVMCreateTargetDataLayout(tm))
-    err = lib.LLVMRunPasses(mod, b"default<O3>", tm, lib.LLVMCreatePassBuilderOptions())
+    err = lib.LLVMRunPasses(mod, p.get("passes", PASSES).encode(), tm,
+                            lib.LLVMCreatePassBuilderOptions())
     if err:
         m = lib.LLVMGetErrorMessage(err)
         text = ctypes.string_at(m).decode()

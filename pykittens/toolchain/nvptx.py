@@ -29,6 +29,9 @@ from .isolate import ToolchainError, run_isolated
 # LLVM 22 refuses sm_90a without an explicit ptx feature; CUDA 12.4+ drivers JIT 8.4.
 PTX_FEATURES = "+ptx84"
 
+# ptxas flags besides the output (-o) and the input; part of the cubin cache key.
+PTXAS_FLAGS = ("-v",)
+
 # Functions the CUDA toolchain itself resolves; any other `.extern .func` is a bug in the IR.
 _BUILTIN_EXTERNS = frozenset({"vprintf", "__assertfail", "malloc", "free"})
 
@@ -219,7 +222,7 @@ def _run_ptxas(ptxas: str, ptx: str, arch: str) -> tuple[bytes, str]:
         src, out = os.path.join(d, "kernel.ptx"), os.path.join(d, "kernel.cubin")
         with open(src, "w") as f:
             f.write(ptx)
-        p = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", out, src],
+        p = subprocess.run([ptxas, f"-arch={arch}", *PTXAS_FLAGS, "-o", out, src],
                            capture_output=True, text=True, timeout=600)
         log = (p.stdout + p.stderr).replace(src, "kernel.ptx")
         if p.returncode != 0 or not os.path.exists(out):
@@ -237,7 +240,8 @@ def assemble(ptx: str, target: str = "sm_90a", *, use_cache: bool = True) -> tup
     ptxas = find_ptxas()
     if ptxas is None:
         return None, install_hint("ptxas")
-    key = cache.cache_key("nvptx-cubin-1", ptx, t.name, _version_of(ptxas) or "")
+    key = cache.cache_key("nvptx-cubin-1", ptx, t.name, " ".join(PTXAS_FLAGS),
+                          f"ptxas {_version_of(ptxas) or ''}")
     if use_cache:
         cubin, log = cache.lookup("cubin", key), cache.lookup("ptxas-log", key)
         if cubin is not None and log is not None:

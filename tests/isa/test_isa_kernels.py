@@ -68,6 +68,62 @@ def test_dispatch_state(target):
 
 
 @pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("name", ["bf16", "f16", "i8", "i32"])
+def test_casts_from_the_code_object(target, name):
+    """pk.cast of f32 in registers (tests/test_emulator.py's cast kernel, ragged grid), from
+    the code object against numpy's conversions: round to nearest even (ties included),
+    integers saturate."""
+    from test_emulator import M, N, cast_k, grid_2d, ref_cast
+    x = (np.random.default_rng(7).standard_normal((M, N)) * 200).astype(np.float32)
+    x[:2, :8] = [[0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1e10, -1e10],
+                 [126.5, 127.5, -128.5, -129.5, 2.7, -2.7, 3.5, 4.5]]
+    got = isa.emulate(cast_k, x, np.full((M, N), np.nan, np.float32), grid=grid_2d(M, N),
+                      target=target, MID=name)["out"]
+    with np.errstate(over="ignore"):                  # 1e10 -> f16: inf
+        want = ref_cast(x, name) if name != "i32" else \
+            np.clip(np.rint(x.astype(np.float64)), -2**31, 2**31 - 1).astype(np.int32)
+    assert np.array_equal(got, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("dt,sw,lay", [("f32", 0, "row"), ("bf16", 4, "col"),
+                                       ("bf16", 8, "row"), ("f32", 8, "col")])
+def test_shared_tiles_from_the_code_object(target, dt, sw, lay):
+    """tests/test_emulator.py's shared-tile round trip (whole-workgroup copy in, per-wave
+    reads and writes, copy out; ragged against the tile) with swizzled tiles, f32 rows of
+    two 128-byte column blocks included: numpy's expected values, from the code object."""
+    from test_emulator import shared_k
+    npd = T.DTYPES[dt].np
+    m, n = 50, 40
+    x = np.random.default_rng(2).standard_normal((m, n)).astype(npd)
+    got = isa.emulate(shared_k, x, np.full((m, n), np.nan, np.float32),
+                      np.full((m, n), np.nan, npd), grid=2, target=target, SW=sw, LAY=lay,
+                      FILL=7.0)
+    assert np.array_equal(got["out"], 2 * x.astype(np.float32))
+    xp = np.full((64, 64), 7.0)
+    xp[:m, :n] = x.astype(np.float64)
+    ref = np.concatenate([xp[32 * b + 8 * (3 - w):32 * b + 8 * (4 - w)]
+                          for b in range(2) for w in range(4)]) + 1
+    assert np.array_equal(got["back"].astype(np.float64),
+                          ref[:m, :n].astype(npd).astype(np.float64))
+
+
+@pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("sw", [0, 8])
+def test_direct_to_lds_from_the_code_object(target, sw):
+    """tests/test_codegen.py's memory -> LDS DMA (4 waves, a 64 x 64 bf16 tile, plain and
+    128B-swizzled), from the code object: each lane's chunk lands at the wave's LDS base +
+    lane * bytes, so the tile read back must be the tensor. 50 columns: the ordinary path."""
+    from test_codegen import _direct
+    rng = np.random.default_rng(5)
+    for shape in ((128, 64), (100, 50)):
+        x = rng.standard_normal(shape).astype(pk.bf16.np)
+        got = isa.emulate(_direct, x, np.zeros_like(x), grid=(-(-shape[0] // 64),),
+                          target=target, SW=sw)["out"]
+        assert np.array_equal(got.view(np.uint16), x.view(np.uint16))
+
+
+@pytest.mark.parametrize("target", CDNA)
 def test_pinned_gemm_example(target):
     """docs/examples/pinned_gemm.py at K = 96. Its MFMAs are inline asm, which LLVM's
     hazard recognizer does not see, so the renderer places their wait states itself: the
@@ -131,9 +187,9 @@ def test_isa_entry_points_and_errors(capsys):
                  "70", "--isa"]) == 0
     assert "softmax gfx950 (code object, ISA emulator) bf16 shape=(5, 70) out" in \
         capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--isa runs AMD code objects: softmax on "
-                                         "gfx942/gfx950, not sm_90a"):
-        main(["emulate", "softmax", "--target", "sm_90a", "--isa"])
+    assert main(["emulate", "softmax", "--target", "sm_90a", "--isa"]) == 2
+    assert "--isa runs AMD code objects: softmax on gfx942/gfx950, not sm_90a" in \
+        capsys.readouterr().err
     x = np.ones((4, 64), np.float32)
     with pytest.raises(ValueError, match="the ISA emulator runs AMD code objects .gfx942, "
                                          "gfx950., not sm_90a"):
@@ -141,5 +197,5 @@ def test_isa_entry_points_and_errors(capsys):
     with pytest.raises(pk.KernelError, match="has element type bf16 but the kernel expects f32"):
         pk.emulate(spec.kernel, x.astype(pk.bf16.np), x, grid=1, target="gfx950", isa=True,
                    DT="f32")
-    with pytest.raises(ValueError, match="grid must be 1 to 3 positive workgroup counts"):
+    with pytest.raises(ValueError, match="grid must be 1 to 3 positive sizes"):
         pk.emulate(spec.kernel, x, x, grid=(0,), target="gfx950", isa=True)

@@ -1,6 +1,7 @@
 """The oracle bites: realistic code-generation bugs planted in a code object or in the LLVM
 IR, which the lane emulator cannot see (it runs the lane program), make the run from the
-code object disagree with numpy; the unplanted code agrees."""
+code object disagree with numpy, or stop at the race they cause; the unplanted code agrees.
+(tools/mutations.py plants bugs in the compiler's source instead.)"""
 import re
 import struct
 
@@ -128,3 +129,35 @@ def test_truncating_float_to_int_cast_in_the_ir():
     bad = run_object(amdgpu.compile_ir(bad_ir, target), to_int, target, args, (1,), {})
     assert np.array_equal(bad["out"], np.trunc(x64).clip(-2**31, 2**31 - 1).astype(np.int32))
     assert not np.array_equal(bad["out"], want)
+
+
+@pk.kernel(num_waves=4)
+def swap_blocks(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):
+    """Wave w puts rows 8w..8w+7 into LDS and, after the barrier, reads wave 3 - w's."""
+    s = pk.empty(pk.st((32, 64), pk.f32))
+    w = pk.wave_id()
+    pk.store(s, pk.load(pk.rt((8, 64), pk.f32), x, (w * 8, 0)), (w * 8, 0))
+    pk.barrier()
+    pk.store(out, pk.load(pk.rt((8, 64), pk.f32), s, ((3 - w) * 8, 0)), (w * 8, 0))
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_barrier_without_its_fences_in_the_ir(target):
+    """pk.barrier() is s_barrier between workgroup release and acquire fences, for which
+    LLVM first waits for the wave's LDS writes (s_waitcnt lgkmcnt(0)): the LDS requests of
+    different waves may be reordered (AMDGPUUsage, memory model GFX942). Planted: the fences
+    dropped, so the writes are still in flight at the barrier when another wave reads
+    them; the lane program, which has no such thing as a request in flight, is right."""
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
+    want = x.reshape(4, 8, 64)[::-1].reshape(32, 64)
+    ir = compiler.llvm_ir(swap_blocks, target)
+    bad_ir = mutate(ir, r'^\s*fence syncscope\("workgroup"\) (?:release|acquire)(?:, !dbg !\d+)?\n',
+                    "", count=2)
+    args = {"x": x, "out": np.zeros((32, 64), np.float32)}
+    good = run_object(amdgpu.compile_ir(ir, target), swap_blocks, target, args, (1,), {})
+    assert np.array_equal(good["out"], want)
+    with pytest.raises(isa.ISAError, match=r"reads LDS bytes \d+\.\.\d+ while wave \d's "
+                                           r"ds_write_b\d+ at 0x[0-9a-f]+ may still be writing"):
+        run_object(amdgpu.compile_ir(bad_ir, target), swap_blocks, target, args, (1,), {})
+    lane = pk.emulate(swap_blocks, x, np.zeros((32, 64), np.float32), grid=1, target=target)
+    assert np.array_equal(lane["out"], want)

@@ -11,6 +11,7 @@ from pykittens.ir import types as T
 from pykittens.ir.nodes import Param
 from pykittens.runtime import cuda as rc
 from pykittens.runtime.abi import kernel_args
+from pykittens.runtime.args import ArgumentError
 
 PARAMS = [Param("x", "gl", T.GlobalType(T.f32, (None, None))),
           Param("out", "gl", T.GlobalType(T.f32, (None,))),
@@ -96,8 +97,9 @@ def test_dims3():
 
 
 @pytest.mark.parametrize("kwargs, tensor, exc, words", [
-    ({}, FakeTensor((4,), device=("cpu", None)), rc.CudaError, "on .*move it to the GPU"),
-    ({"device": 1}, FakeTensor((4,)), rc.CudaError, "on cuda:0 but the kernel is loaded on cuda:1"),
+    ({}, FakeTensor((4,), device=("cpu", None)), ArgumentError, "on .*move it to the GPU"),
+    ({"device": 1}, FakeTensor((4,)), ArgumentError,
+     "on cuda:0 but the kernel is loaded on cuda:1"),
     ({"dtype": "f32"}, FakeTensor((4,), dtype="torch.bfloat16"), TypeError,
      "element type bf16 but the kernel expects f32"),
     ({"rank": 2}, FakeTensor((4,)), ValueError, "rank 1 but the kernel expects rank 2"),

@@ -182,3 +182,40 @@ def test_fast_path_costs_less_host_time(driver, make):
     fast = min(per_call_seconds(call, driver, True) for _ in range(3))
     print(f"\n{call[0].name}: checked {slow * 1e6:.1f} us, fast {fast * 1e6:.1f} us per launch")
     assert fast < 0.5 * slow
+
+
+def test_the_fast_path_keeps_the_argument_rules(driver, monkeypatch):
+    """A call whose signature matches a plan still meets every rule of runtime.args: what
+    varies from call to call (scalar values, tensors overlapping in memory) is checked on
+    the fast path too, and what looks alike to Python (a float grid, a bool scalar, an
+    argument given twice) never reaches a plan."""
+    kernel, args, grid, consts = base = rms_call()
+    run(base, driver, fast=True)
+    assert len(launch_mod._plans) == 1
+    launches = len(driver.launches)
+
+    def refused(match, *a, grid=grid, **kw):
+        with pytest.raises(pk.KernelError, match=match):
+            pk.launch(kernel, *a, grid=grid, stream=5, **kw, **consts)
+        assert len(driver.launches) == launches
+
+    refused("grid sizes must be ints", *args, grid=tuple(float(g) for g in grid))
+    refused("must be a number", *args[:4], True)
+    refused("given twice", *args, out=args[2])
+    refused("overflows f32", *args[:4], 1e39)
+    # an output overlapping the input, shifted by 16 bytes: same signature, other views
+    m, n = args[0].shape
+    buf = torch.empty(m * n + 8).bfloat16()
+    x, out = gpu(buf[:m * n].view(m, n)), gpu(buf[8:].view(m, n))
+    assert x.data_ptr() % 16 == args[0].data_ptr() % 16 == out.data_ptr() % 16
+    refused("overlap in memory but are different views", x, args[1], out, *args[3:])
+    assert len(launch_mod._plans) == 1
+    # the same view as input and output (an in-place update) is allowed on either path
+    inplace = (kernel, (args[0], args[1], args[0]) + args[3:], grid, consts)
+    checked = []
+    real = launch_mod._checked_launch
+    monkeypatch.setattr(launch_mod, "_checked_launch", lambda *a: checked.append(1) or real(*a))
+    fast = run(inplace, driver, fast=True)
+    assert not checked                                     # the plan launched it
+    assert fast == run(inplace, driver, fast=False) and checked == [1]
+    assert len(launch_mod._plans) == 1
