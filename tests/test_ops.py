@@ -1,7 +1,7 @@
 """pykittens.ops on CPU tensors (the library kernels run in the emulator): every op's forward
 and backward against torch autograd of a float64 reference, f32 and bf16 (f16 too), at
-ragged shapes; torch.compile(fullgraph=True) over a module using them; FakeTensorMode
-shapes; and the errors for bad inputs."""
+ragged shapes and (the row ops) rows of 256 to 65536 columns; torch.compile(fullgraph=True)
+over a module using them; FakeTensorMode shapes; and the errors for bad inputs."""
 import math
 
 import pytest
@@ -113,6 +113,32 @@ def test_softmax(dtype):
     x.data *= 3
     check_grads(lambda x: pko.softmax(x, dim=-1), lambda x: torch.softmax(x, -1), (x,), dtype)
     assert torch.equal(pko.softmax(x.detach(), 2), pko.softmax(x.detach()))
+
+
+ROWS = 3              # no multiple of a workgroup's 4 resident rows
+ROW_OPS = {           # op: (input shapes for rows of n columns, the op, the torch reference)
+    "layer_norm": (lambda n: [(ROWS, n), (n,), (n,)],
+                   lambda x, w, b: pko.layer_norm(x, (x.shape[-1],), w, b),
+                   lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b)),
+    "rms_norm": (lambda n: [(ROWS, n), (n,)],
+                 lambda x, w: pko.rms_norm(x, (x.shape[-1],), w, 1e-5),
+                 lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-5)),
+    "add_rms_norm": (lambda n: [(ROWS, n), (ROWS, n), (n,)],
+                     lambda x, r, w: pko.add_rms_norm(x, r, w, 1e-5),
+                     lambda x, r, w: (F.rms_norm(x + r, (x.shape[-1],), w, 1e-5), x + r)),
+    "softmax": (lambda n: [(ROWS, n)], pko.softmax, lambda x: torch.softmax(x, -1)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [256, 4096, 65536])
+@pytest.mark.parametrize("op", list(ROW_OPS))
+def test_row_ops_from_256_to_65536_columns(op, n, dtype):
+    """Each row op forward and backward against float64 autograd at the narrowest and
+    widest rows the schedules cover: held by one wave (256), split across waves (4096;
+    bf16 65536 across 32), looped (f32 65536)."""
+    shapes, fn, ref = ROW_OPS[op]
+    check_grads(fn, ref, tuple(leaves(*shapes(n), dtype=dtype, offset=0.5)), dtype)
 
 
 def rope_reference(x, cos, sin, interleaved, positions=None):
