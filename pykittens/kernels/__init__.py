@@ -435,7 +435,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                compile_consts={"DT": "bf16", "RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512},
                torch_reference=_add_rms_torch),
     KernelSpec("rmsnorm_bwd", rmsnorm_bwd, _rms_grad_inputs, _rms_grad_ref, rms_grad_launch,
-               ("dx", "dw_part"), partials=("dw_part",), shapes=_NORM_SMALL, gpu_shapes=((16384, 8192),),
+               ("dx", "dw_part"), partials=("dw_part",), shapes=_NORM_SMALL,
+               gpu_shapes=((16384, 8192),),
                compile_consts={"DT": "bf16", "RESIDENT": 1, "N_MAX": 512, "CHUNK": 512,
                                "RESIDUAL": 1},
                torch_reference=lambda t: _norm_grad_torch(t, False)),
@@ -493,7 +494,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err",
-           "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
+           "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch",
+           "rope_launch",
            "add_rmsnorm", "column_sum", "gemm", "gemm_wgmma", "gemm_ws", "layernorm",
            "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope", "scaled_add", "softmax",
            "softmax_bwd", "tma_scale", "ws_scale"]
