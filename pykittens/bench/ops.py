@@ -107,7 +107,7 @@ def _families() -> dict[str, Family]:
         _norm_family(
             "rms_norm", rows, lambda x, w: pko.rms_norm(x, (x.shape[-1],), w, 1e-6),
             lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
-            None if q_rms is None else (lambda x, w: q_rms(x, w, 1e-6)), (2, 3)),
+            None if q_rms is None else (lambda x, w: q_rms(x, w, eps=1e-6)), (2, 3)),
         _norm_family(
             "add_rms_norm", lambda s, d: rows(s, d, residual=True),
             lambda x, r, w: pko.add_rms_norm(x, r, w, 1e-6)[0],
