@@ -92,6 +92,7 @@ def _ln_shape(rows, spec, m, n, alternatives, copy_bw):
     w = torch.randn(n, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
     out = torch.empty_like(x)
+    stats = torch.empty(2, m, device=DEV)            # mean, rstd: written with STATS=1
     default_grid, default_consts = spec.launch({"x": np.empty((m, n), np.float16)}, "sm_90a")
     results = {"default": default_consts}
     ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)
@@ -100,7 +101,7 @@ def _ln_shape(rows, spec, m, n, alternatives, copy_bw):
         grid = default_grid if name == "library default" else \
             (-(-m // _ln_rows_per_workgroup(consts)),)
         variants[f"pykittens {name}"] = (
-            lambda c=consts, g=grid: pk.launch(spec.kernel, x, w, b, out, 1e-5, grid=g, **c))
+            lambda c=consts, g=grid: pk.launch(spec.kernel, x, w, b, out, stats, 1e-5, grid=g, **c))
     variants["torch.layer_norm"] = (
         lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5))
     for name, fn in variants.items():

@@ -18,7 +18,7 @@ from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, 
                        mask_outside, max, min, mma_AB, mma_ABt, mma_AtB, mma_wait, mul,
                        num_programs, num_waves, program_id, range, row_index, row_max, row_sum,
                        rsqrt, rt, rv, setprio, sqrt, st, static_range, store, sub, subtile,
-                       transpose, wave_id, workgroup_max, workgroup_sum, zeros)
+                       transpose, wave_id, workgroup_max, workgroup_sum, xor_cols, zeros)
 from .lang.pipeline import Ring, StagedStore
 from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, tile_walk,
                             waitcnt)

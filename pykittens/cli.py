@@ -1,4 +1,4 @@
-"""The `pykittens` command: demo, compile, emulate, chiplet."""
+"""The `pykittens` command: demo, compile, emulate, chiplet, bench."""
 from __future__ import annotations
 
 import argparse
@@ -163,27 +163,26 @@ def _check_isa(spec, shape, dtype, target, rng) -> dict:
     """kernels.check, with the kernel's code object run on the ISA emulator."""
     from . import isa
     from .ir.types import dtype_of
-    from .kernels.spec import rel_err
     if target not in spec.targets or not target.startswith("gfx"):
         raise CliError(f"--isa runs AMD code objects: {spec.name} on gfx942/gfx950, not "
                        f"{target}")
-    inputs = spec.make_inputs(shape, dtype_of(dtype), rng)
-    for name in spec.outputs:                     # poison outputs: unwritten elements show
-        inputs[name] = np.full_like(inputs[name], np.nan)
+    inputs = spec.poison(spec.make_inputs(shape, dtype_of(dtype), rng))
     grid, consts = spec.launch(inputs, target)
     got = isa.emulate(spec.kernel, grid=grid, target=target, **inputs, **consts)
-    ref = spec.reference(inputs)
-    out = {}
-    for name in spec.outputs:
-        g = got[name].astype(np.float64)
-        out[name] = {"rel_err": rel_err(g, ref[name]),
-                     "max_abs_err": float(np.max(np.abs(g - ref[name]))) if g.size else 0.0}
-    return out
+    return spec.errors(got, spec.reference(inputs))
 
 
 def cmd_demo(a) -> int:
     from .demo import run_demo
     return run_demo(quick=a.quick)
+
+
+def cmd_bench(a) -> int:
+    from .bench import ops
+    if a.list:
+        print("\n".join(ops.FAMILY_NAMES))
+        return 0
+    return ops.main(a.families, a.out, quick=a.quick, dtypes=a.dtype, reps=a.reps)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -218,6 +217,25 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--isa", action="store_true", help="compile for the target and run the "
                    "code object on the instruction-level emulator (gfx942, gfx950)")
     e.set_defaults(fn=cmd_emulate)
+    from .bench.ops import FAMILY_NAMES
+    b = sub.add_parser("bench", help="time pykittens.ops against torch (eager, compile, "
+                       "cuBLAS/cuDNN) and QuACK on this GPU: JSON, Markdown and a PNG chart "
+                       "per family",
+                       description="Time the torch ops of pykittens.ops against their peers "
+                       "on the GPU present, after checking each result against torch; write "
+                       "FAMILY.json, FAMILY.md and FAMILY.png per family to --out. Needs a "
+                       "GPU (without one it says so and exits 1).")
+    b.add_argument("families", nargs="*", metavar="FAMILY",
+                   help=f"{', '.join(FAMILY_NAMES)} (default: all)")
+    b.add_argument("--out", default="bench-results", help="output directory "
+                   "(default: %(default)s)")
+    b.add_argument("--quick", action="store_true", help="one or two shapes per family")
+    b.add_argument("--dtype", action="append", choices=("bf16", "f32"),
+                   help="element types of the row ops (default: bf16 and f32)")
+    b.add_argument("--reps", type=int, default=20, help="calls per timed CUDA graph "
+                   "(default: %(default)s)")
+    b.add_argument("--list", action="store_true", help="print the families and exit")
+    b.set_defaults(fn=cmd_bench)
     try:
         from .chiplet import cli as chiplet_cli
     except ImportError:

@@ -181,6 +181,17 @@ def pinned_fp8(a: pk.gl["DT", 2], bt: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
 
 
 @pk.kernel(num_waves=1)
+def pinned_fp8_step(a: pk.gl[pk.e4m3, 2], bt: pk.gl[pk.e4m3, 2], c: pk.gl[pk.f32, 2]):
+    """One fp8 MFMA in straight-line code: the loads' last writes to its pinned operands
+    come right before it."""
+    acc = pk.zeros(pk.rt((32, 32), pk.f32, role="acc", pin="a0"))
+    ta = pk.load(pk.rt((32, 64), pk.e4m3, role="a", pin="v192"), a, (0, 0))
+    tb = pk.load(pk.rt((32, 64), pk.e4m3, role="b", layout="row", pin="v224"), bt, (0, 0))
+    pk.mma_ABt(acc, ta, tb)
+    pk.store(c, acc)
+
+
+@pk.kernel(num_waves=1)
 def pinned_mx(a: pk.gl[pk.e4m3, 2], b: pk.gl[pk.e4m3, 2], sa: pk.gl[pk.e8m0, 2],
               sb: pk.gl[pk.e8m0, 2], c: pk.gl[pk.f32, 2]):
     """Block-scaled MFMAs on a pinned accumulator: the scales are asm inputs."""
@@ -234,6 +245,7 @@ KERNELS = {
     "pinned_fp8_32": (pinned_fp8, {}, ("gfx950",)),
     "pinned_fp8_16": (pinned_fp8, {"MMA": 16, "BK": 128}, ("gfx950",)),
     "pinned_fp8_short_k": (pinned_fp8, {"BK": 32}, ("gfx950",)),
+    "pinned_fp8_step": (pinned_fp8_step, {}, ("gfx950",)),
     "pinned_fnuz": (pinned_fp8, {"DT": "e4m3fnuz", "BK": 32}, ("gfx942",)),
     "pinned_mx": (pinned_mx, {}, ("gfx950",)),
     "pinned_operands": (pinned_operands, {}, CDNA),
@@ -261,7 +273,7 @@ def test_llvm_meets_the_same_rules_around_its_own_mfmas(target, consts):
 @pytest.mark.parametrize("name,target,consumer", [
     ("pinned_fp8_32", "gfx950", "-> v_accvgpr_read_b32"),      # acc read after its MFMA
     ("pinned_fnuz", "gfx942", "-> v_accvgpr_read_b32"),
-    ("pinned_fp8_32", "gfx950", "-> v_mfma_f32_32x32x64_f8f6f4"),  # operand write, MFMA
+    ("pinned_fp8_step", "gfx950", "-> v_mfma_f32_32x32x64_f8f6f4"),  # operand write, MFMA
     ("pinned_mx", "gfx950", "-> v_mfma_scale_f32_32x32x64_f8f6f4"),  # LLVM's VALU, asm MFMA
     ("pinned_operands", "gfx942", "-> v_mfma_f32_32x32x8_bf16")])   # asm read, LLVM's MFMA
 def test_the_scanner_finds_the_hazards_without_the_nops(name, target, consumer):

@@ -68,7 +68,8 @@ def test_kernel_arguments_follow_the_abi():
     names = re.findall(r"%([\w.]+)", head)
     assert names == ["x", "x.size0", "x.size1", "x.stride0", "x.stride1", "w", "w.size0",
                      "w.stride0", "b", "b.size0", "b.stride0", "out", "out.size0", "out.size1",
-                     "out.stride0", "out.stride1", "eps"]
+                     "out.stride0", "out.stride1", "stats", "stats.size0", "stats.size1",
+                     "stats.stride0", "stats.stride1", "eps"]
     assert '"amdgpu-flat-work-group-size"="256,256"' in ir
 
 

@@ -25,3 +25,12 @@ def test_readme_snippets_run():
     readme = os.path.join(ROOT, "README.md")
     assert len(doc_python_blocks(readme)) == 2
     run_doc_blocks(readme, "readme_md")
+
+
+def test_ops_guide_snippets_run():
+    """docs/ops.md: every op on CPU tensors against torch, its errors, torch.compile."""
+    import pytest
+    pytest.importorskip("torch")
+    path = os.path.join(ROOT, "docs", "ops.md")
+    assert len(doc_python_blocks(path)) >= 9
+    run_doc_blocks(path, "ops_md")

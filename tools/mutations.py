@@ -201,6 +201,14 @@ MUTATIONS: list[Mutation] = [
        [LIB, "-k", "library_kernel and padded and (scaled_add or softmax)"],
        "ISA emulator with rows padded to 16 elements (`pad_rows`): the last rows read 0 "
        "(`test_library_kernel_from_its_code_object[...-padded]`, `test_dispatch_state`)"),
+    _m("one-row-column-bound", AMDGPU_PY,
+       '            room = self.op(f"sub i32 {left.text}, {i + 1}", "i32", 0)      # < 0: past the end',
+       '            room = self.op(f"sub i32 {left.text}, {i}", "i32", 0)      # < 0: past the end',
+       "the column bound of a one-row window (an i32 per element, the row kernels' tiles) "
+       "off by one: the element just past a row's end counts as inside",
+       [LIB, "-k", "library_kernel and (softmax or layernorm)"],
+       "ISA emulator at ragged shapes: softmax/layernorm rows take in the next row's first "
+       "element"),
     _m("pinned-wait-gap", AMDGPU_PY,
        "            return self.hz_pos - pos - 1",
        "            return self.hz_pos - pos",
@@ -282,9 +290,10 @@ MUTATIONS: list[Mutation] = [
        '        hi = self.op(f"icmp sle i32 {v.text}, {size.text}", "i1", 0)',
        "per-lane bounds on the edge path test index <= size: one element past a row's end "
        "is read and written",
-       [LIB, "-k", "library_kernel and softmax"],
-       "ISA emulator at ragged shapes: softmax/layernorm rows take in the next row's first "
-       "element; gemm's ragged K"),
+       [LIB, "-k", "library_kernel and (column_sum or gemm)"],
+       "ISA emulator at ragged shapes: column_sum's rows take in the next row's first "
+       "element; gemm's ragged K (the row kernels' one-row tiles bound their columns in "
+       "amdgpu.py: `one-row-column-bound`)"),
     _m("edge-store-run-vector", LLVM_PY,
        '                v_l, e_l, j_l = self.branch(run_full, "run_vec", "run_elem", "run_join")\n'
        "                self.start_block(v_l)\n"

@@ -18,8 +18,13 @@ TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 
 def to_torch(inputs: dict) -> dict:
     """numpy inputs -> CUDA tensors of the same element types (scalars pass through)."""
-    return {k: torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[v.dtype.name])
-            if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+    def one(v):
+        if not isinstance(v, np.ndarray):
+            return v
+        if v.dtype.kind == "i":                                   # positions, offsets
+            return torch.from_numpy(v).to(DEV)
+        return torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[v.dtype.name])
+    return {k: one(v) for k, v in inputs.items()}
 
 
 def run_gpu(spec, t: dict, grid, consts):

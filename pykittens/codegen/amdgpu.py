@@ -458,7 +458,43 @@ class AMDGPURenderer(Renderer):
         if mask is None:
             return b
         oob = cdna.BUFFER_OOB_OFFSET - (1 << 32)
+        if isinstance(mask, _ColumnMask):        # an outside column sets the offset's top bit
+            top = self.op(f"and i32 {mask.outside.text}, {oob}", "i32", 0)
+            b = self.op(f"or i32 {b.text}, {top.text}", "i32", 0)
+            mask = mask.ok
+            if mask.text == "true":
+                return b
         return self.op(f"select i1 {mask.text}, i32 {b.text}, i32 {oob}", "i32", 0)
+
+    def _tensor_window(self, op, nvals):
+        self._one_row = op.attrs["layout"].shape[0] == 1
+        return super()._tensor_window(op, nvals)
+
+    def _elements(self, off, ok, last, k):
+        """Per-element (offset, valid) of an edge run. In a window of one row (the row
+        kernels' tiles) the column bound is kept in an integer: an i1 per element lives in a
+        pair of SGPRs, and where a loop walks rows over the same columns, LLVM hoists every
+        one of those compares out of it (the backward norms do, and ran out of SGPRs).
+        `outside` is negative exactly where the column is outside [0, size); the i1 form is
+        there for the selects of a non-zero fill. Other windows (and single-element runs)
+        keep the combined i1."""
+        if k == 1 or not getattr(self, "_one_row", False):
+            return super()._elements(off, ok, last, k)
+        idx, size = last
+        # columns left from this lane's first: frozen, so that LLVM does not reassociate
+        # (size - idx) - i into a scalar size - i per element
+        left = self.op(f"sub i32 {size.text}, {idx.text}", "i32", 0)
+        left = self.op(f"freeze i32 {left.text}", "i32", 0)
+        out = []
+        for i in range(k):
+            oi = self.op(f"add i32 {off.text}, {i}", "i32", 0) if i else off
+            ii = self.op(f"add i32 {idx.text}, {i}", "i32", 0) if i else idx
+            room = self.op(f"sub i32 {left.text}, {i + 1}", "i32", 0)      # < 0: past the end
+            either = self.op(f"or i32 {room.text}, {ii.text}", "i32", 0)
+            outside = self.op(f"ashr i32 {either.text}, 31", "i32", 0)
+            inside = self.op(f"icmp sge i32 {either.text}, 0", "i1", 0)
+            out.append((oi, _ColumnMask(self._and(ok, inside).text, ok, outside)))
+        return out
 
     def _dwords(self, nbytes):
         """The integer type a buffer access of `nbytes` moves (the backend splits only
@@ -678,3 +714,12 @@ class AMDGPURenderer(Renderer):
     def r_waitcnt(self, op):
         imm = cdna.waitcnt_imm(op.attrs["vmcnt"], op.attrs["lgkmcnt"])
         self.call("void", "llvm.amdgcn.s.waitcnt", [f"i32 {imm}"])
+
+
+class _ColumnMask(Value):
+    """An edge element's validity: as an i1 (Value), and as the row validity `ok` (i1)
+    with the column's `outside` (i32: -1 outside, 0 inside) for buffer offsets."""
+
+    def __init__(self, text, ok, outside):
+        super().__init__(text, "i1", 0)
+        self.ok, self.outside = ok, outside

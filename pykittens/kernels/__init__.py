@@ -5,11 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import gemm, gemm_wgmma, gemm_ws
-from .layernorm import layernorm
+from . import rows
+from .layernorm import layernorm, layernorm_bwd
 from .pipeline import tma_scale, ws_scale
+from .rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
+from .rope import rope, rope_launch
+from .rows import column_sum
 from .scaled_add import scaled_add
-from .softmax import softmax
+from .softmax import softmax, softmax_bwd
 from .spec import KernelSpec, check, rel_err
+from ..ir import types as T
 
 ROWS_PER_WAVE = 4
 
@@ -66,14 +71,6 @@ def _sm_torch(t):
     return {"out": torch.softmax(t["x"], dim=1)}
 
 
-def _rows_launch(i, target):
-    return (_rows_grid(i["x"].shape[0]),), {}
-
-
-RESIDENT_CHUNK = 512             # a multiple of every target's wave sweep (64 lanes x 8)
-RESIDENT_MAX_REGS = 64           # 32-bit registers per lane a resident row may take
-
-
 TMA_CHUNK = 256                  # columns per TMA box (a box dim is at most 256 elements)
 TMA_MAX_COLS = 8192              # rows staged whole in shared memory: 4 waves x 16 KiB (bf16)
 
@@ -89,49 +86,26 @@ def ln_tma_consts(n: int) -> dict:
             "CHUNK": TMA_CHUNK}
 
 
-SPLIT_SHARE_REGS = 16            # registers per lane for a wave's share of a SPLIT row
-SPLIT_WIDE_WAVES = 4             # ... or 4 waves with twice that, where they cover the row
+def row_launch(i, target, x="x", row_bytes=None, loop=rows.LOOP):
+    """(grid, consts) of a row kernel (rows.plan) over the rows of input `x`; row_bytes
+    defaults to x's element size (a forward pass holding x)."""
+    m, n = i[x].shape
+    per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]), loop=loop)
+    return (max(1, -(-m // per)),), consts
 
 
-def _ln_launch(i, target):
-    """LayerNorm reads each row once wherever a workgroup can hold it in registers. Rows of
-    up to one share (SPLIT_SHARE_REGS registers per lane) stay in one wave (RESIDENT);
-    longer rows are split across the waves of a workgroup (SPLIT), a power-of-2 share each:
-    one share per wave, except that rows needing exactly 4 double shares take 4 waves of
-    those (the better of the two at 8192 columns). Measured on the H200 at bf16 (docs/PERF.md):
-    2048-12288 columns reach 71-89% of copy bandwidth, the looped schedule 53-67%. Rows
-    longer than a workgroup can hold loop over column blocks (statistics pass + output
-    pass, the second mostly from L2)."""
-    from ..targets import get
-    t = get(target)
-    m, n = i["x"].shape
-    esz = np.dtype(i["x"].dtype).itemsize
-    chunk = RESIDENT_CHUNK
-    share = max(chunk, SPLIT_SHARE_REGS * 4 * t.wave_size // esz)   # elements per wave
-    rows_grid = (max(1, -(-m // WAVES)),)
-
-    def split(share):
-        waves = -(-n // share)
-        return (m,), {"SPLIT": 1, "ROWS": 1, "N_MAX": share * waves, "CHUNK": chunk,
-                      "num_waves": waves}
-
-    if n <= share:
-        n_max = max(chunk, 1 << (max(n, 1) - 1).bit_length())
-        return rows_grid, {"RESIDENT": 1, "N_MAX": n_max, "CHUNK": chunk}
-    if -(-n // (2 * share)) == SPLIT_WIDE_WAVES:
-        return split(2 * share)
-    for s in (share, 2 * share):
-        if -(-n // s) <= t.max_waves_per_workgroup:
-            return split(s)
-    return rows_grid, {"ROWS": 1, "COLS": 1024, "PREFETCH": 1}
+def ln_launch(i, target):
+    """LayerNorm's loop prefetches the next column block (measured faster on the H200)."""
+    return row_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
 
 
 # ---- layernorm --------------------------------------------------------------------------------
 
 def _ln_inputs(shape, dtype, rng):
-    n = shape[1]
+    m, n = shape
     return {"x": _rand(shape, dtype, rng) + dtype.np(1.5), "w": _rand((n,), dtype, rng),
-            "b": _rand((n,), dtype, rng), "out": np.zeros(shape, dtype.np), "eps": 1e-5}
+            "b": _rand((n,), dtype, rng), "out": np.zeros(shape, dtype.np),
+            "stats": np.zeros((2, m), np.float32), "eps": 1e-5}
 
 
 def _ln_ref(i):
@@ -139,6 +113,199 @@ def _ln_ref(i):
     mu = x.mean(axis=1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
     return {"out": (x - mu) / np.sqrt(var + i["eps"]) * _f64(i["w"]) + _f64(i["b"])}
+
+
+def stats_launch(i, target, launch=row_launch, **kw):
+    """The launch of a forward norm that also writes its per-row statistics (STATS=1)."""
+    grid, consts = launch(i, target, **kw)
+    return grid, {**consts, "STATS": 1}
+
+
+def _ln_stats(x):
+    """The mean and 1/std of x's rows as the forward kernel stores them: (2, rows), f32."""
+    mu = x.mean(axis=1)
+    rstd = 1 / np.sqrt(((x - mu[:, None]) ** 2).mean(axis=1) + 1e-5)
+    return np.stack([mu, rstd]).astype(np.float32)
+
+
+PARTS = 8                 # rows of partial column sums in the backward specs: small grids walk
+
+
+def _grad_inputs(shape, dtype, rng, x_offset=1.5):
+    m, n = shape
+    return {"x": _rand(shape, dtype, rng) + dtype.np(x_offset), "dy": _rand(shape, dtype, rng),
+            "w": _rand((n,), dtype, rng), "dx": np.zeros(shape, dtype.np),
+            "dw_part": np.zeros((PARTS, n), np.float32)}
+
+
+def _norm_grad_ref(i, xhat, center):
+    """float64 dx of a LayerNorm (center) or RMSNorm from xhat and the stored rstd."""
+    g = _f64(i["dy"]) * _f64(i["w"])
+    rstd = _f64(i["rstd"])[:, None]
+    dx = g - xhat * (g * xhat).mean(axis=1, keepdims=True)
+    if center:
+        dx -= g.mean(axis=1, keepdims=True)
+    return rstd * dx
+
+
+# ---- rmsnorm, add_rmsnorm, rmsnorm_bwd --------------------------------------------------------
+
+def _rms_inputs(shape, dtype, rng):
+    m, n = shape
+    return {"x": _rand(shape, dtype, rng) + dtype.np(0.5), "w": _rand((n,), dtype, rng),
+            "out": np.zeros(shape, dtype.np), "rstd": np.zeros(m, np.float32), "eps": 1e-5}
+
+
+def _rms_of(x, i):
+    rstd = 1 / np.sqrt((x ** 2).mean(axis=1, keepdims=True) + i["eps"])
+    return {"out": x * rstd * _f64(i["w"]), "rstd": rstd[:, 0]}
+
+
+def _rms_torch(t):
+    x = t["x"]
+    rstd = ((x ** 2).mean(1, keepdim=True) + t["eps"]).rsqrt()
+    return {"out": x * rstd * t["w"], "rstd": rstd[:, 0]}
+
+
+def _add_rms_inputs(shape, dtype, rng):
+    return {**_rms_inputs(shape, dtype, rng), "residual": _rand(shape, dtype, rng),
+            "s": np.zeros(shape, dtype.np)}
+
+
+def _add_rms_ref(i):
+    s = _f64((_f64(i["x"]) + _f64(i["residual"])).astype(i["x"].dtype))  # rounded, as stored
+    return {**_rms_of(s, i), "s": s}
+
+
+def _add_rms_torch(t):
+    s = t["x"] + t["residual"]
+    return {**_rms_torch({**t, "x": s}), "s": s}
+
+
+def _rms_grad_inputs(shape, dtype, rng):
+    i = _grad_inputs(shape, dtype, rng, 0.5)
+    x = _f64(i["x"])
+    i["rstd"] = (1 / np.sqrt((x ** 2).mean(axis=1) + 1e-5)).astype(np.float32)
+    i["ds"] = _rand(shape, dtype, rng)
+    return i
+
+
+def _rms_grad_ref(i):
+    xhat = _f64(i["x"]) * _f64(i["rstd"])[:, None]
+    return {"dx": _norm_grad_ref(i, xhat, False) + _f64(i["ds"]),
+            "dw_part": (_f64(i["dy"]) * xhat).sum(axis=0)}
+
+
+def _norm_grad_torch(t, center):
+    """_norm_grad_ref on torch tensors (the GPU reference)."""
+    x = t["x"]
+    rstd = (t["stats"][1] if center else t["rstd"])[:, None]
+    xhat = (x - t["stats"][0][:, None]) * rstd if center else x * rstd
+    g = t["dy"] * t["w"]
+    dx = g - xhat * (g * xhat).mean(1, keepdim=True)
+    if center:
+        dx = dx - g.mean(1, keepdim=True)
+    return {"dx": rstd * dx + (0 if center else t["ds"])}
+
+
+def rms_grad_launch(i, target, residual=True, dw=True):
+    """(grid, consts) of rmsnorm_bwd for x = i["x"] (and at most i["dw_part"]'s rows of
+    partial sums, where given); residual: ds is added (add_rmsnorm's gradient); dw: the
+    weight's gradient is summed."""
+    m, n = i["x"].shape
+    held = 3 if residual else 2                     # x, dy (, ds) held in their dtype
+    grid, consts = rows.walk_plan(m, n, target, held * rows.itemsize(i["x"]) + 4 * dw,
+                                  parts=i["dw_part"].shape[0] if "dw_part" in i else None)
+    return grid, {**consts, "RESIDUAL": int(residual)}
+
+
+# ---- layernorm_bwd -----------------------------------------------------------------------------
+
+def _ln_grad_inputs(shape, dtype, rng):
+    i = _grad_inputs(shape, dtype, rng)
+    i["stats"] = _ln_stats(_f64(i["x"]))
+    i["part"] = np.zeros((PARTS, 2 * shape[1]), np.float32)      # dweight's, then dbias's
+    del i["dw_part"]
+    return i
+
+
+def _ln_grad_ref(i):
+    mean, rstd = _f64(i["stats"])
+    xhat = (_f64(i["x"]) - mean[:, None]) * rstd[:, None]
+    dy = _f64(i["dy"])
+    return {"dx": _norm_grad_ref({**i, "rstd": rstd}, xhat, True),
+            "part": np.concatenate([(dy * xhat).sum(axis=0), dy.sum(axis=0)])}
+
+
+def ln_grad_launch(i, target, dw=True, db=True):
+    """(grid, consts) of layernorm_bwd, as rms_grad_launch (at most i["part"]'s rows of
+    partial sums, where given); dw, db: which of the weight's and the bias's gradients are
+    summed."""
+    m, n = i["x"].shape
+    return rows.walk_plan(m, n, target, 2 * rows.itemsize(i["x"]) + 4 * (dw + db),
+                          parts=i["part"].shape[0] if "part" in i else None)
+
+
+# ---- softmax_bwd, column_sum -------------------------------------------------------------------
+
+def _sm_grad_inputs(shape, dtype, rng):
+    y = _sm_ref({"x": _rand(shape, dtype, rng, 3.0)})["out"].astype(dtype.np)
+    return {"y": y, "dy": _rand(shape, dtype, rng), "dx": np.zeros(shape, dtype.np)}
+
+
+def _sm_grad_ref(i):
+    y, dy = _f64(i["y"]), _f64(i["dy"])
+    return {"dx": y * (dy - (y * dy).sum(axis=1, keepdims=True))}
+
+
+def _sm_grad_torch(t):
+    y, dy = t["y"], t["dy"]
+    return {"dx": y * (dy - (y * dy).sum(1, keepdim=True))}
+
+
+def _cs_inputs(shape, dtype, rng):
+    return {"part": _rand(shape, T.f32, rng), "out": np.zeros(shape[1], dtype.np)}
+
+
+def _cs_ref(i):
+    return {"out": _f64(i["part"]).sum(axis=0)}
+
+
+# ---- rope (shape = batch, seq, heads, head_dim) ------------------------------------------------
+
+def _rope_half(d):
+    """The rotated half of a head in the specs: all of it, or a quarter where d is not a
+    multiple of 64 (partial rotary: the rest passes through)."""
+    return d // 2 if d % 64 == 0 else d // 4
+
+
+def _rope_inputs(shape, dtype, rng):
+    b, s, h, d = shape
+    ang = rng.uniform(-3, 3, (s + 2, _rope_half(d)))
+    return {"x": _rand(shape, dtype, rng), "cos": np.cos(ang).astype(np.float32),
+            "sin": np.sin(ang).astype(np.float32), "pos": np.zeros((1, 1), np.int32),
+            "out": np.zeros(shape, dtype.np)}
+
+
+def _rope_ref(i):
+    x = _f64(i["x"])
+    s, half = x.shape[1], i["cos"].shape[1]
+    c, sn = (_f64(i[k])[None, :s, None, :] for k in ("cos", "sin"))
+    lo, hi = x[..., :half], x[..., half:2 * half]
+    return {"out": np.concatenate([lo * c - hi * sn, hi * c + lo * sn, x[..., 2 * half:]], -1)}
+
+
+def _rope_torch(t):
+    import torch
+    x = t["x"]
+    s, half = x.shape[1], t["cos"].shape[1]
+    c, sn = (t[k][None, :s, None, :] for k in ("cos", "sin"))
+    lo, hi = x[..., :half], x[..., half:2 * half]
+    return {"out": torch.cat([lo * c - hi * sn, hi * c + lo * sn, x[..., 2 * half:]], -1)}
+
+
+def _rope_spec_launch(i, target):
+    return rope_launch(i["x"].shape, i["cos"].shape[1], False, target)
 
 
 # ---- gemm (shape = M, N, K) --------------------------------------------------------------------
@@ -190,7 +357,7 @@ def gemm_ws_launch(i, target, promote: bool | None = None):
     rows (K elements) must be multiples of 16 bytes."""
     from ..targets import get
     (m, k), (n, _) = i["a"].shape, i["b"].shape
-    esz = np.dtype(i["a"].dtype).itemsize
+    esz = rows.itemsize(i["a"])
     if k * esz % 16:
         raise ValueError(f"gemm_ws copies A and B by TMA: K x element size must be a "
                          f"multiple of 16 bytes, got K = {k} ({k * esz} bytes); pad K")
@@ -198,7 +365,7 @@ def gemm_ws_launch(i, target, promote: bool | None = None):
     bn = 128 if n <= 128 or promote else 256
     (tiles,), consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
     c = i.get("c")
-    tma_store = c is not None and np.dtype(c.dtype).itemsize == 2 and n * 2 % 16 == 0
+    tma_store = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
     # shared memory: 4 ring stages, 3 beside the 64 KiB of C staging of 256-wide blocks;
     # 3 when promoting into f32 C (its registers leave ptxas no room for a fourth branch)
     stages = 3 if (tma_store and bn == 256) or (promote and not tma_store) else 4
@@ -210,7 +377,7 @@ def gemm_ws_launch(i, target, promote: bool | None = None):
 def _gemm_wgmma_launch(i, target):
     """TMA needs B's rows to be a multiple of 16 bytes; otherwise B goes through registers."""
     grid, consts = _gemm_launch(i, target)
-    row_bytes = i["b"].shape[1] * np.dtype(i["b"].dtype).itemsize
+    row_bytes = i["b"].shape[1] * rows.itemsize(i["b"])
     return grid, {**consts, "TMA": int(row_bytes % 16 == 0)}
 
 
@@ -243,19 +410,56 @@ def _ws_launch(i, target):
 
 _SMALL = ((16, 64), (37, 100), (5, 300), (64, 256))
 _LN_SMALL = _SMALL + ((9, 2000),)            # rows past one resident chunk
+_NORM_SMALL = ((37, 300), (9, 2000))          # ragged: resident; split on 32-lane waves
 
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("scaled_add", scaled_add, _sa_inputs, _sa_ref, _sa_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((8192, 8192),), compile_consts={"DT": "bf16"},
                torch_reference=_sa_torch),
-    KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, _rows_launch, ("out",),
+    KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, row_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"},
                torch_reference=_sm_torch),
-    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, _ln_launch, ("out",),
+    KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, ln_launch, ("out",),
                shapes=_LN_SMALL, gpu_shapes=((16384, 8192), (4096, 12288)),
                compile_consts={"DT": "bf16", "SPLIT": 1, "ROWS": 1, "N_MAX": 8192,
                                "CHUNK": 512, "num_waves": 4},       # 8192 columns' default
                torch_reference=_ln_torch),
+    KernelSpec("rmsnorm", rmsnorm, _rms_inputs, lambda i: _rms_of(_f64(i["x"]), i),
+               stats_launch, ("out", "rstd"), shapes=_NORM_SMALL,
+               gpu_shapes=((16384, 8192), (4096, 12288)),
+               compile_consts={"DT": "bf16", "RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512},
+               torch_reference=_rms_torch),
+    KernelSpec("add_rmsnorm", add_rmsnorm, _add_rms_inputs, _add_rms_ref,
+               lambda i, t: stats_launch(i, t, row_bytes=2 * rows.itemsize(i["x"])),
+               ("out", "s", "rstd"), shapes=_NORM_SMALL, gpu_shapes=((16384, 8192),),
+               compile_consts={"DT": "bf16", "RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512},
+               torch_reference=_add_rms_torch),
+    KernelSpec("rmsnorm_bwd", rmsnorm_bwd, _rms_grad_inputs, _rms_grad_ref, rms_grad_launch,
+               ("dx", "dw_part"), partials=("dw_part",), shapes=_NORM_SMALL,
+               gpu_shapes=((16384, 8192),),
+               compile_consts={"DT": "bf16", "RESIDENT": 1, "N_MAX": 512, "CHUNK": 512,
+                               "RESIDUAL": 1},
+               torch_reference=lambda t: _norm_grad_torch(t, False)),
+    KernelSpec("layernorm_bwd", layernorm_bwd, _ln_grad_inputs, _ln_grad_ref, ln_grad_launch,
+               ("dx", "part"), partials=("part",),
+               shapes=_NORM_SMALL, gpu_shapes=((16384, 8192),),
+               compile_consts={"DT": "bf16", "SPLIT": 1, "ROWS": 1, "N_MAX": 2048,
+                               "CHUNK": 512, "num_waves": 4},
+               torch_reference=lambda t: _norm_grad_torch(t, True)),
+    KernelSpec("softmax_bwd", softmax_bwd, _sm_grad_inputs, _sm_grad_ref,
+               lambda i, t: row_launch(i, t, x="y", row_bytes=2 * rows.itemsize(i["y"])),
+               ("dx",), shapes=_NORM_SMALL, gpu_shapes=((16384, 4096),),
+               compile_consts={"DT": "bf16", "RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512},
+               torch_reference=_sm_grad_torch),
+    KernelSpec("column_sum", column_sum, _cs_inputs, _cs_ref,
+               lambda i, t: rows.column_sum_launch(i["part"].shape[1]), ("out",),
+               shapes=((8, 300), (37, 1100)), gpu_shapes=((264, 8192),),
+               compile_consts={"PT": "f32", "DT": "bf16"},
+               torch_reference=lambda t: {"out": t["part"].sum(0)}),
+    KernelSpec("rope", rope, _rope_inputs, _rope_ref, _rope_spec_launch, ("out",),
+               shapes=((2, 5, 3, 64), (1, 7, 5, 80)), gpu_shapes=((8, 4096, 32, 128),),
+               compile_consts={"DT": "bf16", "CT": "f32", "HALF": 64, "WIDTH": 64,
+                               "HEADS": 32}, torch_reference=_rope_torch),
     KernelSpec("gemm", gemm, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
                shapes=((64, 64, 64), (100, 70, 96), (128, 64, 160)),
                gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16"),
@@ -290,5 +494,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err",
-           "gemm", "gemm_wgmma", "gemm_ws", "layernorm", "scaled_add", "softmax", "tma_scale",
-           "ws_scale"]
+           "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch",
+           "rope_launch",
+           "add_rmsnorm", "column_sum", "gemm", "gemm_wgmma", "gemm_ws", "layernorm",
+           "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope", "scaled_add", "softmax",
+           "softmax_bwd", "tma_scale", "ws_scale"]

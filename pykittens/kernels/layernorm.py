@@ -1,65 +1,69 @@
-"""LayerNorm forward with weight and bias; statistics in f32 (mean, then the centred sum of
-squares, so large means do not cancel).
+"""LayerNorm forward, weight and bias optional (WEIGHT, BIAS), and with STATS=1 the mean and
+1/std of every row (f32, rows 0 and 1 of `stats`) for the backward pass; statistics in f32
+(the mean, then the centred sum of squares, so large means do not cancel). And its
+backward, `layernorm_bwd`, with the RMSNorm backward's shared body `norm_backward`.
 
-Three schedules, chosen by compile-time constants:
+Schedules, chosen by compile-time constants:
+- RESIDENT=1 / SPLIT=1: the row schedules of `rows.Rows` (rows read once into registers);
 - TMA=1 (Hopper): the TMA unit copies each workgroup's rows (one per wave, up to N_MAX
   columns) into shared memory in CHUNK-wide boxes on one mbarrier; x is read once.
-- RESIDENT=1: each wave keeps one whole row in registers in its storage type (up to N_MAX
-  elements), so x is read from memory exactly once; the statistics and the output are
-  computed block by block from the registers (pk.subtile), converting to f32 on the fly.
-- SPLIT=1: ROWS rows per workgroup, split across its waves (N_MAX // num_waves columns
-  each), held in registers: rows too long for one wave's registers are still read once;
-  pk.workgroup_sum combines the waves' partial sums.
-- RESIDENT=0: ROWS rows per wave, any width: one pass over column blocks of COLS for the
+- otherwise: ROWS rows per wave, any width: one pass over column blocks of COLS for the
   statistics (block-wise merge), one for the output.
 """
 import pykittens as pk
 
+from .rows import ColumnSums, Rows
 
-def _normalize(block, nblocks, loop, r0, x, w, b, out, eps, tile, c0=0,
-               combine=lambda v: v):
-    """A row held in blocks (shared memory or registers): `block(j)` is its column block j
-    (columns c0 + j * cols ..) as an f32 `tile`; two passes over the blocks give the mean
-    and the centred sum of squares, a third writes the output. `loop` is pk.range or
-    pk.static_range; `combine` joins partial sums when the row is split across waves."""
-    m_rows, n = x.shape
-    cols = tile.shape[1]
-    row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
-    total = pk.zeros(row)
-    for j in loop(nblocks):
-        pk.row_sum(block(j), into=total)
-    mean = combine(total) / n
-    sq = pk.zeros(row)
-    for j in loop(nblocks):
-        d = pk.mask_outside(block(j) - mean, (r0, c0 + j * cols), (m_rows, n))
+
+def _normalize(rows, xb, w, b, out, stats, eps, WEIGHT, BIAS, STATS):
+    """Rows whose block j (an f32 tile) is `xb(j)`: two passes over the blocks give the mean
+    and the centred sum of squares, a third writes the output."""
+    total = pk.zeros(rows.row)
+    for j in rows.blocks():
+        pk.row_sum(xb(j), into=total)
+    mean = rows.total(total) / rows.n
+    sq = pk.zeros(rows.row)
+    for j in rows.blocks():
+        d = rows.mask(xb(j) - mean, j)
         pk.row_sum(d * d, into=sq)
-    rstd = pk.rsqrt(combine(sq) / n + eps)
-    for j in loop(nblocks):
-        gamma = pk.load(col, w, (c0 + j * cols,))
-        beta = pk.load(col, b, (c0 + j * cols,))
-        pk.store(out, (block(j) - mean) * rstd * gamma + beta, (r0, c0 + j * cols))
+    rstd = pk.rsqrt(rows.total(sq) / rows.n + eps)
+    _store_stats(rows, stats, mean, rstd, STATS)
+    for j in rows.blocks():
+        _store_affine(rows, out, lambda: (xb(j) - mean) * rstd, w, b, j, WEIGHT, BIAS)
 
 
-def _from_registers(r0, c0, shape, DT, CHUNK, x, w, b, out, eps, combine=lambda v: v):
-    """The `shape` block of x at (r0, c0) read once into registers in its storage type, then
-    normalised CHUNK columns at a time (pk.subtile), converted to f32 on the fly."""
-    rows = shape[0]
-    xr = pk.load(pk.rt(shape, DT), x, (r0, c0))
-    _normalize(lambda j: pk.subtile(xr, (0, j * CHUNK), (rows, CHUNK)).cast(pk.f32),
-               shape[1] // CHUNK, pk.static_range, r0, x, w, b, out, eps,
-               pk.rt((rows, CHUNK), pk.f32), c0=c0, combine=combine)
+def _store_affine(rows, out, normed, w, b, j, WEIGHT, BIAS):
+    """Block j of out = normed() * w + b (each where present); w and b are loaded first, so
+    their loads are in flight during the math."""
+    gamma = rows.vec(w, j) if WEIGHT else None
+    beta = rows.vec(b, j) if BIAS else None
+    y = normed()
+    if WEIGHT:
+        y = y * gamma
+    if BIAS:
+        y = y + beta
+    rows.store(out, y, j)
+
+
+def _store_stats(rows, stats, mean, rstd, STATS):
+    if STATS:
+        rows.store_rows(stats, mean, 0)
+        rows.store_rows(stats, rstd, 1)
 
 
 @pk.kernel(num_waves=4)
 def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.gl["DT", 2],
-              eps: pk.f32, DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
+              stats: pk.gl[pk.f32, 2], eps: pk.f32,
+              DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
               RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
-              TMA: pk.const = 0, PREFETCH: pk.const = 0, SPLIT: pk.const = 0):
-    m_rows, n = x.shape
-    if SPLIT:
-        span = N_MAX // pk.num_waves()                       # this wave's share of a row
-        _from_registers(pk.program_id(0) * ROWS, pk.wave_id() * span, (ROWS, span), DT,
-                        CHUNK, x, w, b, out, eps, combine=pk.workgroup_sum)
+              TMA: pk.const = 0, PREFETCH: pk.const = 0, SPLIT: pk.const = 0,
+              WEIGHT: pk.const = 1, BIAS: pk.const = 1, STATS: pk.const = 0):
+    """out = (x - mean) / sqrt(var + eps) * w + b per row (w, b: WEIGHT, BIAS); with STATS
+    also stats[0] = mean and stats[1] = rstd = 1 / sqrt(var + eps), a column per row."""
+    affine = dict(WEIGHT=WEIGHT, BIAS=BIAS, STATS=STATS)
+    if SPLIT or RESIDENT:
+        rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+        _normalize(rows, rows.hold(x), w, b, out, stats, eps, **affine)
         return
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
@@ -67,30 +71,26 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
         # x is read from memory once and the three passes run from shared memory.
         nw = pk.num_waves()
         boxes = N_MAX // CHUNK
-        r_first = pk.program_id(0) * nw
-        rows = pk.empty(pk.st((boxes * nw, CHUNK), DT))      # box j: rows j*nw .. +nw
+        rows = Rows(x, 1, 0, 1, CHUNK, N_MAX, CHUNK)         # a row per wave, CHUNK blocks
+        rows.unrolled = False                                # ... read by a runtime index
+        staged = pk.empty(pk.st((boxes * nw, CHUNK), DT))    # box j: rows j*nw .. +nw
         landed = pk.mbarrier(boxes)
+        r_first = pk.program_id(0) * nw
         with pk.if_(pk.wave_id() == 0):
             for j in pk.range(boxes):
-                pk.tma_load(rows, x, (r_first, j * CHUNK), landed, rows=nw, at=j * nw)
+                pk.tma_load(staged, x, (r_first, j * CHUNK), landed, rows=nw, at=j * nw)
         pk.wait(landed, 0)
         wave = pk.wave_id()
-        tile = pk.rt((1, CHUNK), pk.f32)
-        _normalize(lambda j: pk.load(tile, rows, (j * nw + wave, 0)), boxes, pk.range,
-                   r_first + wave, x, w, b, out, eps, tile)
-        return
-    if RESIDENT:
-        _from_registers(pk.program_id(0) * pk.num_waves() + pk.wave_id(), 0, (1, N_MAX), DT,
-                        CHUNK, x, w, b, out, eps)
+        _normalize(rows, lambda j: pk.load(rows.block, staged, (j * nw + wave, 0)), w, b,
+                   out, stats, eps, **affine)
         return
 
     # Statistics in one pass over column blocks: each block's mean and centred sum of
     # squares, merged into the running ones (Chan et al.'s parallel update), so no large
     # mean ever cancels; then one more pass writes the output (mostly from L2).
-    r0 = (pk.program_id(0) * pk.num_waves() + pk.wave_id()) * ROWS
-    tile = pk.rt((ROWS, COLS), pk.f32)
-    row, col = pk.rv(tile, "row"), pk.rv(tile, "col")
-    blocks = (n + COLS - 1) // COLS
+    rows = Rows(x, 0, 0, ROWS, COLS, N_MAX, CHUNK)
+    m_rows, n = rows.m, rows.n
+    r0, tile = rows.r0, rows.block
 
     def block_at(c0, nxt):
         """Column block c0 of the rows; with PREFETCH it was loaded into `nxt` a step
@@ -103,24 +103,93 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
         pk.load(nxt, x, (r0, c0 + COLS))
         return t
 
-    mean = pk.zeros(row)
-    m2 = pk.zeros(row)
+    mu = pk.zeros(rows.row)
+    m2 = pk.zeros(rows.row)
     nxt = pk.load(tile, x, (r0, 0)) if PREFETCH else None
-    for j in pk.range(blocks):
+    for j in pk.range(rows.nblocks):
         c0 = j * COLS
         t = block_at(c0, nxt)
         n_blk = pk.minimum(n - c0, COLS)
         mean_blk = pk.row_sum(t) / n_blk
         d = pk.mask_outside(t - mean_blk, (r0, c0), (m_rows, n))
-        delta = mean_blk - mean
+        delta = mean_blk - mu
         share = n_blk / (c0 + n_blk)                  # this block's weight in the total
-        mean += delta * share
+        mu += delta * share
         m2 += pk.row_sum(d * d) + delta * delta * (c0 * share)
-    rstd = pk.rsqrt(m2 / n + eps)
+    inv = pk.rsqrt(m2 / n + eps)
+    _store_stats(rows, stats, mu, inv, STATS)
 
     nxt = pk.load(tile, x, (r0, 0)) if PREFETCH else None
-    for j in pk.range(blocks):
+    for j in pk.range(rows.nblocks):
         t = block_at(j * COLS, nxt)
-        gamma = pk.load(col, w, (j * COLS,))
-        beta = pk.load(col, b, (j * COLS,))
-        pk.store(out, (t - mean) * rstd * gamma + beta, (r0, j * COLS))
+        _store_affine(rows, out, lambda: (t - mu) * inv, w, b, j, WEIGHT, BIAS)
+
+
+def norm_backward(rows, x, dy, wv, stats, dx, dws, dbs, CENTER, extra=None):
+    """The gradients of a LayerNorm (CENTER=1) or RMSNorm (CENTER=0) over the rows a wave
+    holds: with xhat = (x - mean) * rstd (RMSNorm: x * rstd) and g = dy * w,
+
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat))     (RMSNorm: no mean(g) term)
+
+    plus `extra` (the gradient of a residual sum the forward also returned), and the
+    per-column contributions dy * xhat and dy added into `dws` / `dbs` (ColumnSums or
+    None). `wv(j)` is block j of the weight (rows.vecs), None without one; `stats` holds
+    the forward's mean and rstd per row (rows 0 and 1), or rstd alone (a 1-D tensor) for
+    RMSNorm. Padding reads as zero in x and dy, so it adds nothing to any sum."""
+    xb, dyb = rows.hold(x), rows.hold(dy)
+    mu = pk.load(rows.row, stats, (0, rows.r0)) if CENTER else None
+    rs = pk.load(rows.row, stats, (1, rows.r0) if CENTER else (rows.r0,))
+
+    def xhat(j):
+        return (xb(j) - mu) * rs if CENTER else xb(j) * rs
+
+    def g(j):
+        return dyb(j) * wv(j) if wv is not None else dyb(j)
+
+    gx = pk.zeros(rows.row)
+    gs = pk.zeros(rows.row) if CENTER else None
+    for j in rows.blocks():
+        gj = g(j)
+        pk.row_sum(gj * xhat(j), into=gx)
+        if CENTER:
+            pk.row_sum(gj, into=gs)
+    c = rows.total(gx) / rows.n
+    a = rows.total(gs) / rows.n if CENTER else None
+    for j in rows.blocks():
+        xh = xhat(j)
+        d = g(j) - xh * c
+        if CENTER:
+            d = d - a
+        d = d * rs
+        if extra is not None:
+            d = d + extra(j)
+        rows.store(dx, d, j)
+        if dws is not None:
+            dws.add(dyb(j) * xh, j)
+        if dbs is not None:
+            dbs.add(dyb(j), j)
+
+
+@pk.kernel(num_waves=4)
+def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
+                  stats: pk.gl[pk.f32, 2], dx: pk.gl["DT", 2], part: pk.gl[pk.f32, 2],
+                  DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
+                  RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
+                  SPLIT: pk.const = 0, WEIGHT: pk.const = 1, DW: pk.const = 1,
+                  DB: pk.const = 1):
+    """dx of layernorm (stats from its STATS=1 run), and per-workgroup partial column sums
+    of dy * xhat (DW: dweight) and of dy (DB: dbias) side by side in `part` for
+    rows.column_sum: dweight's in columns 0..n-1, dbias's after them (from column 0 when
+    DW=0), so `part` has (DW + DB) * n columns. Workgroups walk the rows in steps of the grid
+    (rows.Rows.steps), so `part` has one row per workgroup (per wave when the rows are
+    looped: rows.ColumnSums.partial_rows)."""
+    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+    dws = ColumnSums(rows, part) if DW else None
+    dbs = ColumnSums(rows, part, first=rows.n if DW else 0) if DB else None
+    wv = rows.vecs(w) if WEIGHT else None
+    for i in pk.range(rows.steps()):
+        rows.step(i)
+        norm_backward(rows, x, dy, wv, stats, dx, dws, dbs, 1)
+    for sums in (dws, dbs):
+        if sums is not None:
+            sums.finish()

@@ -25,6 +25,9 @@ class KernelSpec:
     tol: dict = field(default_factory=dict)   # per-dtype overrides of the default tolerance
     torch_reference: Callable | None = None   # the reference on float64 torch tensors (GPU)
     targets: tuple = ("gfx942", "gfx950", "sm_90a")   # where the kernel is meant to run
+    # outputs that hold partial sums (a row per workgroup or wave, added up by another
+    # kernel): they start at zero, and their row sums are what the reference gives
+    partials: tuple[str, ...] = ()
 
     def tolerance(self, dtype) -> float:
         """Relative Frobenius error allowed for results computed from `dtype` inputs
@@ -32,6 +35,27 @@ class KernelSpec:
         otherwise."""
         name = T.dtype_of(dtype).name
         return self.tol.get(name, {"f32": 1e-5}.get(name, 1e-2))
+
+
+    def poison(self, inputs: dict) -> dict:
+        """inputs with the outputs (but partial sums) set to NaN, so that elements a kernel
+        fails to write show up."""
+        return {k: np.full_like(v, np.nan) if k in self.outputs and k not in self.partials
+                else v for k, v in inputs.items()}
+
+    def value(self, name: str, got) -> np.ndarray:
+        """Output `name` of a run as its reference gives it, in float64."""
+        g = np.asarray(got, np.float64)
+        return g.sum(axis=0) if name in self.partials else g
+
+    def errors(self, got: dict, ref: dict) -> dict:
+        """Relative Frobenius and largest absolute error of each output."""
+        out = {}
+        for name in self.outputs:
+            g = self.value(name, got[name])
+            out[name] = {"rel_err": rel_err(g, ref[name]),
+                         "max_abs_err": float(np.max(np.abs(g - ref[name]))) if g.size else 0.0}
+        return out
 
 
 def rel_err(out, ref) -> float:
@@ -47,15 +71,7 @@ def check(spec: KernelSpec, shape, dtype, target, rng=None) -> dict:
     """Emulate `spec` at one shape and dtype; return errors per output."""
     from ..emulator.launch import emulate
     rng = rng or np.random.default_rng(0)
-    inputs = spec.make_inputs(shape, T.dtype_of(dtype), rng)
-    for name in spec.outputs:                     # poison outputs: unwritten elements show
-        inputs[name] = np.full_like(inputs[name], np.nan)
+    inputs = spec.poison(spec.make_inputs(shape, T.dtype_of(dtype), rng))
     grid, consts = spec.launch(inputs, target)
     got = emulate(spec.kernel, grid=grid, target=target, **inputs, **consts)
-    ref = spec.reference(inputs)
-    out = {}
-    for name in spec.outputs:
-        g = got[name].astype(np.float64)
-        out[name] = {"rel_err": rel_err(g, ref[name]),
-                     "max_abs_err": float(np.max(np.abs(g - ref[name]))) if g.size else 0.0}
-    return out
+    return spec.errors(got, spec.reference(inputs))

@@ -124,6 +124,7 @@ class Kernel:
                                   f"rank], a scalar type such as pk.f32, pk.const or "
                                   f"pk.target",
                                   self.loc, self.name)
+        self.param_names = tuple(p.name for p in self.params)
 
     @property
     def const_names(self):

@@ -346,6 +346,24 @@ def subtile(t: RT, origin, shape) -> RT:
     return dst
 
 
+def xor_cols(t: RT, mask: int) -> RT:
+    """A new tile whose element (r, c) is t's (r, c ^ mask): columns exchanged in groups of
+    2 * mask (mask=1 swaps each even column with the odd one after it, as GPT-J's rotary
+    embedding pairs them). Register slots only, so each exchanged pair must sit in one lane,
+    which the compiler checks: in a "row" tile a lane holds runs of 8 consecutive columns
+    (fewer when the tile has fewer than 8 elements per lane), and masks inside a run
+    qualify."""
+    _need_reg(t, "xor_cols")
+    if isinstance(t, RV):
+        raise error("xor_cols takes a 2-D register tile")
+    if not (isinstance(mask, int) and _pow2(mask) and mask < t.shape[1]):
+        raise error(f"xor_cols mask {mask!r} must be a power of two below the tile's "
+                    f"{t.shape[1]} columns")
+    dst = _result_like(t)
+    current().emit("xor_cols", dst.v, (t.v,), mask=mask)
+    return dst
+
+
 def convert(dst, src: RT) -> RT:
     """dst <- src held in another register layout (and element type): e.g. an accumulator
     (P = softmax(S)) becoming the A operand of the next mma. Only register slots are picked,

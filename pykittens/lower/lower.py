@@ -342,6 +342,18 @@ class _Lowering:
                            f"({sweep} columns on {self.t.name})")
         self.emit("slots", self.env[op.dst], (self.val(src_v),), index=index, window=True)
 
+    def op_xor_cols(self, op):
+        """A static slot permutation: element (r, c ^ mask) must be in the lane holding
+        (r, c), for every lane."""
+        src_v = op.srcs[0]
+        rows, cols = self.layout(op.dst).coords()
+        index = self._slot_map(self.layout(src_v), rows, cols ^ op.attrs["mask"])
+        if index is None:
+            raise self.err(f"xor_cols({op.attrs['mask']}) on {src_v.type} exchanges columns "
+                           f"held by different lanes on {self.t.name}; use a row-layout "
+                           "tile wide enough that each lane holds runs of 8 columns")
+        self.emit("slots", self.env[op.dst], (self.val(src_v),), index=index)
+
     def op_mask(self, op):
         src = self.val(op.srcs[0])
         o0, o1, e0, e1 = (self.val(s) for s in op.srcs[1:])

@@ -1,11 +1,18 @@
-"""pykittens as torch operators: `pykittens.ops.attention(q, k, v, causal=False, scale=None)`.
+"""pykittens as torch operators: attention, layer_norm, rms_norm, add_rms_norm, softmax,
+rope, linear and matmul (docs/ops.md).
 
 Each op is a `torch.library.custom_op` with a fake implementation, so it composes with
-torch.compile. CUDA (or ROCm) tensors launch the library kernel on their GPU; CPU tensors run
-the same kernel in the emulator (small shapes: it executes every lane of every wave in numpy),
-so the op is tested without a GPU. Importing this module needs torch."""
+torch.compile, and autograd where the op has a backward. CUDA (or ROCm) tensors launch the
+library kernels on their GPU; CPU tensors run the same kernels in the emulator (small
+shapes: it executes every lane of every wave in numpy), so the ops are tested without a
+GPU. Importing this module needs torch."""
 from __future__ import annotations
 
 from .attention import attention
+from .matmul import linear, matmul
+from .norms import add_rms_norm, layer_norm, rms_norm
+from .rope import rope
+from .softmax import softmax
 
-__all__ = ["attention"]
+__all__ = ["add_rms_norm", "attention", "layer_norm", "linear", "matmul", "rms_norm", "rope",
+           "softmax"]

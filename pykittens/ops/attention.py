@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import torch
@@ -11,10 +10,8 @@ import torch
 from ..kernels.attention import attention_fwd, attention_fwd_launch
 from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
                                      attention_bwd_launch, attention_bwd_prep)
-
-DTYPES = (torch.bfloat16, torch.float16)
-# the kernel schedule CPU tensors are emulated with (any pykittens target)
-EMULATE_TARGET = os.environ.get("PYKITTENS_EMULATE_TARGET", "sm_90a")
+from .run import EMULATE_TARGET, HALVES as DTYPES, from_numpy as _from_numpy
+from .run import to_numpy as _to_numpy
 
 
 def _check(q, k, v, scale, causal=False):
@@ -87,22 +84,6 @@ def _emulate(views, lse, causal, scale):
     out = emulate(attention_fwd, *npy, np.zeros(tuple(lse.shape), np.float32), scale,
                   grid=grid, target=EMULATE_TARGET, **consts)
     return _bhnd(_from_numpy(out["o"], views[0].dtype)), torch.from_numpy(out["lse"].copy())
-
-
-def _to_numpy(t):
-    """A CPU tensor as a numpy array of the same values (bf16 as ml_dtypes.bfloat16)."""
-    import ml_dtypes
-    t = t.detach().contiguous()
-    if t.dtype == torch.float32:
-        return t.numpy()
-    np_dt = ml_dtypes.bfloat16 if t.dtype == torch.bfloat16 else np.float16
-    return t.view(torch.int16).numpy().view(np_dt)
-
-
-def _from_numpy(a, dtype):
-    if a.dtype == np.float32:
-        return torch.from_numpy(a.copy()).to(dtype)
-    return torch.from_numpy(a.view(np.int16).copy()).view(dtype)
 
 
 def _bhnd(t):

@@ -106,7 +106,9 @@ def check_grid(grid, kernel=None, *, what: str = "grid") -> tuple[int, ...]:
 # ---- tensors ----------------------------------------------------------------------------------
 
 def is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
+    """A torch tensor (or a subclass of one); torch is not imported here for the question."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _is_tensor_like(v) -> bool:

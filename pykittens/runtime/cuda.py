@@ -135,15 +135,17 @@ class _OnDevice:
     device is never changed behind its back."""
 
     def __init__(self, device: int):
-        d = _init()
-        with _CTX_LOCK:                 # retain each primary context once, from any thread
-            if device not in _CTX:
-                n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
-                if not 0 <= device < n:
-                    raise CudaError(f"CUDA device {device} does not exist; this machine has {n}")
-                dev = check(d.cuDeviceGet(device), "cuDeviceGet")
-                _CTX[device] = check(d.cuDevicePrimaryCtxRetain(dev),
-                                     "cuDevicePrimaryCtxRetain")
+        d = _DRIVER if _INIT else _init()          # once initialised: no call (fast path)
+        if device not in _CTX:
+            with _CTX_LOCK:             # retain each primary context once, from any thread
+                if device not in _CTX:
+                    n = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
+                    if not 0 <= device < n:
+                        raise CudaError(f"CUDA device {device} does not exist; this machine "
+                                        f"has {n}")
+                    dev = check(d.cuDeviceGet(device), "cuDeviceGet")
+                    _CTX[device] = check(d.cuDevicePrimaryCtxRetain(dev),
+                                         "cuDevicePrimaryCtxRetain")
         self.d, self.ctx, self.pushed = d, _CTX[device], False
 
     def __enter__(self):
@@ -309,15 +311,23 @@ class Function:
                       f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={shared_bytes}) "
                       f"for {self.name!r}")
                 self._dyn_limit = shared_bytes
-            hstream = d.CUstream(stream_handle(stream, self.module.device))
-            cbuf = ctypes.create_string_buffer(buf, max(len(buf), 1))
+        self.launch_checked(grid, block, buf, shared_bytes, stream_handle(stream,
+                                                                           self.module.device))
+
+    def launch_checked(self, grid, block, buf, shared_bytes: int, stream: int) -> None:
+        """cuLaunchKernel with arguments `launch` has already checked (grid and block as
+        3-tuples, the packed buffer, a stream handle): the part of a launch that repeats."""
+        with _OnDevice(self.module.device) as d:
+            cbuf = (ctypes.c_char * max(len(buf), 1)).from_buffer(bytearray(buf) or
+                                                                  bytearray(1))
             size = ctypes.c_size_t(len(buf))
             extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(cbuf),
                                           _BUFFER_SIZE, ctypes.addressof(size), _END)
-            check(d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, hstream, None,
-                                   ctypes.addressof(extra) if buf else 0),
-                  f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
-                  f"shared={shared_bytes})")
+            err = d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, d.CUstream(stream),
+                                   None, ctypes.addressof(extra) if buf else 0)
+            if int(err[0] if isinstance(err, tuple) else err):
+                check(err, f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
+                      f"shared={shared_bytes})")
 
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------
@@ -487,11 +497,15 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
 
 
 def launch(function: Function, params, bound: dict, grid, block, *, shared_bytes: int = 0,
-           stream=None, align: int | None = 16, tmaps=()) -> None:
-    """Check `bound` (name -> tensor/scalar) against `params`, pack per ir.abi, launch."""
+           stream=None, align: int | None = 16, tmaps=()) -> tuple[list[KernArg], list, bytes]:
+    """Check `bound` (name -> tensor/scalar) against `params`, pack per ir.abi, launch.
+    Returns the ABI arguments, their values and the packed buffer (pk.launch keeps them to
+    replay the launch for calls of the same signature)."""
     kargs, values = kernel_arg_values(params, bound, device=function.module.device,
                                       align=align, tmaps=tmaps)
     if function.kargs is None:
         function.kargs = kargs
-    function.launch(grid, block, pack(kargs, values), shared_bytes=shared_bytes, stream=stream)
+    buf = pack(kargs, values)
+    function.launch(grid, block, buf, shared_bytes=shared_bytes, stream=stream)
+    return kargs, values, buf
 

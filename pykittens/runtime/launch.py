@@ -1,15 +1,36 @@
 """`pk.launch`: run a kernel on the GPU that holds its tensors (CUDA: sm_90a; ROCm: gfx942 /
 gfx950, through HIP), compiling on first use. Code objects are cached on disk by the
-toolchain and loaded modules in memory per (kernel, constants, alignment, device)."""
+toolchain and loaded modules in memory per (kernel, constants, alignment, device).
+
+Arguments are checked by the rules the emulator applies too (runtime.args). Repeated calls
+take a fast path: the first call with a given *signature* — the kernel, its constants (by
+value and type), the grid (ints), and each tensor's dtype, shape, strides, device and
+address modulo 16 (each scalar's type) — runs every check, picks the build and packs the
+argument buffer; what it decided is kept as a `_Plan`. A later call with the same signature
+has passed every check that depends on those (dtype, rank, static dims, unit last stride,
+i32 extents, element and TMA alignment, stride-0 outputs, one device) and is checked only
+for what varies from call to call: the scalars' ranges and tensors that overlap in memory
+(a call that fails either takes the checked path, which says what is wrong). It then
+writes its pointers and scalar values into a copy of the plan's buffer (and re-encodes TMA
+tensor maps whose tensor moved) before the driver call, so it launches exactly what the
+checked path would. PYKITTENS_FAST_LAUNCH=0 turns it off."""
 from __future__ import annotations
 
+import functools
+import os
+import struct
+import sys
 import threading
 
 from ..ir.errors import KernelError
-from .args import bind_args, check_grid, check_kernel, check_program_args, fail
+from .args import (_F32_MAX, I32_MAX, bind_args, check_grid, check_kernel, check_program_args,
+                   fail)
 
 _modules: dict = {}
 _lock = threading.Lock()
+_plans: dict = {}
+MAX_PLANS = 4096          # signatures kept (shapes that keep changing must not grow it forever)
+FAST_PATH = os.environ.get("PYKITTENS_FAST_LAUNCH", "1") != "0"
 ALIGN_ELEMS = 16          # strides divisible by this many elements allow 16-byte vectors
 
 
@@ -23,6 +44,7 @@ def _aligned(bound: dict) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_target(device_index: int) -> str:
     """The pykittens target of a torch GPU: a ROCm build reports the gfx arch, CUDA the
     compute capability."""
@@ -46,6 +68,26 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
     position or name; other keywords are compile-time constants. Tensors are written in
     place (as any GPU kernel would); returns None. Arguments are checked by the rules the
     emulator applies too (runtime.args); nothing runs when a tensor has no elements."""
+    key = _signature(kernel, args, kwargs, grid) if FAST_PATH else None
+    plan = None
+    if key is not None:
+        try:
+            plan = _plans.get(key)
+        except TypeError:                    # an unhashable constant: the checked path
+            key = None
+    if plan is not None and plan(args, kwargs, stream):
+        return None
+    plan = _checked_launch(kernel, args, kwargs, grid, stream)
+    if key is not None and plan is not None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    return None
+
+
+def _checked_launch(kernel, args, kwargs, grid, stream):
+    """Check everything, compile on first use, launch; return the _Plan of this call (None
+    where nothing was launched)."""
     from .. import compiler
     from . import cuda
     from ..lang.kernel import const_key
@@ -88,8 +130,148 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
         from . import hip
         hip.launch(code, prog.name, prog.params, bound, grid=grid, num_waves=prog.num_waves,
                    stream=stream)
+        return _Plan(kernel, grid, bound, prog.params, hip_entry=entry)
+    block = (prog.num_waves * prog.wave_size, 1, 1)
+    packed = cuda.launch(code, prog.params, bound, grid, block, shared_bytes=prog.lds_bytes,
+                         stream=stream, align=16 if aligned else None, tmaps=prog.tmaps)
+    if packed is None:                                    # nothing to replay
         return None
-    cuda.launch(code, prog.params, bound, grid, (prog.num_waves * prog.wave_size, 1, 1),
-                shared_bytes=prog.lds_bytes, stream=stream, align=16 if aligned else None,
-                tmaps=prog.tmaps)
-    return None
+    kargs, values, buf = packed
+    return _Plan(kernel, cuda.dims3(grid, "grid"), bound, prog.params, function=code,
+                 block=block, shared=prog.lds_bytes, kargs=kargs, values=values, buf=buf)
+
+
+def _signature(kernel, args, kwargs, grid):
+    """What a launch's checks and build depend on (see the module docstring), or None where
+    the call is not one the fast path takes (numpy arrays, 0-d tensors or numpy numbers as
+    scalars, a float or bool in the grid, an argument given twice, ...): those take the
+    checked path every time."""
+    names = getattr(kernel, "param_names", None)
+    torch = sys.modules.get("torch")
+    if names is None or torch is None or len(args) > len(names):
+        return None
+    if type(grid) is int:
+        g = grid
+    elif type(grid) in (tuple, list) and all(type(x) is int for x in grid):
+        g = tuple(grid)
+    else:
+        return None
+    key = [kernel, g]
+    consts = {}
+    positional = names[:len(args)]
+    for k, v in kwargs.items():
+        if k not in names:
+            consts[k] = v
+        elif k in positional:
+            return None                      # given twice: the checked path says so
+    tensor = torch.Tensor
+    params = kernel.params
+    for i, name in enumerate(names):
+        if i < len(args):
+            v = args[i]
+        elif name in kwargs:
+            v = kwargs[name]
+        else:
+            return None
+        t = type(v)
+        if t is int or t is float:
+            if t is float and not params[i].type.dtype.is_float:
+                return None                  # the checked path says whether it is integral
+            key.append(t)
+        elif isinstance(v, tensor):
+            key.append((v.dtype, v.shape, v.stride(), v.device, v.data_ptr() % 16))
+        else:
+            return None
+    if consts:
+        from ..lang.kernel import const_key
+        key.append(const_key(consts))
+    return tuple(key)
+
+
+class _Plan:
+    """A checked launch, replayed for calls of the same signature: the argument buffer of
+    the checked call with this call's pointers and scalars written in (ABI offsets), and
+    the tensor maps of the tensors whose address changed re-encoded. Calling it launches
+    and returns True, or returns False (launching nothing) where this call's scalars or
+    overlapping tensors need the checked path."""
+
+    def __init__(self, kernel, grid, bound, params, function=None, block=None, shared=0,
+                 kargs=(), values=(), buf=b"", hip_entry=None):
+        from ..ir import types as T
+        from ..ir.abi import FORMAT, offsets
+        from .args import memory_span
+        self.names = kernel.param_names
+        self.grid, self.hip_entry, self.function = grid, hip_entry, function
+        self.block, self.shared, self.buf = block, shared, bytes(buf)
+        self.params = {p.name: p for p in params}
+        index = {n: i for i, n in enumerate(self.names)}
+        # scalars: (index, the largest magnitude the checks accept)
+        self.scalars = [(index[p.name], _F32_MAX if T.dtype_of(p.type.dtype).is_float
+                         else None) for p in params if p.kind != "gl"]
+        # tensors: (index, bytes from the first element to past the last, layout) for the
+        # overlap check (runtime.args.check_overlaps: spans that meet must be one view)
+        self.tensors = []
+        for p in params:
+            if p.kind == "gl":
+                v = bound[p.name]
+                lo, hi = memory_span(v)
+                self.tensors.append((index[p.name], hi - lo,
+                                     (str(v.dtype), tuple(v.shape), tuple(v.stride()))))
+        self.fields, self.tmaps = [], []
+        for a, off, v in zip(kargs, offsets(kargs) if kargs else (), values):
+            if a.kind == "ptr":
+                self.fields.append((index[a.param], off, "ptr", FORMAT["ptr"]))
+            elif a.kind == "scalar":
+                self.fields.append((index[a.param], off, a.dtype, FORMAT[a.dtype]))
+            elif a.kind == "tmap":
+                # [index, offset, karg, (address, encoded map)]: the pair replaced at once,
+                # so concurrent callers never see a map of another address
+                self.tmaps.append((index[a.param], off, a,
+                                   [(bound[a.param].data_ptr(), bytes(v))]))
+
+    def _passes(self, vals) -> bool:
+        """The checks that depend on more than the signature."""
+        for i, limit in self.scalars:
+            v = vals[i]
+            if limit is None:
+                if not -2**31 <= v <= I32_MAX:
+                    return False
+            elif not -limit <= v <= limit:            # overflow, or inf / nan: checked path
+                return False
+        if len(self.tensors) > 1:
+            spans = sorted((vals[i].data_ptr(), n, i, layout) for i, n, layout in self.tensors)
+            end, last = spans[0][0] + spans[0][1], spans[0]
+            for s in spans[1:]:
+                if s[0] < end and not (s[0] == last[0] and s[3] == last[3] and
+                                       s[1] == last[1]):
+                    return False                      # overlapping, not the same view
+                if s[0] + s[1] > end:
+                    end, last = s[0] + s[1], s
+        return True
+
+    def __call__(self, args, kwargs, stream) -> bool:
+        vals = list(args) + [kwargs[n] for n in self.names[len(args):]]
+        if not self._passes(vals):
+            return False
+        if self.hip_entry is not None:
+            from . import hip
+            code, prog = self.hip_entry
+            hip.launch(code, prog.name, prog.params, dict(zip(self.names, vals)),
+                       grid=self.grid, num_waves=prog.num_waves, stream=stream)
+            return True
+        from . import cuda
+        buf = bytearray(self.buf)
+        for i, off, kind, fmt in self.fields:
+            v = vals[i]
+            struct.pack_into(fmt, buf, off, v.data_ptr() if kind == "ptr" else v)
+        for i, off, karg, cell in self.tmaps:
+            t = vals[i]
+            ptr, enc = cell[0]
+            if t.data_ptr() != ptr:                       # the tensor moved: a new map
+                ptr, enc = t.data_ptr(), cuda.encode_tensor_map(
+                    t, karg.tma, self.params[karg.param].type.dtype)
+                cell[0] = (ptr, enc)
+            buf[off:off + 128] = enc
+        self.function.launch_checked(self.grid, self.block, buf, self.shared,
+                                     cuda.stream_handle(stream, self.function.module.device))
+        return True

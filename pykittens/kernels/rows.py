@@ -1,0 +1,268 @@
+"""Row kernels: kernels that reduce along the rows of a 2-D tensor (the norms, the softmax,
+their gradients) are written once against `Rows`, whatever schedule holds the rows. The
+schedule is a set of compile-time constants that `plan` picks per shape:
+
+- RESIDENT=1: one row per wave, read once into registers in its storage type (N_MAX
+  columns, a power of two), worked on CHUNK columns at a time (pk.subtile);
+- SPLIT=1: ROWS rows per workgroup split across its waves (N_MAX // num_waves columns
+  each), read once; pk.workgroup_sum / workgroup_max combine the waves' partial reductions;
+- neither: ROWS rows per wave, any width, read from memory in blocks of COLS on every pass
+  over them (the passes after the first mostly from L2).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import pykittens as pk
+
+WAVES = 4                        # num_waves of the row kernels' RESIDENT and looped schedules
+CHUNK = 512                      # a multiple of every target's wave sweep (64 lanes x 8)
+SPLIT_SHARE_REGS = 16            # registers per lane for a wave's share of a held row
+SPLIT_WIDE_WAVES = 4             # ... or 4 waves with twice that, where they cover the row
+LOOP = {"ROWS": 1, "COLS": 1024}     # rows no workgroup can hold: one per wave, in blocks
+
+
+def _pow2_floor(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(x, 1)))))
+
+
+def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SHARE_REGS,
+         loop: dict = LOOP):
+    """(rows per workgroup, schedule constants) for m rows of n columns whose kernel holds
+    `row_bytes` register bytes per column of a row (its element size for a forward pass over
+    x; more where a backward pass holds x and dy and per-column sums).
+
+    A row is read once wherever a workgroup can hold it in registers. Rows of up to one share
+    (share_regs registers per lane) stay in one wave (RESIDENT); longer rows are split across
+    the waves of a workgroup (SPLIT), a power-of-2 share each: one share per wave, except
+    that rows needing exactly 4 double shares take 4 waves of those (the better of the two
+    at 8192 columns). Measured on the H200 (LayerNorm, bf16, docs/PERF.md): 2048-12288
+    columns reach 71-89% of copy bandwidth this way, the looped schedule 53-67%. Rows longer
+    than a workgroup can hold are walked in column blocks (`loop`: ROWS, COLS and what else
+    the kernel's looped schedule takes)."""
+    from ..targets import get
+    t = get(target)
+    share = max(CHUNK, _pow2_floor(share_regs * 4 * t.wave_size / row_bytes))
+
+    def split(share):
+        return 1, {"SPLIT": 1, "ROWS": 1, "N_MAX": share * -(-n // share), "CHUNK": CHUNK,
+                   "num_waves": -(-n // share)}
+
+    if n <= share:
+        return WAVES, {"RESIDENT": 1, "N_MAX": max(CHUNK, 1 << (max(n, 1) - 1).bit_length()),
+                       "CHUNK": CHUNK}
+    if -(-n // (2 * share)) == SPLIT_WIDE_WAVES:
+        return split(2 * share)
+    for s in (share, 2 * share):
+        if -(-n // s) <= t.max_waves_per_workgroup:
+            return split(s)
+    return WAVES * loop["ROWS"], dict(loop)
+
+
+BWD_PROGRAMS_PER_CU = 2         # workgroups per CU / SM walking the rows of a backward pass
+
+
+def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = None):
+    """(grid, consts) of a backward row kernel whose workgroups walk the rows
+    (Rows.steps) adding per-column partial sums (ColumnSums): at most BWD_PROGRAMS_PER_CU
+    workgroups per CU / SM, so the partial sums stay small beside x, and at most as many as
+    `parts` rows of partial sums hold (ColumnSums.partial_rows)."""
+    from ..targets import get
+    per, consts = plan(m, n, target, row_bytes)
+    grid = min(max(1, -(-m // per)), get(target).num_cus * BWD_PROGRAMS_PER_CU)
+    if parts is not None:
+        per_program = ColumnSums.partial_rows(1, consts)
+        if parts < per_program:
+            raise ValueError(f"{parts} rows of partial sums cannot hold one workgroup's "
+                             f"{per_program}")
+        grid = min(grid, parts // per_program)
+    return (grid,), consts
+
+
+def itemsize(x) -> int:
+    """Bytes per element of a numpy array or torch tensor."""
+    return x.itemsize
+
+
+class Rows:
+    """Where one wave finds the rows it works on, by schedule (see the module docstring).
+
+    `r0` is the first row of the wave's (rows x cols) f32 blocks `block`; block j starts at
+    column `c0 + j * cols`; `blocks()` walks j (unrolled when the rows are held, a loop
+    otherwise). `hold(t)` gives block j of tensor t's rows; `total` / `peak` turn a wave's
+    partial row sums / maxima into the whole row's."""
+
+    def __init__(self, x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK):
+        nw = pk.num_waves()
+        self.m, self.n = x.shape
+        self.split, self.held = bool(SPLIT), bool(RESIDENT or SPLIT)
+        if SPLIT:
+            self.rows, self.width = ROWS, N_MAX // nw          # this wave's share of a row
+            self.first, self.c0 = pk.program_id(0) * ROWS, pk.wave_id() * self.width
+            self.per_program = ROWS
+        elif RESIDENT:
+            self.rows, self.width = 1, N_MAX
+            self.first, self.c0 = pk.program_id(0) * nw + pk.wave_id(), 0
+            self.per_program = nw
+        else:
+            self.rows, self.width = ROWS, None
+            self.first, self.c0 = (pk.program_id(0) * nw + pk.wave_id()) * ROWS, 0
+            self.per_program = nw * ROWS
+        self.cols = CHUNK if self.held else COLS
+        self.unrolled = self.held             # blocks in registers: one static window each
+        self.nblocks = self.width // CHUNK if self.held else (self.n + COLS - 1) // COLS
+        self.r0 = self.first
+        self.block = pk.rt((self.rows, self.cols), pk.f32)
+        self.row, self.col = pk.rv(self.block, "row"), pk.rv(self.block, "col")
+
+    # ---- walking ------------------------------------------------------------------------
+
+    def blocks(self):
+        return pk.static_range(self.nblocks) if self.unrolled else pk.range(self.nblocks)
+
+    def steps(self):
+        """Row groups each wave takes when a grid of fewer workgroups than row groups walks
+        all rows (`for i in pk.range(rows.steps()): rows.step(i)`): the same count in every
+        wave, so workgroup reductions stay matched; rows past the end read as zero."""
+        return (self.m + self.stride() - 1) // self.stride()
+
+    def stride(self):
+        return pk.num_programs(0) * self.per_program
+
+    def step(self, i):
+        self.r0 = self.first + i * self.stride()
+
+    def at(self, j):
+        return (self.r0, self.col_of(j))
+
+    def col_of(self, j):
+        """The first column of block j."""
+        if isinstance(j, int) and j == 0:
+            return self.c0
+        return j * self.cols if isinstance(self.c0, int) and self.c0 == 0 else \
+            self.c0 + j * self.cols
+
+    # ---- data ---------------------------------------------------------------------------
+
+    def hold(self, t, fill=0.0):
+        """Block j of tensor t's rows as an f32 tile, as a function of j. Held rows are read
+        once here, in t's storage type, and converted block by block; otherwise every call
+        reads the block from memory. Elements outside t read as `fill`."""
+        if not self.held:
+            return lambda j: pk.load(self.block, t, self.at(j), fill=fill)
+        regs = pk.load(pk.rt((self.rows, self.width), t.dtype), t, self.at(0),
+                       fill=fill)
+        return lambda j: self.window(regs, j)
+
+    def window(self, regs, j):
+        """Block j of a held (rows x width) register tile, in f32."""
+        return pk.subtile(regs, (0, j * self.cols), (self.rows, self.cols)).cast(pk.f32)
+
+    def vec(self, w, j):
+        """Block j's columns of the 1-D tensor w, as an f32 column vector."""
+        return pk.load(self.col, w, (self.col_of(j),))
+
+    def vecs(self, w):
+        """vec(w, j) as a function of j: for held rows, every block's read now (once, e.g.
+        before a loop over row groups); otherwise each call reads its block."""
+        if not self.held:
+            return lambda j: self.vec(w, j)
+        held = [self.vec(w, j) for j in range(self.nblocks)]
+        return lambda j: held[j]
+
+    def mask(self, t, j, value=0.0):
+        """t with the elements outside the tensor (ragged rows and columns) set to value."""
+        return pk.mask_outside(t, self.at(j), (self.m, self.n), value=value)
+
+    def store(self, dst, t, j):
+        pk.store(dst, t, self.at(j))
+
+    def store_rows(self, dst, v, at=None):
+        """A value per row (a row vector: the statistics) into the 1-D tensor dst, or into
+        row `at` of a 2-D one; in a split row every wave holds it, and wave 0 writes it."""
+        coord = (self.r0,) if at is None else (at, self.r0)
+        if not self.split:
+            pk.store(dst, v, coord)
+            return
+        with pk.if_(pk.wave_id() == 0):
+            pk.store(dst, v, coord)
+
+    def total(self, v):
+        return pk.workgroup_sum(v) if self.split else v
+
+    def peak(self, v):
+        return pk.workgroup_max(v) if self.split else v
+
+
+class ColumnSums:
+    """Per-column sums over every row a workgroup walks (a norm's dweight and dbias), kept
+    as partial sums in the f32 tensor `part`, in its columns first .. first + n - 1 (so
+    that several sums can share one tensor), for `column_sum` to add up. Held rows keep
+    them in registers and write one partial row per workgroup at the end (`finish`); looped
+    rows add each block into the wave's own partial row in memory (one row per wave, no
+    synchronisation)."""
+
+    def __init__(self, rows: Rows, part, first=0):
+        self.rows, self.part, self.first = rows, part, first
+        self.acc = [pk.zeros(rows.block) for _ in range(rows.nblocks)] if rows.held else None
+
+    def add(self, t, j):
+        rows = self.rows
+        if rows.held:
+            self.acc[j] += t
+            return
+        p = pk.program_id(0) * pk.num_waves() + pk.wave_id()
+        c = self._col(j)
+        have = pk.load(rows.col, self.part, (p, c))
+        pk.store(self.part, have + pk.col_sum(t), (p, c), end=self._end())
+
+    def finish(self):
+        rows = self.rows
+        if not rows.held:
+            return
+        for j in pk.static_range(rows.nblocks):
+            v = pk.col_sum(self.acc[j])
+            c = (pk.program_id(0), self._col(j))
+            if rows.split:                     # each wave holds its own columns
+                pk.store(self.part, v, c, end=self._end())
+            else:                              # each wave holds its own rows
+                v = pk.workgroup_sum(v)
+                with pk.if_(pk.wave_id() == 0):
+                    pk.store(self.part, v, c, end=self._end())
+
+    def _end(self):
+        """Stores stop at the last column: another ColumnSums may follow in `part`."""
+        return (None, self.first + self.rows.n)
+
+    def _col(self, j):
+        c = self.rows.col_of(j)
+        return c if isinstance(self.first, int) and self.first == 0 else c + self.first
+
+    @staticmethod
+    def partial_rows(grid: int, consts: dict) -> int:
+        """Rows of `part` a launch of `grid` workgroups with these schedule constants
+        writes."""
+        held = consts.get("RESIDENT") or consts.get("SPLIT")
+        return grid if held else grid * WAVES
+
+
+@pk.kernel(num_waves=4)
+def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
+               DT: pk.const = None, ROWS: pk.const = 8, COLS: pk.const = 256):
+    """out[c] = sum over rows r of part[r, c], summed in f32 and rounded once to out's type:
+    the reduction after per-block partial column sums (a norm's dweight, a bias's
+    gradient)."""
+    p, n = part.shape
+    c0 = (pk.program_id(0) * pk.num_waves() + pk.wave_id()) * COLS
+    tile = pk.rt((ROWS, COLS), pk.f32)
+    acc = pk.zeros(tile)
+    for i in pk.range((p + ROWS - 1) // ROWS):
+        acc += pk.load(tile, part, (i * ROWS, c0))
+    pk.store(out, pk.col_sum(acc), (c0,))
+
+
+def column_sum_launch(n: int):
+    """(grid, consts) of column_sum over n columns."""
+    return (max(1, -(-n // (WAVES * 256))),), {}

@@ -1,0 +1,139 @@
+"""Matrix products as differentiable torch operators over the library GEMMs: `linear`
+(y = x W^T + b) and `matmul` (a matrix, or a stack of them, times one matrix). One custom
+op, pykittens::gemm(a, b, form), computes C = A B ("nn"), A B^T ("nt") or A^T B ("tn") in
+the operands' dtype with float32 accumulation; its gradients are gemms of the other forms.
+
+The kernel: on Hopper `gemm_ws` (warp-specialised wgmma; it reads A as (M, K) and B as
+(N, K), a linear layer's weight as it is) wherever K x element size is a multiple of 16
+bytes (its TMA copies), else the mma.sync `gemm`; on CDNA `gemm` (MFMA; A (M, K), B (K, N)).
+An operand stored the other way is copied transposed (torch) first."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..kernels import KERNELS, gemm_ws_launch
+from ..kernels.gemm import gemm, gemm_ws
+from .run import HALVES, check_same, check_tensor, run, target_of
+
+FORMS = ("nn", "nt", "tn")
+
+
+def uses_gemm_ws(target: str, k: int, itemsize: int) -> bool:
+    """Whether a product with inner dim k runs on gemm_ws (else on gemm)."""
+    return target == "sm_90a" and k * itemsize % 16 == 0
+
+
+@torch.library.custom_op("pykittens::gemm", mutates_args=())
+def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
+    A = a if form[0] == "n" else a.t()                   # (M, K)
+    B = b if form[1] == "n" else b.t()                   # (K, N)
+    (m, k), n = A.shape, B.shape[1]
+    c = a.new_empty((m, n))
+    if c.numel() == 0 or k == 0:
+        return c.zero_()
+    target = target_of(a)
+    kernel, grid, consts = _plan(target, m, k, n, a.itemsize)
+    b_rows = B.t() if kernel is gemm_ws else B             # gemm_ws reads B as (N, K)
+    run(kernel, {"a": A.contiguous(), "b": b_rows.contiguous(), "c": c}, grid, consts,
+        ("c",))
+    return c
+
+
+class _Meta:
+    """What the GEMM launch rules read of an operand: its shape and element size."""
+
+    def __init__(self, shape, itemsize):
+        self.shape, self.itemsize = shape, itemsize
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(target: str, m: int, k: int, n: int, itemsize: int):
+    """(kernel, grid, consts) of an (m, k) x (k, n) product with a C of the operands' type,
+    decided once per shape (the launch rules consult the cache simulator's choice)."""
+    if uses_gemm_ws(target, k, itemsize):
+        i = {"a": _Meta((m, k), itemsize), "b": _Meta((n, k), itemsize),
+             "c": _Meta((m, n), itemsize)}
+        return (gemm_ws, *gemm_ws_launch(i, target))
+    i = {"a": _Meta((m, k), itemsize), "b": _Meta((k, n), itemsize)}
+    return (gemm, *KERNELS["gemm"].launch(i, target))
+
+
+@_gemm.register_fake
+def _(a, b, form):
+    m = a.shape[0] if form[0] == "n" else a.shape[1]
+    n = b.shape[1] if form[1] == "n" else b.shape[0]
+    return a.new_empty((m, n))
+
+
+def _setup(ctx, inputs, output):
+    a, b, form = inputs
+    ctx.save_for_backward(a, b)
+    ctx.form = form
+
+
+def _backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    dc = dc.contiguous()
+    # C = A B: dA = dC B^T, dB = A^T dC, each written as the form that reads the stored
+    # operands as they are
+    grads = {"nn": (lambda: _gemm(dc, b, "nt"), lambda: _gemm(a, dc, "tn")),
+             "nt": (lambda: _gemm(dc, b, "nn"), lambda: _gemm(dc, a, "tn")),
+             "tn": (lambda: _gemm(b, dc, "nt"), lambda: _gemm(a, dc, "nn"))}[ctx.form]
+    return tuple(g() if need else None for g, need in zip(grads, ctx.needs_input_grad[:2])) \
+        + (None,)
+
+
+torch.library.register_autograd("pykittens::gemm", _backward, setup_context=_setup)
+
+
+def _check(op, x_name, x, w_name, w):
+    check_tensor(op, x_name, x, HALVES)
+    check_tensor(op, w_name, w, HALVES)
+    check_same(op, **{x_name: x, w_name: w})
+
+
+def linear(input, weight, bias=None):
+    """torch.nn.functional.linear: input (..., K) times weight (N, K) transposed, plus bias
+    (N,) if given; bfloat16 or float16, one dtype for all, float32 accumulation.
+    Differentiable in all three."""
+    _check("linear", "input", input, "weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"linear: weight must be (out_features, in_features), got "
+                         f"{tuple(weight.shape)}")
+    n, k = weight.shape
+    if input.shape[-1] != k:
+        raise ValueError(f"linear: input {tuple(input.shape)} has {input.shape[-1]} features "
+                         f"but weight {tuple(weight.shape)} takes {k}")
+    if bias is not None:
+        check_tensor("linear", "bias", bias, HALVES, dims=1)
+        check_same("linear", input=input, bias=bias)
+        if bias.shape[0] != n:
+            raise ValueError(f"linear: bias has {bias.shape[0]} elements, weight {n} outputs")
+    y = _gemm(input.reshape(-1, k), weight, "nt").view(*input.shape[:-1], n)
+    return y if bias is None else y + bias
+
+
+def matmul(input, other):
+    """torch.matmul where `other` is a matrix (K, N) and input a matrix (M, K), a vector
+    (K,) or a stack (..., M, K) of matrices (multiplied as one (M', K) matrix); bfloat16 or
+    float16, float32 accumulation. `other` may be row-major or a transposed view (w.t() of
+    a row-major w), read as it is either way. Differentiable in both. A batched or vector
+    `other` raises NotImplementedError: the library GEMMs multiply by one matrix."""
+    if isinstance(other, torch.Tensor) and other.dim() == 2 and other.stride(1) != 1 and \
+            other.stride(0) == 1:               # a transposed view, x @ w.t(): read w as is
+        _check("matmul", "input", input, "other.t()", other.t())
+        form, b = "nt", other.t()
+    else:
+        _check("matmul", "input", input, "other", other)
+        form, b = "nn", other
+    if other.dim() != 2:
+        raise NotImplementedError(f"matmul: other {tuple(other.shape)} must be a matrix "
+                                  "(K, N); the library GEMMs multiply by one matrix (use "
+                                  "torch.matmul for batched or vector operands)")
+    k, n = other.shape
+    if input.shape[-1] != k:
+        raise ValueError(f"matmul: input {tuple(input.shape)} and other {tuple(other.shape)}"
+                         f" do not agree in the inner dim ({input.shape[-1]} vs {k})")
+    return _gemm(input.reshape(-1, k), b, form).view(*input.shape[:-1], n)

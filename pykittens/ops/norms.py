@@ -1,0 +1,261 @@
+"""LayerNorm, RMSNorm, and the residual add fused with RMSNorm, as differentiable torch
+operators over the library's row kernels (layernorm, rmsnorm, add_rmsnorm; layernorm_bwd,
+rmsnorm_bwd, with column_sum adding up the weight and bias gradients)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
+from ..kernels.layernorm import layernorm, layernorm_bwd
+from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
+from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
+from .run import check_same, check_tensor, placeholder, run, target_of
+
+F32 = torch.float32
+
+
+def _rows(op: str, x, normalized_shape, **params):
+    """x as (rows, n) for a norm over its last dims `normalized_shape`, and the weight and
+    bias (`params`, None where absent) as (n,); every mismatch an error naming it."""
+    check_tensor(op, "input", x)
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else \
+        tuple(int(d) for d in normalized_shape)
+    if not shape or x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(f"{op}: normalized_shape {list(shape)} must be the last dims of "
+                         f"input {tuple(x.shape)}")
+    n = math.prod(shape)
+    flat = {}
+    for name, t in params.items():
+        if t is not None:
+            check_tensor(op, name, t)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but "
+                                 f"normalized_shape is {list(shape)}")
+            t = t.reshape(n)
+        flat[name] = t
+    check_same(op, input=x, **params)
+    return x.reshape(-1, n), flat
+
+
+def _column_sums(x, grid, consts, n: int, wanted: bool):
+    """The partial-sum buffer of a backward kernel (zeroed where looped rows add into it),
+    or a placeholder."""
+    if not wanted:
+        return placeholder(x, 2, F32)
+    rows = ColumnSums.partial_rows(grid[0], consts)
+    held = consts.get("RESIDENT") or consts.get("SPLIT")
+    return (x.new_empty if held else x.new_zeros)((rows, n), dtype=F32)
+
+
+def _column_sum(part, like, wanted: bool):
+    """part's column sums in like's dtype (empty when not wanted)."""
+    out = like.new_empty((part.shape[1] if wanted else 0,))
+    if wanted:
+        grid, consts = column_sum_launch(part.shape[1])
+        run(column_sum, {"part": part, "out": out}, grid, consts, ("out",))
+    return out
+
+
+def _grad_rows(dy, x):
+    """dy as the backward kernels read it: x's shape, unit stride in its last dim."""
+    return torch.zeros_like(x) if dy is None else dy.contiguous()
+
+
+# ---- layer_norm ------------------------------------------------------------------------------
+
+@torch.library.custom_op("pykittens::layer_norm", mutates_args=())
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output, and each row's mean and 1/std (rows 0 and 1 of a (2, rows) tensor)."""
+    m, n = x.shape
+    y, stats = x.new_empty((m, n)), x.new_empty((2, m), dtype=F32)
+    if x.numel() == 0:
+        return y, stats
+    grid, consts = stats_launch({"x": x}, target_of(x), launch=ln_launch)
+    run(layernorm, {"x": x, "w": placeholder(x, 1) if weight is None else weight,
+                    "b": placeholder(x, 1) if bias is None else bias, "out": y,
+                    "stats": stats, "eps": eps}, grid,
+        {**consts, "WEIGHT": int(weight is not None), "BIAS": int(bias is not None)},
+        ("out", "stats"))
+    return y, stats
+
+
+@_layer_norm.register_fake
+def _(x, weight, bias, eps):
+    m, n = x.shape
+    return x.new_empty((m, n)), x.new_empty((2, m), dtype=F32)
+
+
+@torch.library.custom_op("pykittens::layer_norm_bwd", mutates_args=())
+def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                    stats: torch.Tensor, dw: bool, db: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx, and the gradients asked for one after the other in one tensor: dweight (dw),
+    then dbias (db); (dw + db) * n elements."""
+    m, n = x.shape
+    dx = x.new_empty((m, n))
+    width = (dw + db) * n
+    if x.numel() == 0:
+        return dx, x.new_zeros((width,))
+    grid, consts = ln_grad_launch({"x": x}, target_of(x), dw, db)
+    part = _column_sums(x, grid, consts, width, width > 0)
+    run(layernorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
+                        "stats": stats, "dx": dx, "part": part}, grid,
+        {**consts, "WEIGHT": int(weight is not None), "DW": int(dw), "DB": int(db)},
+        ("dx", "part"))
+    return dx, _column_sum(part, x, width > 0)
+
+
+@_layer_norm_bwd.register_fake
+def _(dy, x, weight, stats, dw, db):
+    return x.new_empty(x.shape), x.new_empty(((dw + db) * x.shape[1],))
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.has_bias = bias is not None
+    ctx.mark_non_differentiable(output[1])
+
+
+def _ln_backward(ctx, dy, _dstats):
+    x, weight, stats = ctx.saved_tensors
+    dw = weight is not None and ctx.needs_input_grad[1]
+    db = ctx.has_bias and ctx.needs_input_grad[2]
+    dx, sums = _layer_norm_bwd(_grad_rows(dy, x), x, weight, stats, dw, db)
+    n = x.shape[1]
+    return dx, sums[:n] if dw else None, sums[n * dw:] if db else None, None
+
+
+torch.library.register_autograd("pykittens::layer_norm", _ln_backward, setup_context=_ln_setup)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """torch.nn.functional.layer_norm: normalise over the last dims `normalized_shape`
+    (an int or a sequence) to zero mean and unit variance (biased), then scale by weight
+    and shift by bias (each optional, of shape normalized_shape). float32, bfloat16 or
+    float16, weight and bias in input's dtype; statistics in float32. Differentiable in
+    input, weight and bias."""
+    x, p = _rows("layer_norm", input, normalized_shape, weight=weight, bias=bias)
+    return _layer_norm(x, p["weight"], p["bias"], float(eps))[0].view(input.shape)
+
+
+# ---- rms_norm, add_rms_norm ------------------------------------------------------------------
+
+def _rms_eps(x, eps):
+    """torch's default: the machine epsilon of the float32 the statistics are computed in."""
+    return torch.finfo(F32).eps if eps is None else float(eps)
+
+
+def _rms_forward(kernel, x, tensors: dict, weight, eps, outputs):
+    """Launch or emulate a forward RMSNorm kernel with its statistics."""
+    m = x.shape[0]
+    rstd = x.new_empty((m,), dtype=F32)
+    if x.numel():
+        row_bytes = (2 if "residual" in tensors else 1) * x.itemsize
+        grid, consts = stats_launch({"x": x}, target_of(x), row_bytes=row_bytes)
+        run(kernel, {"x": x, **tensors, "w": placeholder(x, 1) if weight is None else weight,
+                     "rstd": rstd, "eps": eps}, grid,
+            {**consts, "WEIGHT": int(weight is not None)}, outputs + ("rstd",))
+    return rstd
+
+
+@torch.library.custom_op("pykittens::rms_norm", mutates_args=())
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    y = x.new_empty(x.shape)
+    return y, _rms_forward(rmsnorm, x, {"out": y}, weight, eps, ("out",))
+
+
+@_rms_norm.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape), x.new_empty((x.shape[0],), dtype=F32)
+
+
+@torch.library.custom_op("pykittens::add_rms_norm", mutates_args=())
+def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, s = x.new_empty(x.shape), x.new_empty(x.shape)
+    rstd = _rms_forward(add_rmsnorm, x, {"residual": residual, "out": y, "s": s}, weight, eps,
+                        ("out", "s"))
+    return y, s, rstd
+
+
+@_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty((x.shape[0],), dtype=F32)
+
+
+@torch.library.custom_op("pykittens::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                  rstd: torch.Tensor, ds: torch.Tensor | None, dw: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx (plus ds, the gradient reaching a fused add's sum directly), and dweight where
+    asked for (else empty)."""
+    m, n = x.shape
+    dx = x.new_empty((m, n))
+    if x.numel() == 0:
+        return dx, x.new_zeros((n if dw else 0,))
+    grid, consts = rms_grad_launch({"x": x}, target_of(x), ds is not None, dw)
+    part = _column_sums(x, grid, consts, n, dw)
+    run(rmsnorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
+                      "rstd": rstd, "ds": placeholder(x, 2) if ds is None else ds, "dx": dx,
+                      "dw_part": part}, grid,
+        {**consts, "WEIGHT": int(weight is not None), "DW": int(dw)}, ("dx", "dw_part"))
+    return dx, _column_sum(part, x, dw)
+
+
+@_rms_norm_bwd.register_fake
+def _(dy, x, weight, rstd, ds, dw):
+    return x.new_empty(x.shape), x.new_empty((x.shape[1] if dw else 0,))
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight = inputs[0], inputs[-2]
+    ctx.fused = len(inputs) == 4                         # add_rms_norm: x, residual, w, eps
+    s = output[1] if ctx.fused else x
+    ctx.save_for_backward(s, weight, output[-1])
+    ctx.mark_non_differentiable(output[-1])
+
+
+def _rms_backward(ctx, dy, *rest):
+    s, weight, rstd = ctx.saved_tensors
+    ds = rest[0] if ctx.fused else None
+    dw = weight is not None and ctx.needs_input_grad[-2]
+    dx, gw = _rms_norm_bwd(_grad_rows(dy, s), s, weight, rstd,
+                           None if ds is None else ds.contiguous(), dw)
+    gw = gw if dw else None
+    return (dx, dx, gw, None) if ctx.fused else (dx, gw, None)
+
+
+for _name in ("rms_norm", "add_rms_norm"):
+    torch.library.register_autograd(f"pykittens::{_name}", _rms_backward,
+                                    setup_context=_rms_setup)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
+    """torch.nn.functional.rms_norm: x / sqrt(mean(x^2) + eps) over the last dims
+    `normalized_shape`, times weight (optional, of shape normalized_shape); eps=None is
+    torch's default, torch.finfo(torch.float32).eps (the statistics are float32).
+    float32, bfloat16 or float16. Differentiable in input and weight."""
+    x, p = _rows("rms_norm", input, normalized_shape, weight=weight)
+    return _rms_norm(x, p["weight"], _rms_eps(x, eps))[0].view(input.shape)
+
+
+def add_rms_norm(x, residual, weight, eps: float | None = None):
+    """The residual stream of a pre-norm block in one pass over memory: s = x + residual
+    (rounded to their dtype, as the unfused sum is), then rms_norm(s, (n,), weight, eps)
+    over the last dim. Returns (normalised output, s). weight may be None. Differentiable
+    in x, residual (both get the same gradient) and weight."""
+    check_tensor("add_rms_norm", "x", x)
+    check_tensor("add_rms_norm", "residual", residual)
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} must have x's "
+                         f"shape {tuple(x.shape)}")
+    check_same("add_rms_norm", x=x, residual=residual)
+    n = x.shape[-1]
+    x2, p = _rows("add_rms_norm", x, (n,), weight=weight)
+    y, s, _ = _add_rms_norm(x2, residual.reshape(-1, n), p["weight"], _rms_eps(x2, eps))
+    return y.view(x.shape), s.view(x.shape)

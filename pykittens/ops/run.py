@@ -1,0 +1,100 @@
+"""What every op shares: argument checks whose messages name the op, the argument and the
+fix; and `run`, which runs a library kernel where its tensors are — launched on their GPU,
+or in the emulator for CPU tensors (the same schedule the GPU would get, for
+EMULATE_TARGET)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+# the kernel schedule CPU tensors are emulated with (any pykittens target)
+EMULATE_TARGET = os.environ.get("PYKITTENS_EMULATE_TARGET", "sm_90a")
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)     # the row kernels' element types
+HALVES = (torch.bfloat16, torch.float16)                    # the matrix units' operand types
+
+
+def _names(dtypes) -> str:
+    names = [str(d).removeprefix("torch.") for d in dtypes]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def check_tensor(op: str, name: str, t, dtypes=FLOATS, dims=None) -> None:
+    """t is a tensor of one of `dtypes`, with `dims` dims (an int or a (min, max) range),
+    and unit stride in its last dim (the kernels read rows with vector accesses)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{op}: {name} is {t.dtype}; the kernels take {_names(dtypes)} "
+                        f"(convert with .to(torch.{str(dtypes[0]).removeprefix('torch.')}))")
+    lo, hi = (dims, dims) if isinstance(dims, int) else (dims or (1, 64))
+    if not lo <= t.dim() <= hi:
+        want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        raise ValueError(f"{op}: {name} must have {want} dims, got {t.dim()} "
+                         f"{tuple(t.shape)}")
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{op}: {name} needs a unit stride in its last dim (it has "
+                         f"{t.stride(-1)}); pass {name}.contiguous()")
+
+
+def check_same(op: str, **tensors) -> None:
+    """The tensors given (None skipped) share one device and one dtype."""
+    given = {k: v for k, v in tensors.items() if v is not None}
+    devices = {str(v.device) for v in given.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{k} on {v.device}" for k, v in given.items())
+        raise ValueError(f"{op}: {where}; put them on one device")
+    dtypes = {v.dtype for v in given.values()}
+    if len(dtypes) > 1:
+        (first, t0), *rest = given.items()
+        other = next(k for k, v in rest if v.dtype != t0.dtype)
+        raise TypeError(f"{op}: {first} is {t0.dtype} but {other} is {given[other].dtype}; "
+                        f"convert with {other}.to({first}.dtype)")
+
+
+def target_of(t: torch.Tensor) -> str:
+    """The pykittens target that runs kernels on t's device (CPU: the emulated one)."""
+    if t.device.type == "cpu":
+        return EMULATE_TARGET
+    if t.device.type != "cuda":
+        raise ValueError(f"tensors on {t.device} are not supported: pykittens runs on CUDA "
+                         "(or ROCm) GPUs, and CPU tensors in its emulator")
+    from ..runtime.launch import gpu_target
+    return gpu_target(t.device.index or 0)
+
+
+def run(kernel, args: dict, grid, consts: dict, outputs=()) -> None:
+    """Run `kernel` on the tensors of `args` (by parameter name): launched on their GPU, or
+    emulated for CPU tensors with the results copied into the `outputs` tensors."""
+    first = next(v for v in args.values() if isinstance(v, torch.Tensor))
+    if first.device.type != "cpu":
+        from ..runtime.launch import launch
+        launch(kernel, grid=grid, **args, **consts)
+        return
+    from .. import emulate
+    got = emulate(kernel, grid=grid, target=EMULATE_TARGET, **args, **consts)
+    for name in outputs:
+        args[name].copy_(from_numpy(got[name], args[name].dtype))
+
+
+def placeholder(like: torch.Tensor, dims: int, dtype=None) -> torch.Tensor:
+    """A tensor for a kernel parameter the chosen constants leave unread (an absent weight,
+    a partial sum not asked for); 16-element rows keep the aligned build."""
+    return like.new_empty((1,) * (dims - 1) + (16,), dtype=dtype or like.dtype)
+
+
+def to_numpy(t):
+    """A CPU tensor as a numpy array of the same values (bf16 as ml_dtypes.bfloat16)."""
+    import ml_dtypes
+    t = t.detach().contiguous()
+    if t.dtype in (torch.float32, torch.int32):
+        return t.numpy()
+    np_dt = ml_dtypes.bfloat16 if t.dtype == torch.bfloat16 else np.float16
+    return t.view(torch.int16).numpy().view(np_dt)
+
+
+def from_numpy(a, dtype):
+    if a.dtype in (np.float32, np.int32):
+        return torch.from_numpy(a.copy()).to(dtype)
+    return torch.from_numpy(a.view(np.int16).copy()).view(dtype)

@@ -1,0 +1,221 @@
+"""pk.launch's fast path, on a stand-in CUDA driver (it records what cuLaunchKernel gets)
+and CPU tensors that report cuda:0 — real kernels, cubins, argument checks and packing; only
+the driver is stubbed. The fast path must hand the driver exactly what the checked path
+does (pointers, scalars, re-encoded TMA maps), and cost less host time."""
+import ctypes
+import struct
+import time
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pykittens as pk  # noqa: E402
+from pykittens.kernels import KERNELS, gemm_ws_launch, stats_launch  # noqa: E402
+from pykittens.runtime import cuda as rc  # noqa: E402
+from pykittens.runtime import launch as launch_mod  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+
+class _Enum:
+    """Enum members as the bindings give them: objects with a name."""
+
+    def __getattr__(self, name):
+        return SimpleNamespace(name=name)
+
+
+class FakeDriver:
+    """The cuda.bindings.driver calls the launcher makes, answering like one GPU."""
+    CUfunction_attribute = CUdevice_attribute = CUtensorMapDataType = _Enum()
+    CUtensorMapSwizzle = CUtensorMapInterleave = CUtensorMapL2promotion = _Enum()
+    CUtensorMapFloatOOBfill = _Enum()
+    cuuint32_t = cuuint64_t = int
+
+    def __init__(self):
+        self.launches, self.maps = [], []
+
+    @staticmethod
+    def CUstream(handle):
+        return handle
+
+    def cuInit(self, flags): return (0,)
+    def cuDeviceGetCount(self): return (0, 1)
+    def cuDeviceGet(self, i): return (0, i)
+    def cuDevicePrimaryCtxRetain(self, dev): return (0, 1234)
+    def cuCtxGetCurrent(self): return (0, 1234)
+    def cuModuleLoadData(self, data): return (0, 1)
+    def cuModuleGetFunction(self, module, name): return (0, 7)
+    def cuDeviceGetAttribute(self, attr, dev): return (0, 232448)
+    def cuFuncSetAttribute(self, f, attr, value): return (0,)
+
+    def cuFuncGetAttribute(self, attr, f):
+        return (0, {"CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK": 1024,
+                    "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES": 49152}.get(attr.name, 0))
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        words = (ctypes.c_void_p * 5).from_address(extra)
+        size = ctypes.c_size_t.from_address(words[3]).value
+        self.launches.append(((gx, gy, gz), (bx, by, bz), shared, stream,
+                              ctypes.string_at(words[1], size)))
+        return (0,)
+
+    def cuTensorMapEncodeTiled(self, dt, rank, ptr, sizes, strides, box, *rest):
+        self.maps.append(ptr)
+        m = ctypes.create_string_buffer(struct.pack("<Q", ptr) + bytes(120))
+        return 0, SimpleNamespace(getPtr=lambda: ctypes.addressof(m), keep=m)
+
+
+class OnGPU(torch.Tensor):
+    """A CPU tensor that says it is on cuda:0: the launcher reads its metadata and address,
+    never its data."""
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def gpu(t):
+    return torch.Tensor._make_subclass(OnGPU, t)
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    d = FakeDriver()
+    monkeypatch.setattr(rc, "_DRIVER", d)
+    monkeypatch.setattr(rc, "_INIT", True)
+    monkeypatch.setattr(rc, "_CTX", {})
+    monkeypatch.setattr(launch_mod, "gpu_target", lambda index: "sm_90a")
+    monkeypatch.setattr(launch_mod, "_modules", {})
+    monkeypatch.setattr(launch_mod, "_plans", {})
+    return d
+
+
+def rms_call(m=37, n=700, eps=1e-5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = gpu(torch.randn(m, n, generator=g).bfloat16())
+    args = (x, gpu(torch.randn(n, generator=g).bfloat16()), gpu(torch.empty(m, n).bfloat16()),
+            gpu(torch.empty(m)), eps)
+    grid, consts = stats_launch({"x": x}, "sm_90a")
+    return KERNELS["rmsnorm"].kernel, args, grid, consts
+
+
+def gemm_call(seed=0):
+    """gemm_ws: TMA tensor maps of A and B among its arguments."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = (gpu(torch.randn(s, generator=g).bfloat16()) for s in ((150, 128), (200, 128)))
+    c = gpu(torch.empty(150, 200).bfloat16())
+    grid, consts = gemm_ws_launch({"a": a, "b": b, "c": c}, "sm_90a")
+    return KERNELS["gemm_ws"].kernel, (a, b, c), grid, consts
+
+
+def run(call, driver, fast, stream=5, **kw):
+    kernel, args, grid, consts = call
+    launch_mod.FAST_PATH = fast
+    try:
+        pk.launch(kernel, *args, grid=grid, stream=stream, **kw, **consts)
+    finally:
+        launch_mod.FAST_PATH = True
+    return driver.launches[-1]
+
+
+@pytest.mark.parametrize("make", [rms_call, gemm_call])
+def test_fast_path_launches_what_the_checked_path_does(driver, make):
+    one, two = make(seed=0), make(seed=1)                 # same signature, other tensors
+    want = [run(c, driver, fast=False) for c in (one, two)]
+    assert want[0][4] != want[1][4]                       # the pointers differ
+    maps_before = len(driver.maps)
+    got = [run(c, driver, fast=True) for c in (one, two, one)]   # checked, then fast twice
+    assert got == [want[0], want[1], want[0]]
+    assert len(launch_mod._plans) == 1
+    if make is gemm_call:       # checked: one's maps; then re-encoded as the tensors move
+        per_call = maps_before // 2
+        assert per_call >= 2
+        assert driver.maps[maps_before:] == driver.maps[:maps_before] + driver.maps[:per_call]
+    else:
+        assert not driver.maps
+
+
+def test_a_new_signature_takes_the_checked_path(driver):
+    base = rms_call()
+    run(base, driver, fast=True)
+    kernel, args, grid, consts = base
+    # a scalar's value is packed per call; its type, a shape or a stride is a new signature
+    other_eps = (kernel, args[:4] + (1e-3,), grid, consts)
+    assert run(other_eps, driver, fast=True) == run(other_eps, driver, fast=False)
+    assert len(launch_mod._plans) == 1
+    run(rms_call(m=20), driver, fast=True)
+    assert len(launch_mod._plans) == 2
+    strided = gpu(torch.empty(37, 1400).bfloat16()[:, :700])
+    run((kernel, (strided,) + args[1:], grid, consts), driver, fast=True)
+    assert len(launch_mod._plans) == 3
+    # what the checks reject is rejected whichever path would run
+    with pytest.raises(pk.KernelError, match="element type f32 but the kernel expects bf16"):
+        pk.launch(kernel, args[0], gpu(torch.empty(700)), *args[2:], grid=grid, stream=5,
+                  **consts)
+    with pytest.raises(pk.KernelError, match="must be a number"):
+        pk.launch(kernel, *args[:4], "eps", grid=grid, stream=5, **consts)
+
+
+def per_call_seconds(call, driver, fast, n=300):
+    kernel, args, grid, consts = call
+    launch_mod.FAST_PATH = fast
+    try:
+        pk.launch(kernel, *args, grid=grid, stream=5, **consts)     # compile, plan
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pk.launch(kernel, *args, grid=grid, stream=5, **consts)
+        return (time.perf_counter() - t0) / n
+    finally:
+        launch_mod.FAST_PATH = True
+
+
+@pytest.mark.parametrize("make", [rms_call, gemm_call])
+def test_fast_path_costs_less_host_time(driver, make):
+    """Host time of one cached launch on the stand-in driver (the driver's own cost and
+    torch's current-stream lookup left out): the fast path skips binding and checking the
+    arguments, finding the target and the module, and packing from scratch."""
+    call = make()
+    slow = min(per_call_seconds(call, driver, False) for _ in range(3))
+    fast = min(per_call_seconds(call, driver, True) for _ in range(3))
+    print(f"\n{call[0].name}: checked {slow * 1e6:.1f} us, fast {fast * 1e6:.1f} us per launch")
+    assert fast < 0.5 * slow
+
+
+def test_the_fast_path_keeps_the_argument_rules(driver, monkeypatch):
+    """A call whose signature matches a plan still meets every rule of runtime.args: what
+    varies from call to call (scalar values, tensors overlapping in memory) is checked on
+    the fast path too, and what looks alike to Python (a float grid, a bool scalar, an
+    argument given twice) never reaches a plan."""
+    kernel, args, grid, consts = base = rms_call()
+    run(base, driver, fast=True)
+    assert len(launch_mod._plans) == 1
+    launches = len(driver.launches)
+
+    def refused(match, *a, grid=grid, **kw):
+        with pytest.raises(pk.KernelError, match=match):
+            pk.launch(kernel, *a, grid=grid, stream=5, **kw, **consts)
+        assert len(driver.launches) == launches
+
+    refused("grid sizes must be ints", *args, grid=tuple(float(g) for g in grid))
+    refused("must be a number", *args[:4], True)
+    refused("given twice", *args, out=args[2])
+    refused("overflows f32", *args[:4], 1e39)
+    # an output overlapping the input, shifted by 16 bytes: same signature, other views
+    m, n = args[0].shape
+    buf = torch.empty(m * n + 8).bfloat16()
+    x, out = gpu(buf[:m * n].view(m, n)), gpu(buf[8:].view(m, n))
+    assert x.data_ptr() % 16 == args[0].data_ptr() % 16 == out.data_ptr() % 16
+    refused("overlap in memory but are different views", x, args[1], out, *args[3:])
+    assert len(launch_mod._plans) == 1
+    # the same view as input and output (an in-place update) is allowed on either path
+    inplace = (kernel, (args[0], args[1], args[0]) + args[3:], grid, consts)
+    checked = []
+    real = launch_mod._checked_launch
+    monkeypatch.setattr(launch_mod, "_checked_launch", lambda *a: checked.append(1) or real(*a))
+    fast = run(inplace, driver, fast=True)
+    assert not checked                                     # the plan launched it
+    assert fast == run(inplace, driver, fast=False) and checked == [1]
+    assert len(launch_mod._plans) == 1

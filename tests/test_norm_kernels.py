@@ -1,0 +1,175 @@
+"""The row kernels (norms, softmax, their backward passes; rope) in the emulator against
+float64, beyond the library's default launch that tests/test_kernels.py runs: every row
+schedule (held by one wave, split across waves, looped) on sm_90a and gfx950, rows from 256
+to 65536 columns, workgroups walking many rows into partial column sums, LayerNorm without
+weight or bias, RoPE's layouts; the launch rule; pk.xor_cols."""
+import numpy as np
+import pytest
+
+import pykittens as pk
+from pykittens import compiler
+from pykittens.kernels import KERNELS, rows
+from pykittens.kernels.layernorm import layernorm
+from pykittens.kernels.rope import rope, rope_launch
+from conftest import rel_err
+
+SCHEDULES = {
+    "resident": (4, {"RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512}),
+    "split": (1, {"SPLIT": 1, "ROWS": 1, "N_MAX": 1024, "CHUNK": 512, "num_waves": 2}),
+    "loop": (4, {"ROWS": 1, "COLS": 256}),
+}
+ROW_KERNELS = ("layernorm", "rmsnorm", "add_rmsnorm", "softmax", "layernorm_bwd",
+               "rmsnorm_bwd", "softmax_bwd")
+# each kernel, schedule and target once; the dtype alternates over them
+CASES = [(name, sched, target, ("f32", "bf16")[(i + j) % 2])
+         for i, name in enumerate(ROW_KERNELS) for j, sched in enumerate(SCHEDULES)
+         for target in ("sm_90a", "gfx950")]
+
+
+def run_spec(name, shape, dtype, target, consts=None, grid=None):
+    """Emulate library kernel `name` on its spec's inputs (outputs poisoned), with the
+    spec's launch or the given schedule; the per-output errors against float64."""
+    spec = KERNELS[name]
+    inputs = spec.poison(spec.make_inputs(shape, pk.dtype_of(dtype),
+                                          np.random.default_rng(sum(shape))))
+    default_grid, default = spec.launch(inputs, target)
+    if consts is not None:                       # the spec's other constants, this schedule
+        consts = {**{k: v for k, v in default.items() if k in ("STATS", "RESIDUAL")},
+                  **consts}
+    got = pk.emulate(spec.kernel, grid=grid or default_grid, target=target, **inputs,
+                     **(default if consts is None else consts))
+    return spec, spec.errors(got, spec.reference(inputs))
+
+
+@pytest.mark.parametrize("name,sched,target,dtype", CASES,
+                         ids=[f"{n}-{s}-{t}-{d}" for n, s, t, d in CASES])
+def test_every_schedule(name, sched, target, dtype):
+    """Ragged rows and columns (19 x 700: not a multiple of any tile). Backward kernels run
+    on few workgroups, so each walks several row groups into its partial sums."""
+    per, consts = SCHEDULES[sched]
+    grid = -(-19 // per)
+    if name in ("layernorm_bwd", "rmsnorm_bwd"):
+        grid = min(grid, 2)
+    spec, errs = run_spec(name, (19, 700), dtype, target, consts, (grid,))
+    for out, e in errs.items():
+        assert e["rel_err"] <= spec.tolerance(dtype), (out, e)
+
+
+@pytest.mark.parametrize("name,target,dtype", [
+    ("rmsnorm", "sm_90a", "f32"), ("rmsnorm", "sm_90a", "bf16"),
+    ("layernorm_bwd", "sm_90a", "bf16"), ("layernorm", "gfx942", "f32"),
+    ("softmax", "gfx950", "bf16"), ("softmax_bwd", "gfx942", "f32"),
+    ("add_rmsnorm", "gfx950", "f32"), ("rmsnorm_bwd", "gfx950", "bf16")])
+def test_rows_of_65536_columns(name, target, dtype):
+    """The widest rows, on the library's own launch: split across 16-32 waves, or looped."""
+    spec, errs = run_spec(name, (2, 65536), dtype, target)
+    for out, e in errs.items():
+        assert e["rel_err"] <= spec.tolerance(dtype), (out, e)
+
+
+def test_launch_rule_covers_256_to_65536_columns():
+    """Every width gets a schedule its targets can run: held rows fit the workgroup (waves,
+    a power-of-2 share each, covering the row); wider rows loop."""
+    from pykittens.targets import get
+    for target in ("gfx942", "gfx950", "sm_90a"):
+        for row_bytes in (2, 4, 12, 16):
+            for n in (256, 300, 1000, 4096, 12288, 65536):
+                per, c = rows.plan(8, n, target, row_bytes)
+                if c.get("SPLIT"):
+                    assert c["N_MAX"] >= n and c["num_waves"] <= get(target).max_waves_per_workgroup
+                    share = c["N_MAX"] // c["num_waves"]
+                    assert share % c["CHUNK"] == 0 and share & (share - 1) == 0
+                elif c.get("RESIDENT"):
+                    assert c["N_MAX"] >= n and per == rows.WAVES
+                else:
+                    assert c == rows.LOOP
+    assert rows.plan(8, 65536, "sm_90a", 2)[1]["num_waves"] == 32        # bf16: split
+    assert rows.plan(8, 65536, "sm_90a", 4)[1] == rows.LOOP              # f32: looped
+    # a backward pass holding x, dy and two f32 sums gets shares of a CHUNK
+    assert rows.plan(8, 3000, "sm_90a", 12)[1]["num_waves"] == 6
+    grid, consts = rows.walk_plan(100000, 1024, "sm_90a", 12)
+    assert grid == (132 * rows.BWD_PROGRAMS_PER_CU,)                    # a bounded grid
+    with pytest.raises(ValueError, match="cannot hold one workgroup's 4"):
+        rows.walk_plan(8, 65536, "sm_90a", 16, parts=2)
+
+
+@pytest.mark.parametrize("sched", list(SCHEDULES) + ["tma"])
+def test_layernorm_without_weight_or_bias_and_its_statistics(sched):
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((19, 700)) * 2 + 3).astype(np.float32)
+    per, consts = SCHEDULES.get(sched, (4, {"TMA": 1, "N_MAX": 1024, "CHUNK": 256}))
+    targets = ("sm_90a",) if sched == "tma" else ("sm_90a", "gfx950")
+    for target in targets:
+        got = pk.emulate(layernorm, x, np.zeros(1, np.float32), np.zeros(1, np.float32),
+                         np.full_like(x, np.nan), np.zeros((2, 19), np.float32), 1e-5,
+                         grid=-(-19 // per), target=target, WEIGHT=0, BIAS=0, STATS=1,
+                         **consts)
+        mu, var = x.astype(np.float64).mean(1), x.astype(np.float64).var(1)
+        assert rel_err(got["out"], (x - mu[:, None]) / np.sqrt(var[:, None] + 1e-5)) < 1e-5
+        assert rel_err(got["stats"][0], mu) < 1e-6
+        assert rel_err(got["stats"][1], 1 / np.sqrt(var + 1e-5)) < 1e-5
+
+
+def test_column_sum_of_many_partials():
+    spec, errs = run_spec("column_sum", (300, 1030), "bf16", "gfx950")
+    assert errs["out"]["rel_err"] <= spec.tolerance("bf16")
+
+
+def rope_reference(x, cos, sin, pos, interleaved, inverse):
+    x = x.astype(np.float64)
+    half = cos.shape[1]
+    c = cos.astype(np.float64)[pos][:, :, None, :]
+    s = sin.astype(np.float64)[pos][:, :, None, :] * (-1 if inverse else 1)
+    a, b = (x[..., 0:2 * half:2], x[..., 1:2 * half:2]) if interleaved else \
+        (x[..., :half], x[..., half:2 * half])
+    out = x.copy()
+    if interleaved:
+        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = a * c - b * s, b * c + a * s
+    else:
+        out[..., :half], out[..., half:2 * half] = a * c - b * s, b * c + a * s
+    return out
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx950"])
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("shape,half,dtype", [((2, 5, 3, 64), 32, "bf16"),
+                                              ((1, 7, 5, 80), 16, "f32"),
+                                              ((1, 3, 40, 128), 64, "bf16")])
+def test_rope_layouts(target, interleaved, shape, half, dtype):
+    """GPT-NeoX halves and GPT-J pairs, whole and partial rotary dims (the rest passes
+    through), the inverse rotation (the backward), explicit positions; more heads than a
+    wave's tile holds (grid axis 1 walks the blocks of heads, the last one ragged)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(pk.dtype_of(dtype).np)
+    ang = rng.uniform(-3, 3, (shape[1] + 3, half))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    tables = [np.repeat(t, 2, 1) if interleaved else t for t in (cos, sin)]
+    for inverse, positions in ((0, None), (1, rng.integers(0, shape[1] + 3, shape[:2]))):
+        grid, consts = rope_launch(shape, half, interleaved, target, INVERSE=inverse,
+                                   POSITIONS=int(positions is not None))
+        if shape[2] == 40:
+            assert grid[1] == -(-40 // consts["HEADS"]) > 1
+        pos = np.zeros((1, 1), np.int32) if positions is None else positions.astype(np.int32)
+        got = pk.emulate(rope, x, *tables, pos, np.full_like(x, np.nan), grid=grid,
+                         target=target, **consts)["out"]
+        want = rope_reference(x, cos, sin, np.broadcast_to(np.arange(shape[1]), shape[:2])
+                              if positions is None else positions, interleaved, inverse)
+        assert rel_err(got, want) < (1e-6 if dtype == "f32" else 1e-2)
+
+
+def test_xor_cols_exchanges_columns_in_registers(rng):
+    @pk.kernel
+    def swap(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], MASK: pk.const = 1):
+        pk.store(out, pk.xor_cols(pk.load(pk.rt((4, 128), pk.f32), x), MASK))
+
+    x = rng.standard_normal((4, 128)).astype(np.float32)
+    for target in ("gfx942", "gfx950", "sm_90a"):
+        for mask in (1, 2):
+            got = pk.emulate(swap, x, np.zeros_like(x), grid=1, target=target, MASK=mask)
+            assert np.array_equal(got["out"], x[:, np.arange(128) ^ mask])
+    assert "slots(" in compiler.emit(swap, "sm_90a", "lane") and \
+        "bfly(" not in compiler.emit(swap, "sm_90a", "lane")          # no lane traffic
+    with pytest.raises(pk.KernelError, match="exchanges columns held by different lanes"):
+        pk.emulate(swap, x, np.zeros_like(x), grid=1, target="gfx950", MASK=8)
+    with pytest.raises(pk.KernelError, match="must be a power of two below"):
+        pk.emulate(swap, x, np.zeros_like(x), grid=1, target="gfx950", MASK=3)
