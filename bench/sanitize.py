@@ -110,7 +110,8 @@ def run_attention():
 
 def run_attention_bwd():
     """The backward passes through pykittens.ops.attention's autograd: ragged, causal and
-    not, GQA, both head dims, f32-atomic and deterministic dQ."""
+    not, GQA, both head dims, f32-atomic and deterministic dQ. dO comes up by a copy (so
+    initcheck sees it initialised)."""
     import torch
     import pykittens.ops as pko
     for b, hq, hkv, nq, nk, d, causal, det in (
@@ -119,12 +120,28 @@ def run_attention_bwd():
         q = torch.randn(b, nq, hq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(b, nk, hkv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn_like(k, requires_grad=True)
-        pko.attention(q, k, v, causal=bool(causal), deterministic=det).sum().backward()
+        do = torch.randn(b, nq, hq, d, dtype=torch.bfloat16).to("cuda")
+        torch.autograd.grad(pko.attention(q, k, v, causal=bool(causal), deterministic=det),
+                            (q, k, v), do)
+    torch.cuda.synchronize()
+
+
+def run_attention_bwd_prep():
+    """attention_bwd_prep alone on O and dO brought up by copies: what initcheck says when
+    O was not written by the forward's TMA stores."""
+    import torch
+    import pykittens as pk
+    from pykittens.kernels.attention_bwd import attention_bwd_launch, attention_bwd_prep
+    for b, h, n, d in ((1, 2, 130, 64), (2, 4, 256, 128)):
+        o, do = (torch.randn(b, h, n, d, dtype=torch.bfloat16).to("cuda") for _ in range(2))
+        delta = torch.empty(b, h, n, device="cuda")
+        (grid, consts), _, _ = attention_bwd_launch({"q": o, "k": o}, "sm_90a")
+        pk.launch(attention_bwd_prep, o, do, delta, grid=grid, **consts)
     torch.cuda.synchronize()
 
 
 KERNELS = {"library": run_library, "attention": run_attention,
-           "attention_bwd": run_attention_bwd}
+           "attention_bwd": run_attention_bwd, "attention_bwd_prep": run_attention_bwd_prep}
 LITMUS = {0: "syncthreads", 1: "every-lane", 2: "warp-sync-lane0 (pk.arrive)",
           3: "lane0-only", 4: "none (a real race)"}
 
