@@ -12,8 +12,9 @@ import pytest
 import pykittens as pk
 from pykittens import compiler, isa
 from pykittens.kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
-from pykittens.kernels.attention_bwd import (attention_bwd_dq_varlen, attention_bwd_prep,
-                                             attention_bwd_varlen,
+from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
+                                             attention_bwd_dq_varlen, attention_bwd_launch,
+                                             attention_bwd_prep, attention_bwd_varlen,
                                              attention_bwd_varlen_launch)
 from pykittens.kernels.attention_bwd_cdna import BLOCK_KEYS, DQ_ROWS, WAVES
 from conftest import needs_amd_llvm, needs_ptxas
@@ -118,20 +119,26 @@ def test_packed_cubins_have_no_spills(d, causal):
 @needs_amd_llvm
 def test_packed_code_objects_have_no_spills(target, d):
     """Both packed passes, bf16 and f16, causal or not: no spilled register and no scratch,
-    the dense schedule's 4 waves and LDS (Q and dO, or K and V: 32 rows each, two stages),
-    no wait-state hazard."""
+    the dense schedule's 4 waves, LDS (Q and dO, or K and V: 32 rows each, two stages) and
+    waves per SIMD, no wait-state hazard."""
     i = {"q": np.empty((4, 512, d), np.float16), "k": np.empty((2, 512, d), np.float16),
          "cu_seqlens_q": np.array([0, 200, 512], np.int32),
          "cu_seqlens_k": np.array([0, 300, 512], np.int32)}
+    dense = {"q": np.empty((1, 4, 512, d)), "k": np.empty((1, 2, 512, d))}
     for causal in (0, 1):
         _, (_, main), (_, dq) = attention_bwd_varlen_launch(i, target, CAUSAL=causal)
-        for kernel, consts in ((attention_bwd_varlen, main), (attention_bwd_dq_varlen, dq)):
+        _, (_, dmain), (_, ddq) = attention_bwd_launch(dense, target, CAUSAL=causal)
+        for kernel, consts, twin, tconsts in ((attention_bwd_varlen, main, attention_bwd, dmain),
+                                              (attention_bwd_dq_varlen, dq, attention_bwd_dq, ddq)):
             for dt in ("bf16", "f16"):
                 rep = compiler.report(kernel, target, DT=dt, **consts)
                 where = (kernel.name, dt, causal, rep)
                 assert rep["scratch_bytes"] == 0, where
                 assert rep["vgpr_spill"] == rep["sgpr_spill"] == 0, where
                 assert rep["num_waves"] == WAVES and rep["lds_bytes"] == 4 * 32 * d * 2, where
+                occupancy = compiler.report(twin, target, DT=dt, **tconsts)[
+                    "occupancy_waves_per_simd"]
+                assert rep["occupancy_waves_per_simd"] == occupancy, where
                 asm = compiler.assembly(kernel, target, DT=dt, **consts)
                 assert isa.check_hazards(asm, target) == [], where
 

@@ -26,7 +26,12 @@ S^T = K Q^T and dP^T = V dO^T put the queries along the lanes, so dS^T is the kr
 operand of dQ^T += K^T dS^T (K^T from LDS with krun=4), dQ^T stays in AGPRs and is stored
 once: a fixed order of additions, deterministic. Adding dQ into an f32 tensor from the main
 pass instead (dq="atomic") is not offered on CDNA: with dQ's product and atomics beside dK
-and dV, that pass needs more scalar registers than a wave has, and LLVM spills them."""
+and dV, that pass needs more scalar registers than a wave has, and LLVM spills them.
+
+Packed batches (attention_bwd_varlen, attention_bwd_dq_varlen) run the same two bodies over
+the forward's packed geometry (attention_cdna._Packed, given cu_q / cu_k): a sequence's
+rows start at its offsets, the rows read past its end (the next sequence's) are masked,
+and the stores stop at its end."""
 from __future__ import annotations
 
 import contextlib
