@@ -70,7 +70,8 @@ class _Sequences:
     query heads) and the blocks hold key rows. clamp=True bounds b, the head and the block
     to their ranges (_clamp). Subclasses give the sequence's lengths nq, nk and the
     coordinates of a row of a head in q, o (qo), k, v (kv) and lse (lse); a coordinate
-    function's head defaults to the decoded one. (Subclasses set group = Hq / Hkv.)"""
+    function's head defaults to the decoded one. Subclasses set group (Hq / Hkv) before
+    decoding."""
 
     def _decode(self, batch, heads, hkv, blocks, MAP, TARGET, keys, clamp):
         self.heads, self.blocks = heads, blocks
