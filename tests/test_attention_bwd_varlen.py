@@ -1,44 +1,55 @@
-"""The attention backward over packed batches (attention_bwd_varlen / attention_bwd_dq_varlen,
-Hopper schedule) in the emulator: sequences of different lengths packed along the rows, each
-sequence's dQ, dK, dV against its own float64 gradients; rows outside every sequence left
-untouched."""
+"""The attention backward over packed batches (attention_bwd_varlen / attention_bwd_dq_varlen)
+in the emulator, on Hopper's schedule and on CDNA's (gfx950, gfx942): sequences of different
+lengths packed along the rows, the forward emulated on the same target, each sequence's dQ,
+dK, dV against its own float64 gradients; a sequence with no queries or no keys gets zero
+gradients; rows outside every sequence are left untouched. The code objects compile without
+spills or scratch, and one CDNA code object runs on the ISA emulator."""
 import math
 
 import numpy as np
 import pytest
 
 import pykittens as pk
-from pykittens import compiler
+from pykittens import compiler, isa
 from pykittens.kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
-from pykittens.kernels.attention_bwd import (attention_bwd_dq_varlen, attention_bwd_prep,
-                                             attention_bwd_varlen,
+from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
+                                             attention_bwd_dq_varlen, attention_bwd_launch,
+                                             attention_bwd_prep, attention_bwd_varlen,
                                              attention_bwd_varlen_launch)
-from conftest import needs_ptxas
+from pykittens.kernels.attention_bwd_cdna import BLOCK_KEYS, DQ_ROWS, WAVES
+from conftest import needs_amd_llvm, needs_ptxas
 from test_attention_bwd import DT, check, reference_grads
 
 PAST = 5                                   # rows after the last sequence, never written
+CDNA = ("gfx950", "gfx942")
 
 
-def packed_backward(rng, lq, lk, hq, hkv, d, causal, dt="bf16"):
+def packed_backward(rng, lq, lk, hq, hkv, d, causal, dt="bf16", target="sm_90a",
+                    isa_run=False):
+    """The forward and the three backward passes on `target` (the main and dQ passes on
+    the ISA emulator with isa_run) over packed (H, total, D) tensors with PAST rows after
+    the last sequence; checks every sequence's gradients and the untouched rows."""
     cq, ck = (np.cumsum([0] + n).astype(np.int32) for n in (lq, lk))
     mk = lambda h, n: rng.standard_normal((h, n, d)).astype(DT[dt])  # noqa: E731
     q, do = mk(hq, cq[-1] + PAST), mk(hq, cq[-1] + PAST)
     k, v = mk(hkv, ck[-1] + PAST), mk(hkv, ck[-1] + PAST)
     i = {"q": q, "k": k, "v": v, "cu_seqlens_q": cq, "cu_seqlens_k": ck}
-    scale, run = 1 / math.sqrt(d), dict(target="sm_90a")
-    grid, consts = attention_fwd_varlen_launch(i, "sm_90a", CAUSAL=causal)
+    scale, run = 1 / math.sqrt(d), dict(target=target)
+    grid, consts = attention_fwd_varlen_launch(i, target, CAUSAL=causal)
+    # the forward leaves the PAST rows' LSE at 0: finite, so a query block reading on past
+    # the last sequence's end gets P != 0 there unless the backward masks those rows
     fwd = pk.emulate(attention_fwd_varlen, q, k, v, np.zeros_like(q),
                      np.zeros(q.shape[:2], np.float32), cq, ck, scale, grid=grid, **run,
                      **consts)
-    (pg, pc), (mg, mc), (qg, qc) = attention_bwd_varlen_launch(i, "sm_90a", CAUSAL=causal)
+    (pg, pc), (mg, mc), (qg, qc) = attention_bwd_varlen_launch(i, target, CAUSAL=causal)
     delta = pk.emulate(attention_bwd_prep, fwd["o"][None], do[None],
                        np.zeros((1,) + q.shape[:2], np.float32), grid=pg, **run,
                        **pc)["delta"][0]
     seven = lambda x: np.full(x.shape, 7.0, x.dtype)  # noqa: E731
     out = pk.emulate(attention_bwd_varlen, q, k, v, do, fwd["lse"], delta, seven(k), seven(v),
-                     cq, ck, scale, grid=mg, **run, **mc)
+                     cq, ck, scale, grid=mg, isa=isa_run, **run, **mc)
     dq = pk.emulate(attention_bwd_dq_varlen, q, k, v, do, fwd["lse"], delta, seven(q), cq, ck,
-                    scale, grid=qg, **run, **qc)["dq"]
+                    scale, grid=qg, isa=isa_run, **run, **qc)["dq"]
     for b in range(len(lq)):
         rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
         got = (dq[None, :, rows], out["dk"][None, :, keys], out["dv"][None, :, keys])
@@ -51,22 +62,44 @@ def packed_backward(rng, lq, lk, hq, hkv, d, causal, dt="bf16"):
         assert np.all(g[:, n:] == 7.0), name
 
 
+# Five sequences: one with no queries, one longer than a key block (3 blocks of 128 keys on
+# CDNA, 2 blocks of dQ rows), one with no keys, one with more queries than keys (causal: its
+# first 50 rows see no key). Query blocks of 32 (CDNA) and 64 (Hopper) rows read on past the
+# ends of the first, third and last sequences, into the next one's rows or the PAST rows.
+LQ, LK = [50, 0, 200, 40, 90], [70, 30, 260, 0, 40]
+
+
 @pytest.mark.parametrize("d,causal", [(64, 1), (128, 0)])
-def test_packed_gradients_match_float64(rng, d, causal):
-    """Four sequences (one with no queries, one with no keys, one longer than a key block,
-    one with more queries than keys), GQA 2:1."""
-    packed_backward(rng, [50, 0, 200, 90], [70, 30, 260, 40], 4, 2, d, causal)
+@pytest.mark.parametrize("target", ["sm_90a", *CDNA])
+def test_packed_gradients_match_float64(rng, target, d, causal):
+    """GQA 2:1, bf16."""
+    packed_backward(rng, LQ, LK, 4, 2, d, causal, target=target)
 
 
-def test_packed_f16_mha(rng):
-    packed_backward(rng, [130, 17], [64, 150], 2, 2, 64, 1, "f16")
+@pytest.mark.parametrize("target,d", [("sm_90a", 64), ("gfx950", 128), ("gfx942", 128)])
+def test_packed_f16_mha(rng, target, d):
+    """Causal, MHA, f16; a sequence whose queries outnumber its keys and one the other way."""
+    packed_backward(rng, [130, 17], [64, 150], 2, 2, d, 1, "f16", target=target)
 
 
-def test_packed_backward_on_cdna_says_so():
-    i = {"q": np.empty((2, 64, 64), np.float16), "k": np.empty((2, 64, 64), np.float16),
-         "cu_seqlens_q": np.array([0, 64], np.int32), "cu_seqlens_k": np.array([0, 64], np.int32)}
-    with pytest.raises(pk.NotSupportedYet, match="packed batches has no gfx950 schedule"):
-        attention_bwd_varlen_launch(i, "gfx950")
+@pytest.mark.parametrize("target", CDNA)
+def test_cdna_launch_plans(target):
+    """The dense CDNA schedule's flat head-first grids, sized by the longest sequences;
+    the prep pass on (1, Hq, total_q, D) views."""
+    i = {"q": np.empty((4, 300, 64), np.float16), "k": np.empty((2, 500, 64), np.float16),
+         "cu_seqlens_q": np.array([0, 40, 290], np.int32),
+         "cu_seqlens_k": np.array([0, 300, 300], np.int32)}
+    prep, main, dq = attention_bwd_varlen_launch(i, target, CAUSAL=1)
+    assert prep == ((5, 4, 1), {"D": 64})
+    common = {"D": 64, "CAUSAL": 1, "MAP": "head-first", "num_waves": WAVES, "TARGET": target}
+    assert main == ((2 * 2 * -(-300 // BLOCK_KEYS),), {**common, "BM": 32})
+    assert dq == ((2 * 4 * -(-250 // (DQ_ROWS * WAVES)),), {**common, "BN": 32})
+    empty = {**i, "cu_seqlens_q": np.array([0, 0], np.int32),
+             "cu_seqlens_k": np.array([0, 0], np.int32)}
+    _, main, dq = attention_bwd_varlen_launch(empty, target)   # a block per head, idle
+    assert main[0] == (2,) and dq[0] == (4,)
+    with pytest.raises(ValueError, match="grid mapping 'zigzag'"):
+        attention_bwd_varlen_launch(i, target, MAP="zigzag")
 
 
 @pytest.mark.parametrize("d,causal", [(128, 1), (64, 0)])
@@ -79,3 +112,39 @@ def test_packed_cubins_have_no_spills(d, causal):
     for kernel, consts in ((attention_bwd_varlen, main), (attention_bwd_dq_varlen, dq)):
         rep = compiler.report(kernel, "sm_90a", DT="bf16", **consts)
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, (kernel.name, rep)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("target", CDNA)
+@needs_amd_llvm
+def test_packed_code_objects_have_no_spills(target, d):
+    """Both packed passes, bf16 and f16, causal or not: no spilled register and no scratch,
+    the dense schedule's 4 waves, LDS (Q and dO, or K and V: 32 rows each, two stages) and
+    waves per SIMD, no wait-state hazard."""
+    i = {"q": np.empty((4, 512, d), np.float16), "k": np.empty((2, 512, d), np.float16),
+         "cu_seqlens_q": np.array([0, 200, 512], np.int32),
+         "cu_seqlens_k": np.array([0, 300, 512], np.int32)}
+    dense = {"q": np.empty((1, 4, 512, d)), "k": np.empty((1, 2, 512, d))}
+    for causal in (0, 1):
+        _, (_, main), (_, dq) = attention_bwd_varlen_launch(i, target, CAUSAL=causal)
+        _, (_, dmain), (_, ddq) = attention_bwd_launch(dense, target, CAUSAL=causal)
+        for kernel, consts, twin, tconsts in ((attention_bwd_varlen, main, attention_bwd, dmain),
+                                              (attention_bwd_dq_varlen, dq, attention_bwd_dq, ddq)):
+            for dt in ("bf16", "f16"):
+                rep = compiler.report(kernel, target, DT=dt, **consts)
+                where = (kernel.name, dt, causal, rep)
+                assert rep["scratch_bytes"] == 0, where
+                assert rep["vgpr_spill"] == rep["sgpr_spill"] == 0, where
+                assert rep["num_waves"] == WAVES and rep["lds_bytes"] == 4 * 32 * d * 2, where
+                occupancy = compiler.report(twin, target, DT=dt, **tconsts)[
+                    "occupancy_waves_per_simd"]
+                assert rep["occupancy_waves_per_simd"] == occupancy, where
+                asm = compiler.assembly(kernel, target, DT=dt, **consts)
+                assert isa.check_hazards(asm, target) == [], where
+
+
+@pytest.mark.parametrize("target,d,dt", [("gfx950", 64, "bf16"), ("gfx942", 128, "f16")])
+def test_packed_code_objects_compute_the_gradients(rng, target, d, dt):
+    """The main and dQ passes' code objects on the ISA emulator: a causal GQA batch whose
+    first sequence's query block reads on into the second's rows."""
+    packed_backward(rng, [20, 30], [45, 25], 2, 1, d, 1, dt, target=target, isa_run=True)

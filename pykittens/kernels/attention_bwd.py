@@ -280,14 +280,20 @@ def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
                          cu_seqlens_q: pk.gl[pk.i32, 1], cu_seqlens_k: pk.gl[pk.i32, 1],
                          scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                          CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
-                         TARGET: pk.target = None):
+                         TARGET: pk.target = None, MAP: pk.const = "head-first"):
     """attention_bwd's dK and dV over a packed batch, as attention_fwd_varlen lays it out:
     q, do (Hq, total_q, D), k, v, dk, dv (Hkv, total_k, D), lse, delta (Hq, total_q), int32
-    cu_seqlens_q / cu_seqlens_k (B + 1). dQ: attention_bwd_dq_varlen. Grid and constants:
-    attention_bwd_varlen_launch."""
+    cu_seqlens_q / cu_seqlens_k (B + 1). Causal masks are bottom-right aligned per
+    sequence; a sequence with no queries or no keys gets dK = dV = 0, and rows outside
+    every sequence are never written. dQ: attention_bwd_dq_varlen. Hopper's schedule on
+    sm_90a, the dense CDNA schedule (attention_bwd_cdna) on gfx942 and gfx950, each over
+    the forward's packed geometry. Grid and constants: attention_bwd_varlen_launch."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, None, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                     0, cu_seqlens_q, cu_seqlens_k)
+    elif TARGET in CDNA_TARGETS:
+        cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, 0, MAP, TARGET,
+                 cu_seqlens_q, cu_seqlens_k)
     else:
         raise pk.NotSupportedYet(f"attention_bwd_varlen has no schedule for {TARGET} yet")
 
@@ -300,11 +306,16 @@ def attention_bwd_dq_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
                             cu_seqlens_k: pk.gl[pk.i32, 1], scale: pk.f32,
                             DT: pk.const = None, D: pk.const = 128, CAUSAL: pk.const = 0,
                             BN: pk.const = 64, STAGES: pk.const = 2,
-                            TARGET: pk.target = None):
-    """attention_bwd_dq over a packed batch (layouts: attention_bwd_varlen)."""
+                            TARGET: pk.target = None, MAP: pk.const = "head-first"):
+    """attention_bwd_dq over a packed batch (layouts and targets: attention_bwd_varlen):
+    dQ of one block of a sequence's query rows per workgroup, stored up to the sequence's
+    end; rows of a sequence with no keys get dQ = 0."""
     if TARGET == "sm_90a":
         _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES,
                        cu_seqlens_q, cu_seqlens_k)
+    elif TARGET in CDNA_TARGETS:
+        cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARGET,
+                    cu_seqlens_q, cu_seqlens_k)
     else:
         raise pk.NotSupportedYet(f"attention_bwd_dq_varlen has no schedule for {TARGET} yet")
 
@@ -315,16 +326,15 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here unless both longest
     lengths are given). prep runs attention_bwd_prep on (1, Hq, total_q, D) views of O and
     dO (delta does not depend on the sequences); main is attention_bwd_varlen, dq
-    attention_bwd_dq_varlen (dQ by its own pass: deterministic). Hopper only for now."""
+    attention_bwd_dq_varlen (dQ by its own pass: deterministic). Hopper: grids
+    (ceil(longest Nk / 128), Hkv, B) and (ceil(longest Nq / 128), Hq, B); CDNA: the dense
+    schedule's flat head-first grids (attention_bwd_cdna.cdna_bwd_launch) for the longest
+    sequences."""
     from ..targets import get
     t = get(target)
     _need_shapes(i, ("q", "k"), 3, "(H, total, D)")
     (hq, tq, d), (hkv, _, _) = i["q"].shape, i["k"].shape
     _check_heads(i["q"].shape, i["k"].shape, i["k"].shape)
-    if t.family != "hopper":
-        raise pk.NotSupportedYet(f"the attention backward over packed batches has no "
-                                 f"{t.name} schedule yet (Hopper only); pad the batch to "
-                                 "(B, H, N, D) for attention_bwd")
     if max_seqlen_q is None or max_seqlen_k is None:
         batch, cu = packed_offsets(i)
         max_seqlen_q = longest(cu["cu_seqlens_q"]) if max_seqlen_q is None else max_seqlen_q
@@ -332,8 +342,13 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     else:
         batch = len(i["cu_seqlens_q"]) - 1
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
+    prep = ((-(-tq // 64), hq, 1), {"D": d})
+    if t.family == "cdna":
+        return prep, *cdna_bwd_launch(batch, hq, hkv, max(1, max_seqlen_q),
+                                      max(1, max_seqlen_k), d, t.name, "pass", causal,
+                                      overrides, packed=True)
     common = {"D": d, "CAUSAL": causal, "STAGES": 2, "TARGET": t.name, **overrides}
-    return (((-(-tq // 64), hq, 1), {"D": d}),
+    return (prep,
             ((max(1, -(-max_seqlen_k // 128)), hkv, batch), {**common, "BM": 64}),
             ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64}))
 

@@ -26,7 +26,12 @@ S^T = K Q^T and dP^T = V dO^T put the queries along the lanes, so dS^T is the kr
 operand of dQ^T += K^T dS^T (K^T from LDS with krun=4), dQ^T stays in AGPRs and is stored
 once: a fixed order of additions, deterministic. Adding dQ into an f32 tensor from the main
 pass instead (dq="atomic") is not offered on CDNA: with dQ's product and atomics beside dK
-and dV, that pass needs more scalar registers than a wave has, and LLVM spills them."""
+and dV, that pass needs more scalar registers than a wave has, and LLVM spills them.
+
+Packed batches (attention_bwd_varlen, attention_bwd_dq_varlen) run the same two bodies over
+the forward's packed geometry (attention_cdna._Packed, given cu_q / cu_k): a sequence's
+rows start at its offsets, the rows read past its end (the next sequence's) are masked,
+and the stores stop at its end."""
 from __future__ import annotations
 
 import contextlib
@@ -35,7 +40,7 @@ import math
 import pykittens as pk
 
 from .attention import _causal_blocks
-from .attention_cdna import LOG2E, MAPS, _xcds, cdna_grid
+from .attention_cdna import LOG2E, MAPS, _clamp, sequences
 
 WAVES = 4
 KEYS_PER_WAVE = 32             # the N of one 32x32 MFMA tile of S
@@ -47,13 +52,6 @@ ATOMIC_DQ_UNSUPPORTED = (
     "dq='atomic' is not available on {target}: its main pass, with dQ's product and f32 "
     "atomics beside dK and dV, needs more scalar registers than a wave has (LLVM spills "
     "them); use dq='pass', the default (deterministic)")
-
-
-def _clamp(x, n):
-    """x in [0, n): the grid decode guarantees it; clamped, the compiler knows it too and
-    drops the range checks on batch and head in every access (masks it would otherwise keep
-    in scalar registers through the loop)."""
-    return pk.maximum(pk.minimum(x, n - 1), 0)
 
 
 class _Interleave:
@@ -92,47 +90,54 @@ def _compute():
 
 
 def cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
-             TARGET):
+             TARGET, cu_q=None, cu_k=None):
     """The body of attention_bwd on CDNA (dK, dV). Grid: B Hkv ceil(Nk / 128) workgroups,
-    head-first (those of one key/value head read the same Q and dO: one XCD's L2)."""
+    head-first (those of one key/value head read the same Q and dO: one XCD's L2).
+
+    With cu_q / cu_k, the body of attention_bwd_varlen: the packed geometry of the forward
+    (attention_cdna._Packed) over B Hkv ceil(longest Nk / 128) workgroups, those past a
+    shorter sequence's keys idle. The query blocks of the walk then read on past the
+    sequence's last query into the next sequence's rows: their LSE reads stop at the
+    sequence's end (+inf past it, so P = 0 there, as past Nq), and dK, dV are stored up to
+    the sequence's last key."""
     if DQ_ATOMIC:
         raise pk.NotSupportedYet("attention_bwd: " + ATOMIC_DQ_UNSUPPORTED.format(
             target=TARGET))
     if BM != BLOCK_Q:
         raise pk.KernelError(f"attention_bwd on CDNA walks {BLOCK_Q}-row query blocks, "
                              f"not BM={BM}")
-    batch, hq, nq, _ = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    group = hq // hkv
-    k_blocks = (nk + BLOCK_KEYS - 1) // BLOCK_KEYS
-    b, hk, kb = cdna_grid(pk.program_id(0), batch, hkv, k_blocks, 1, _xcds(TARGET), MAP)
-    b, hk = _clamp(b, batch), _clamp(hk, hkv)
-    offset, k0 = nk - nq, kb * BLOCK_KEYS
+    seq = sequences(q, k, MAP, TARGET, cu_q, cu_k, rows=BLOCK_KEYS, keys=True, clamp=True)
+    nq, nk, group, hk = seq.nq, seq.nk, seq.group, seq.hk
+    offset, k0 = nk - nq, seq.block * BLOCK_KEYS
     key0 = k0 + pk.wave_id() * KEYS_PER_WAVE           # this wave's first key
     # per head, the query blocks that see a key of this block: causal, from the diagonal on
     first = pk.maximum(k0 - offset, 0) // BM if CAUSAL else 0
     per_head = pk.maximum((nq + BM - 1) // BM - first, 1)
-    steps = pk.where(nq > 0, group * per_head, 0)
+    live = nq > 0
+    if seq.packed:                                     # key blocks past a shorter sequence
+        live = live & (k0 < nk)
+    steps = pk.where(live, group * per_head, 0)
     scale2 = scale * LOG2E
     interleave = _Interleave(TARGET, DT, D)
 
     def block(step):
         """(query head, first query row) of a step of the walk."""
-        return _clamp(hk * group + step // per_head, hq), (first + step % per_head) * BM
+        return _clamp(hk * group + step // per_head, seq.heads), \
+            (first + step % per_head) * BM
 
     qs = pk.empty(pk.st((BM, D), DT), count=2)
     dos = pk.empty(pk.st((BM, D), DT), count=2)
 
     def fetch(step):
         h, q0 = block(step)
-        pk.load(qs[step % 2], q, (b, h, q0, 0), direct=True)
-        pk.load(dos[step % 2], do, (b, h, q0, 0), direct=True)
+        pk.load(qs[step % 2], q, seq.qo(q0, h), direct=True)
+        pk.load(dos[step % 2], do, seq.qo(q0, h), direct=True)
 
     s_t = pk.rt((BM, KEYS_PER_WAVE), pk.f32, role="acc")           # queries x keys
     dk_t = pk.zeros(pk.rt((D, KEYS_PER_WAVE), pk.f32, role="acc", pin="a0"))
     dv_t = pk.zeros(pk.rt((D, KEYS_PER_WAVE), pk.f32, role="acc", pin=f"a{D // 2}"))
-    k_b = pk.load(pk.rt((KEYS_PER_WAVE, D), DT, "row", role="b"), k, (b, hk, key0, 0))
-    v_b = pk.load(pk.rt((KEYS_PER_WAVE, D), DT, "row", role="b"), v, (b, hk, key0, 0))
+    k_b = pk.load(pk.rt((KEYS_PER_WAVE, D), DT, "row", role="b"), k, seq.kv(key0))
+    v_b = pk.load(pk.rt((KEYS_PER_WAVE, D), DT, "row", role="b"), v, seq.kv(key0))
     row_a = pk.rt((BM, D), DT, "row", role="a")                       # Q, dO
     col_a = pk.rt((BM, D), DT, "col", role="a", krun=4)               # Q^T, dO^T (K x M)
     col_b = pk.rt((BM, KEYS_PER_WAVE), DT, "col", role="b", krun=4)   # P, dS (K x N)
@@ -143,9 +148,12 @@ def cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMI
         pk.barrier()                       # step's Q, dO landed; the other stage is free
         with pk.if_(step + 1 < steps):
             fetch(step + 1)
-        # rows past Nq read LSE = +inf, so P = 0 there
-        lse2 = pk.load(pk.rv(s_t, "row"), lse, (b, h, q0), fill=math.inf) * LOG2E
-        delta_r = pk.load(pk.rv(s_t, "row"), delta, (b, h, q0))
+        # rows past Nq read LSE = +inf, so P = 0 there; packed, the rows past the
+        # sequence's end too (the next sequence's: the query mask), while their delta,
+        # finite, meets P = 0
+        lse2 = pk.load(pk.rv(s_t, "row"), lse, seq.lse(q0, h), fill=math.inf,
+                       end=seq.end_lse) * LOG2E
+        delta_r = pk.load(pk.rv(s_t, "row"), delta, seq.lse(q0, h))
         with _compute():
             s = pk.mma_ABt(pk.empty(s_t), pk.load(row_a, qs[st], (0, 0)), k_b, c=0)
             interleave(interleave.rows)
@@ -167,30 +175,32 @@ def cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMI
             interleave(interleave.cols, valu=3)
             pk.mma_AtB(dk_t, pk.load(col_a, qs[st], (0, 0)), ds)
             interleave(interleave.cols)
-    pk.store(dk, pk.transpose(dk_t * scale).cast(DT), (b, hk, key0, 0))
-    pk.store(dv, pk.transpose(dv_t).cast(DT), (b, hk, key0, 0))
+    pk.store(dk, pk.transpose(dk_t * scale).cast(DT), seq.kv(key0), end=seq.end_kv)
+    pk.store(dv, pk.transpose(dv_t).cast(DT), seq.kv(key0), end=seq.end_kv)
 
 
-def cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARGET):
+def cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARGET,
+                cu_q=None, cu_k=None):
     """The body of attention_bwd_dq on CDNA. Grid: B Hq ceil(Nq / 128) workgroups in the
-    forward's head-first order, causal ones longest rows first."""
+    forward's head-first order, causal ones longest rows first. With cu_q / cu_k, the body
+    of attention_bwd_dq_varlen (the forward's packed geometry, B Hq ceil(longest Nq / 128)
+    workgroups): keys past the sequence's end are masked as past Nk, queries past it read
+    LSE = +inf (P = 0) as past Nq, and dQ is stored up to the sequence's end."""
     if BN != DQ_BLOCK_KEYS:
         raise pk.KernelError(f"attention_bwd_dq on CDNA walks {DQ_BLOCK_KEYS}-key blocks, "
                              f"not BN={BN}")
-    batch, heads, nq, _ = q.shape
-    nk = k.shape[2]
-    group = heads // k.shape[1]
     block_q = DQ_ROWS * WAVES
-    q_blocks = (nq + block_q - 1) // block_q
-    b, h, qb = cdna_grid(pk.program_id(0), batch, heads, q_blocks, group, _xcds(TARGET), MAP)
-    b, h, qb = _clamp(b, batch), _clamp(h, heads), _clamp(qb, q_blocks)
-    hk, offset = h // group, nk - nq
+    seq = sequences(q, k, MAP, TARGET, cu_q, cu_k, rows=block_q, clamp=True)
+    nq, nk, qb, hk = seq.nq, seq.nk, seq.block, seq.hk
+    offset = nk - nq
     if CAUSAL:
-        qb = q_blocks - 1 - qb
+        qb = seq.blocks - 1 - qb
     row0 = qb * block_q + pk.wave_id() * DQ_ROWS        # this wave's first query row
     blocks = (nk + BN - 1) // BN
     if CAUSAL:                                          # the keys the last row sees
         blocks = _causal_blocks(blocks, qb * block_q + block_q, offset, BN)
+    if seq.packed:                                      # query blocks past a short sequence
+        blocks = pk.where(qb * block_q < nq, blocks, 0)
     scale2 = scale * LOG2E
     interleave = _Interleave(TARGET, DT, D)
 
@@ -198,14 +208,17 @@ def cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARG
     vs = pk.empty(pk.st((BN, D), DT), count=2)
 
     def fetch(j):
-        pk.load(ks[j % 2], k, (b, hk, j * BN, 0), direct=True)
-        pk.load(vs[j % 2], v, (b, hk, j * BN, 0), direct=True)
+        pk.load(ks[j % 2], k, seq.kv(j * BN), direct=True)
+        pk.load(vs[j % 2], v, seq.kv(j * BN), direct=True)
 
     t_t = pk.rt((BN, DQ_ROWS), pk.f32, role="acc")                    # keys x queries
-    q_b = pk.load(pk.rt((DQ_ROWS, D), DT, "row", role="b"), q, (b, h, row0, 0))
-    do_b = pk.load(pk.rt((DQ_ROWS, D), DT, "row", role="b"), do, (b, h, row0, 0))
-    lse2 = pk.load(pk.rv(t_t, "col"), lse, (b, h, row0), fill=math.inf) * LOG2E
-    delta_c = pk.load(pk.rv(t_t, "col"), delta, (b, h, row0))
+    q_b = pk.load(pk.rt((DQ_ROWS, D), DT, "row", role="b"), q, seq.qo(row0))
+    do_b = pk.load(pk.rt((DQ_ROWS, D), DT, "row", role="b"), do, seq.qo(row0))
+    # rows past Nq read LSE = +inf, so P = 0 there; packed, the rows past the sequence's
+    # end too (the next sequence's, whose dQ is dropped: no inf or NaN in their columns)
+    lse2 = pk.load(pk.rv(t_t, "col"), lse, seq.lse(row0), fill=math.inf,
+                   end=seq.end_lse) * LOG2E
+    delta_c = pk.load(pk.rv(t_t, "col"), delta, seq.lse(row0))
     dq_t = pk.zeros(pk.rt((D, DQ_ROWS), pk.f32, role="acc", pin="a0"))   # dQ^T
     row_a = pk.rt((BN, D), DT, "row", role="a")                          # K, V
     col_a = pk.rt((BN, D), DT, "col", role="a", krun=4)                  # K^T (K x M)
@@ -233,12 +246,14 @@ def cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARG
         with _compute():
             pk.mma_AtB(dq_t, pk.load(col_a, ks[st], (0, 0)), ds_t)        # dQ^T += K^T dS^T
             interleave(interleave.cols)
-    pk.store(dq, pk.transpose(dq_t * scale).cast(DT), (b, h, row0, 0))
+    pk.store(dq, pk.transpose(dq_t * scale).cast(DT), seq.qo(row0), end=seq.end)
 
 
-def cdna_bwd_launch(batch, hq, hkv, nq, nk, d, target, dq, causal, overrides):
+def cdna_bwd_launch(batch, hq, hkv, nq, nk, d, target, dq, causal, overrides, packed=False):
     """(main, dq) plans of attention_bwd_launch on a CDNA target: 4 waves, flat head-first
-    grids of B Hkv ceil(Nk / 128) and B Hq ceil(Nq / 128) workgroups."""
+    grids of B Hkv ceil(Nk / 128) and B Hq ceil(Nq / 128) workgroups. packed=True: those of
+    attention_bwd_varlen_launch, Nq and Nk the longest sequences' (the kernels take no
+    DQ_ATOMIC)."""
     if dq != "pass":
         raise ValueError("attention backward: " + ATOMIC_DQ_UNSUPPORTED.format(target=target))
     mapping = overrides.pop("MAP", "head-first")
@@ -246,6 +261,6 @@ def cdna_bwd_launch(batch, hq, hkv, nq, nk, d, target, dq, causal, overrides):
         raise ValueError(f"attention backward: grid mapping {mapping!r} is not one of {MAPS}")
     common = {"D": d, "CAUSAL": causal, "MAP": mapping, "num_waves": WAVES, "TARGET": target}
     main = ((batch * hkv * -(-nk // BLOCK_KEYS),),
-            {**common, "BM": BLOCK_Q, "DQ_ATOMIC": 0, **overrides})
+            {**common, "BM": BLOCK_Q, **({} if packed else {"DQ_ATOMIC": 0}), **overrides})
     dq_plan = ((batch * hq * -(-nq // (DQ_ROWS * WAVES)),), {**common, "BN": DQ_BLOCK_KEYS})
     return main, dq_plan

@@ -55,58 +55,87 @@ def cdna_grid(pid, batch, heads, q_blocks, group, num_xcds, MAP="head-first"):
     return chip.split(lid, (batch, heads, q_blocks))
 
 
-class _Dense:
-    """Fixed-length batches: q, o (B, Hq, Nq, D), k, v (B, Hkv, Nk, D), lse (B, Hq, Nq)."""
+def _clamp(x, n):
+    """x in [0, n): the grid decode guarantees it; clamped, the compiler knows it too and
+    drops the range checks on batch and head in every access (masks it would otherwise keep
+    in scalar registers through a loop)."""
+    return pk.maximum(pk.minimum(x, n - 1), 0)
 
-    def __init__(self, q, k, MAP, TARGET):
+
+class _Sequences:
+    """Where a workgroup's rows lie: the flat grid decoded (cdna_grid, in the order MAP
+    names) into batch b, a head, and a block of that head's rows. By default the heads are
+    the query heads (h; its key/value head hk = h // group) and the blocks hold query rows;
+    with keys=True they are the key/value heads (hk; h is None, the caller walks the group's
+    query heads) and the blocks hold key rows. clamp=True bounds b, the head and the block
+    to their ranges (_clamp). Subclasses give the sequence's lengths nq, nk and the
+    coordinates of a row of a head in q, o (qo), k, v (kv) and lse (lse); a coordinate
+    function's head defaults to the decoded one. Subclasses set group (Hq / Hkv) before
+    decoding."""
+
+    def _decode(self, batch, heads, hkv, blocks, MAP, TARGET, keys, clamp):
+        self.heads, self.blocks = heads, blocks
+        grid_heads, run = (hkv, 1) if keys else (heads, self.group)
+        b, head, block = cdna_grid(pk.program_id(0), batch, grid_heads, blocks, run,
+                                   _xcds(TARGET), MAP)
+        if clamp:
+            b, head, block = _clamp(b, batch), _clamp(head, grid_heads), _clamp(block, blocks)
+        self.b, self.block = b, block
+        self.h, self.hk = (None, head) if keys else (head, head // self.group)
+
+
+class _Dense(_Sequences):
+    """Fixed-length batches: q, o (B, Hq, Nq, D), k, v (B, Hkv, Nk, D), lse (B, Hq, Nq); a
+    grid of B H ceil(N / rows) workgroups (N: Nq, or Nk with keys=True)."""
+    packed = False
+
+    def __init__(self, q, k, MAP, TARGET, rows=BLOCK_Q, keys=False, clamp=False):
         batch, heads, nq, _ = q.shape
         self.nq, self.nk = nq, k.shape[2]
         self.group = heads // k.shape[1]
-        q_blocks = (nq + BLOCK_Q - 1) // BLOCK_Q
-        self.b, self.h, self.qb = cdna_grid(pk.program_id(0), batch, heads, q_blocks,
-                                            self.group, _xcds(TARGET), MAP)
-        self.hk = self.h // self.group
-        self.q_blocks = q_blocks
-        self.end = self.end_lse = None
+        n = self.nk if keys else nq
+        self._decode(batch, heads, k.shape[1], (n + rows - 1) // rows, MAP, TARGET, keys,
+                     clamp)
+        self.end = self.end_lse = self.end_kv = None
 
-    def qo(self, row):
-        return (self.b, self.h, row, 0)
+    def qo(self, row, h=None):
+        return (self.b, self.h if h is None else h, row, 0)
 
     def kv(self, row):
         return (self.b, self.hk, row, 0)
 
-    def lse(self, row):
-        return (self.b, self.h, row)
+    def lse(self, row, h=None):
+        return (self.b, self.h if h is None else h, row)
 
 
-class _Packed:
+class _Packed(_Sequences):
     """Packed variable-length batches: q, o (Hq, total_q, D), k, v (Hkv, total_k, D), lse
     (Hq, total_q); sequence b holds rows cu_q[b]..cu_q[b+1] of q and cu_k[b]..cu_k[b+1] of
-    k and v. The grid has a q block for each of the longest sequence's blocks; the
-    workgroups past a shorter sequence's end do nothing."""
+    k and v. The grid has a block for each of the longest sequence's blocks (of query rows,
+    or of key rows with keys=True); the workgroups past a shorter sequence's end do nothing.
+    Rows read past a sequence's end are the next sequence's: the kernels mask them, and
+    bound their stores by `end` (q rows), `end_lse` or `end_kv` (k rows)."""
+    packed = True
 
-    def __init__(self, q, k, cu_q, cu_k, MAP, TARGET):
-        heads = q.shape[0]
+    def __init__(self, q, k, cu_q, cu_k, MAP, TARGET, keys=False, clamp=False):
+        heads, hkv = q.shape[0], k.shape[0]
         batch = cu_q.shape[0] - 1
-        self.group = heads // k.shape[0]
-        q_blocks = pk.num_programs(0) // (batch * heads)
-        self.b, self.h, self.qb = cdna_grid(pk.program_id(0), batch, heads, q_blocks,
-                                            self.group, _xcds(TARGET), MAP)
-        self.hk = self.h // self.group
-        self.q_blocks = q_blocks
+        self.group = heads // hkv
+        blocks = pk.num_programs(0) // (batch * (hkv if keys else heads))
+        self._decode(batch, heads, hkv, blocks, MAP, TARGET, keys, clamp)
         self.q_start, q_end = cu_q[self.b], cu_q[self.b + 1]
         self.k_start, k_end = cu_k[self.b], cu_k[self.b + 1]
         self.nq, self.nk = q_end - self.q_start, k_end - self.k_start
-        self.end_q = q_end
+        self.end_q, self.end_k = q_end, k_end
 
-    def qo(self, row):
-        return (self.h, self.q_start + row, 0)
+    def qo(self, row, h=None):
+        return (self.h if h is None else h, self.q_start + row, 0)
 
     def kv(self, row):
         return (self.hk, self.k_start + row, 0)
 
-    def lse(self, row):
-        return (self.h, self.q_start + row)
+    def lse(self, row, h=None):
+        return (self.h if h is None else h, self.q_start + row)
 
     @property
     def end(self):
@@ -115,6 +144,19 @@ class _Packed:
     @property
     def end_lse(self):
         return (None, self.end_q)
+
+    @property
+    def end_kv(self):
+        return (None, self.end_k, None)
+
+
+def sequences(q, k, MAP, TARGET, cu_q=None, cu_k=None, rows=BLOCK_Q, keys=False,
+              clamp=False):
+    """This workgroup's _Dense geometry, or _Packed given cu_q / cu_k (its grid sized by the
+    launcher, so `rows` is the launcher's business there)."""
+    if cu_q is None:
+        return _Dense(q, k, MAP, TARGET, rows, keys, clamp)
+    return _Packed(q, k, cu_q, cu_k, MAP, TARGET, keys, clamp)
 
 
 @contextlib.contextmanager
@@ -135,12 +177,11 @@ def _xcds(TARGET):
 def cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, cu_q=None,
                    cu_k=None, PIN=""):
     """The body of attention_fwd (and attention_fwd_varlen, given cu_q/cu_k) on CDNA."""
-    seq = _Dense(q, k, MAP, TARGET) if cu_q is None else \
-        _Packed(q, k, cu_q, cu_k, MAP, TARGET)
+    seq = sequences(q, k, MAP, TARGET, cu_q, cu_k)
     nq, nk, offset = seq.nq, seq.nk, seq.nk - seq.nq
-    qb = seq.qb
+    qb = seq.block
     if CAUSAL:
-        qb = seq.q_blocks - 1 - qb                       # the longest rows start first
+        qb = seq.blocks - 1 - qb                       # the longest rows start first
     q0 = qb * BLOCK_Q
     row0 = q0 + pk.wave_id() * ROWS                      # this wave's first query row
     blocks = (nk + BN - 1) // BN
