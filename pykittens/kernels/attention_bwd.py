@@ -249,7 +249,10 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
             acc = pk.zeros(pk.rt((16, D), pk.f32, role="acc"))
             s, dp = pk.empty(s_t), pk.empty(s_t)
             pk.wait(q_full, 0)
-            lse_r = pk.load(pk.rv(acc, "row"), lse, row_at(h, qs + row0), fill=math.inf) * LOG2E
+            # packed: rows past the sequence's end read +inf (P = 0) rather than the next's
+            rows_end = (None, qs + nq) if cu_q is not None else None
+            lse_r = pk.load(pk.rv(acc, "row"), lse, row_at(h, qs + row0), fill=math.inf,
+                            end=rows_end) * LOG2E
             delta_r = pk.load(pk.rv(acc, "row"), delta, row_at(h, qs + row0))
             for j in pk.range(blocks):
                 st = ring.wait(j)
