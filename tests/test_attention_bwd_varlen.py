@@ -17,7 +17,7 @@ from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
                                              attention_bwd_prep, attention_bwd_varlen,
                                              attention_bwd_varlen_launch)
 from pykittens.kernels.attention_bwd_cdna import BLOCK_KEYS, DQ_ROWS, WAVES
-from conftest import needs_amd_llvm, needs_ptxas
+from conftest import needs_amd_llvm, needs_ptxas, rel_err
 from test_attention_bwd import DT, check, reference_grads
 
 PAST = 5                                   # rows after the last sequence, never written
@@ -148,3 +148,66 @@ def test_packed_code_objects_compute_the_gradients(rng, target, d, dt):
     """The main and dQ passes' code objects on the ISA emulator: a causal GQA batch whose
     first sequence's query block reads on into the second's rows."""
     packed_backward(rng, [20, 30], [45, 25], 2, 1, d, 1, dt, target=target, isa_run=True)
+
+
+# ---- pykittens.ops.attention_varlen: autograd on CPU tensors --------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_op_matches_torch_autograd_per_sequence(causal):
+    """ops.attention_varlen on a packed CPU batch (a sequence without queries, one without
+    keys, GQA 2:1): the output and dQ, dK, dV of every sequence against torch autograd of
+    the float64 reference on that sequence alone; rows after the last sequence get 0."""
+    import pykittens.ops as pko
+    from test_attention_bwd import torch_reference
+    lq, lk = [40, 0, 70, 25], [50, 20, 90, 0]
+    cq, ck = (torch.tensor(np.cumsum([0] + n), dtype=torch.int32) for n in (lq, lk))
+    g = torch.Generator().manual_seed(3)
+    mk = lambda n, h: torch.randn(n, h, 64, generator=g).bfloat16().requires_grad_()  # noqa: E731
+    q, k, v = mk(int(cq[-1]) + 3, 4), mk(int(ck[-1]) + 2, 2), mk(int(ck[-1]) + 2, 2)
+    w = torch.randn(q.shape, generator=g)
+    o = pko.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal)
+    (o.float() * w).sum().backward()
+    assert not o[int(cq[-1]):].any() and not q.grad[int(cq[-1]):].any()
+    assert not k.grad[int(ck[-1]):].any() and not v.grad[int(ck[-1]):].any()
+    for b in range(len(lq)):
+        rows, keys = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+        if not lq[b] or not lk[b]:                  # no queries or no keys: 0 everywhere
+            assert not o[rows].any() and not k.grad[keys].any() and not q.grad[rows].any()
+            continue
+        leaves64 = [x.detach()[s][None].double().requires_grad_()
+                    for x, s in ((q, rows), (k, keys), (v, keys))]
+        o64, _ = torch_reference(*leaves64, causal, 1 / 8)
+        (o64 * w[rows][None].double()).sum().backward()
+        assert rel_err(o[rows].double().detach().numpy(), o64[0].detach().numpy()) < 1e-2
+        for x, s, x64 in zip((q, k, v), (rows, keys, keys), leaves64):
+            assert rel_err(x.grad[s].double().numpy(), x64.grad[0].numpy()) < 1e-2, b
+
+
+def test_varlen_op_errors_name_the_argument():
+    import pykittens.ops as pko
+    q = torch.zeros(10, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(TypeError, match="cu_seqlens_q must be a 1-D torch.int32 tensor"):
+        pko.attention_varlen(q, q, q, cu.long(), cu, 6, 6)
+    with pytest.raises(ValueError, match=r"max_seqlen_q=5 is below the longest sequence .* 6"):
+        pko.attention_varlen(q, q, q, cu, cu, 5, 6)
+    with pytest.raises(ValueError, match="must be \\(total, heads, head_dim\\)"):
+        pko.attention_varlen(q[None], q, q, cu, cu, 6, 6)
+
+
+def test_varlen_op_under_torch_compile_fullgraph():
+    import pykittens.ops as pko
+    cu = torch.tensor([0, 30, 80], dtype=torch.int32)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(80, h, 64, generator=g).bfloat16().requires_grad_() for h in (2, 1, 1))
+
+    def f(q, k, v):
+        return pko.attention_varlen(q, k, v, cu, cu, 50, 50, causal=True).float().sum()
+
+    eager = torch.autograd.grad(f(q, k, v), (q, k, v))
+    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True)(q, k, v), (q, k, v))
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)

@@ -371,6 +371,18 @@ def longest(cu: list[int]) -> int:
     return max(b - a for a, b in zip(cu, cu[1:]))
 
 
+def _max_length(cu: dict, which: str, given) -> int:
+    """The longest q or k sequence of checked offsets `cu`, or the `given` maximum after
+    checking it covers them (a smaller one would leave rows uncomputed)."""
+    n = longest(cu[f"cu_seqlens_{which}"])
+    if given is None:
+        return n
+    if isinstance(given, bool) or not hasattr(given, "__index__") or given < n:
+        raise ValueError(f"attention: max_seqlen_{which}={given!r} is below the longest "
+                         f"sequence in cu_seqlens_{which} ({n}); pass at least {n}")
+    return int(given)
+
+
 def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides):
     """(grid, consts) of attention_fwd_varlen for inputs `i`: q (Hq, total_q, D), k and v
     (Hkv, total_k, D), and cu_seqlens_q, cu_seqlens_k (arrays or tensors, read here to check
@@ -383,8 +395,7 @@ def attention_fwd_varlen_launch(i: dict, target, max_seqlen_q=None, **overrides)
     _check_heads(i["q"].shape, i["k"].shape, i["v"].shape)
     hq, _, d = i["q"].shape
     batch, cu = packed_offsets(i)
-    if max_seqlen_q is None:
-        max_seqlen_q = longest(cu["cu_seqlens_q"])
+    max_seqlen_q = _max_length(cu, "q", max_seqlen_q)
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     if t.family != "hopper":
         return cdna_launch(batch, hq, max(1, max_seqlen_q), d, t.name, CAUSAL=causal,

@@ -18,7 +18,8 @@ import math
 
 import pykittens as pk
 
-from .attention import LOG2E, _causal_blocks, _check_heads, _need_shapes, longest, packed_offsets
+from .attention import (LOG2E, _causal_blocks, _check_heads, _max_length, _need_shapes,
+                        packed_offsets)
 from .attention_bwd_cdna import cdna_bwd, cdna_bwd_dq, cdna_bwd_launch
 from .attention_cdna import CDNA_TARGETS
 
@@ -326,8 +327,8 @@ def attention_bwd_dq_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
 def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k=None,
                                 **overrides):
     """(prep, main, dq) launch plans of the packed backward for inputs `i`: q (Hq, total_q,
-    D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here unless both longest
-    lengths are given). prep runs attention_bwd_prep on (1, Hq, total_q, D) views of O and
+    D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here to check them; the
+    longest lengths, when given, must cover every sequence). prep runs attention_bwd_prep on (1, Hq, total_q, D) views of O and
     dO (delta does not depend on the sequences); main is attention_bwd_varlen, dq
     attention_bwd_dq_varlen (dQ by its own pass: deterministic). Hopper: grids
     (ceil(longest Nk / 128), Hkv, B) and (ceil(longest Nq / 128), Hq, B); CDNA: the dense
@@ -338,12 +339,9 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     _need_shapes(i, ("q", "k"), 3, "(H, total, D)")
     (hq, tq, d), (hkv, _, _) = i["q"].shape, i["k"].shape
     _check_heads(i["q"].shape, i["k"].shape, i["k"].shape)
-    if max_seqlen_q is None or max_seqlen_k is None:
-        batch, cu = packed_offsets(i)
-        max_seqlen_q = longest(cu["cu_seqlens_q"]) if max_seqlen_q is None else max_seqlen_q
-        max_seqlen_k = longest(cu["cu_seqlens_k"]) if max_seqlen_k is None else max_seqlen_k
-    else:
-        batch = len(i["cu_seqlens_q"]) - 1
+    batch, cu = packed_offsets(i)
+    max_seqlen_q = _max_length(cu, "q", max_seqlen_q)
+    max_seqlen_k = _max_length(cu, "k", max_seqlen_k)
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     prep = ((-(-tq // 64), hq, 1), {"D": d})
     if t.family == "cdna":

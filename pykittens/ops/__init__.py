@@ -1,4 +1,4 @@
-"""pykittens as torch operators: attention, layer_norm, rms_norm, add_rms_norm, softmax,
+"""pykittens as torch operators: attention, attention_varlen, layer_norm, rms_norm, add_rms_norm, softmax,
 rope, linear and matmul (docs/ops.md).
 
 Each op is a `torch.library.custom_op` with a fake implementation, so it composes with
@@ -9,10 +9,11 @@ GPU. Importing this module needs torch."""
 from __future__ import annotations
 
 from .attention import attention
+from .attention_varlen import attention_varlen
 from .matmul import linear, matmul
 from .norms import add_rms_norm, layer_norm, rms_norm
 from .rope import rope
 from .softmax import softmax
 
-__all__ = ["add_rms_norm", "attention", "layer_norm", "linear", "matmul", "rms_norm", "rope",
+__all__ = ["add_rms_norm", "attention", "attention_varlen", "layer_norm", "linear", "matmul", "rms_norm", "rope",
            "softmax"]

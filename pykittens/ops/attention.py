@@ -199,8 +199,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
 
     Differentiable: the backward computes dQ, dK, dV (summed over each key/value head's
     group) with `attention_bwd`. deterministic=True guarantees bitwise-repeatable gradients
-    (dQ summed in a fixed order by its own pass); otherwise the faster dQ schedule is used,
-    which today is that same pass (it measured faster than f32 reductions into dQ).
+    (dQ summed in a fixed order by its own pass); otherwise the target's faster dQ schedule
+    is used (Hopper: f32 reductions into dQ by the main pass; CDNA: the pass).
 
         >>> o = pykittens.ops.attention(q, k, v, causal=True)
         >>> o.float().square().sum().backward()

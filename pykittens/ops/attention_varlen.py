@@ -1,0 +1,171 @@
+"""Attention over packed batches of sequences of different lengths, as FlashAttention's
+`flash_attn_varlen_func` takes them, as a differentiable torch operator: the forward over
+`attention_fwd_varlen`, the backward over `attention_bwd_varlen` and
+`attention_bwd_dq_varlen` (dQ by its own pass: the gradients are deterministic)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
+from ..kernels.attention_bwd import (attention_bwd_dq_varlen, attention_bwd_prep,
+                                     attention_bwd_varlen, attention_bwd_varlen_launch)
+from .attention import _check as _check_dense
+from .run import EMULATE_TARGET, from_numpy, run, target_of, to_numpy
+
+OP = "attention_varlen"
+
+
+def _check(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
+    """The op's contract: (total, heads, head_dim) tensors checked as the dense op checks
+    (batch, seq, heads, head_dim) ones, int32 offsets on their device, positive maxima."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise ValueError(f"{OP}: {name} must be (total, heads, head_dim), packed along its "
+                             f"first dim, got {t.dim()} dims {tuple(t.shape)}")
+    _check_dense(*(t[None] if isinstance(t, torch.Tensor) else t for t in (q, k, v)), scale,
+                 causal)
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+            raise TypeError(f"{OP}: {name} must be a 1-D torch.int32 tensor of B + 1 offsets")
+        if cu.device != q.device:
+            raise ValueError(f"{OP}: {name} is on {cu.device} but q on {q.device}; put it on "
+                             "q's device")
+    if cu_q.shape[0] != cu_k.shape[0] or cu_q.shape[0] < 2:
+        raise ValueError(f"{OP}: cu_seqlens_q and cu_seqlens_k must both hold B + 1 >= 2 "
+                         f"offsets, got {cu_q.shape[0]} and {cu_k.shape[0]}")
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise TypeError(f"{OP}: {name} must be an int >= 0 (the longest sequence), "
+                            f"not {m!r}")
+
+
+def _heads_first(*ts):
+    """(total, H, D) tensors as the kernels' (H, total, D) views."""
+    return [t.transpose(0, 1) for t in ts]
+
+
+def _inputs(q, k, cu_q, cu_k, causal):
+    return {"q": q, "k": k, "v": k, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+            "CAUSAL": int(causal)}
+
+
+@torch.library.custom_op("pykittens::attention_varlen_fwd", mutates_args=())
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+         cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    o = torch.zeros_like(q)                   # rows outside every sequence stay 0
+    lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32)
+    if q.numel() == 0 or max_q == 0:
+        return o, lse
+    qv, kv, vv, ov = _heads_first(q, k, v, o)
+    if q.device.type == "cpu":
+        qv, kv, vv, ov = (to_numpy(t) for t in (qv, kv, vv, ov))
+    grid, consts = attention_fwd_varlen_launch(_inputs(qv, kv, cu_q, cu_k, False),
+                                               target_of(q), max_seqlen_q=max_q,
+                                               CAUSAL=int(causal))
+    args = {"q": qv, "k": kv, "v": vv, "o": ov, "lse": lse, "cu_seqlens_q": cu_q,
+            "cu_seqlens_k": cu_k, "scale": scale}
+    if q.device.type == "cpu":
+        _emulated(attention_fwd_varlen, args, grid, consts, {"o": o.transpose(0, 1), "lse": lse})
+    else:
+        run(attention_fwd_varlen, args, grid, consts)
+    return o, lse
+
+
+def _emulated(kernel, args, grid, consts, outputs):
+    """Emulate `kernel` on numpy copies of `args` and copy the named results back into the
+    torch `outputs` (views of the op's results)."""
+    from .. import emulate
+    npy = {k: (to_numpy(v) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    got = emulate(kernel, grid=grid, target=EMULATE_TARGET, **npy, **consts)
+    for name, t in outputs.items():
+        t.copy_(from_numpy(np.ascontiguousarray(got[name]), t.dtype))
+
+
+@_fwd.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("pykittens::attention_varlen_bwd", mutates_args=())
+def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+         o: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+         max_q: int, max_k: int, causal: bool, scale: float
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if q.numel() == 0 or k.numel() == 0 or max_q == 0 or max_k == 0:
+        return dq, dk, dv
+    views = _heads_first(q, k, v, do.contiguous(), o, dq, dk, dv)
+    cpu = q.device.type == "cpu"
+    if cpu:
+        npv = [to_numpy(t) for t in views]
+    qv, kv, vv, dov, ov, dqv, dkv, dvv = npv if cpu else views
+    (pgrid, pconsts), (grid, consts), (qgrid, qconsts) = attention_bwd_varlen_launch(
+        _inputs(qv, kv, cu_q, cu_k, False), target_of(q), max_seqlen_q=max_q,
+        max_seqlen_k=max_k, CAUSAL=int(causal))
+    delta = lse.new_empty((1,) + tuple(lse.shape))
+    prep = {"o": ov[None], "do": dov[None], "delta": delta}
+    main = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0], "dk": dkv,
+            "dv": dvv, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale}
+    dq_args = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0],
+               "dq": dqv, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale}
+    if cpu:
+        _emulated(attention_bwd_prep, prep, pgrid, pconsts, {"delta": delta})
+        _emulated(attention_bwd_varlen, main, grid, consts,
+                  {"dk": dk.transpose(0, 1), "dv": dv.transpose(0, 1)})
+        _emulated(attention_bwd_dq_varlen, dq_args, qgrid, qconsts, {"dq": dq.transpose(0, 1)})
+    else:
+        run(attention_bwd_prep, prep, pgrid, pconsts)
+        run(attention_bwd_varlen, main, grid, consts)
+        run(attention_bwd_dq_varlen, dq_args, qgrid, qconsts)
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k)
+    ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = _bwd(do, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
+                      ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+torch.library.register_autograd("pykittens::attention_varlen_fwd", _backward,
+                                setup_context=_setup)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                     max_seqlen_k: int, causal: bool = False, scale: float | None = None):
+    """Attention over a packed batch, as FlashAttention's `flash_attn_varlen_func`: q
+    (total_q, Hq, D), k and v (total_k, Hkv, D) hold B sequences one after another; int32
+    `cu_seqlens_q` / `cu_seqlens_k` (B + 1, on the tensors' device) say where each starts
+    (sequence b: rows cu[b] .. cu[b + 1]); max_seqlen_q / max_seqlen_k are the longest
+    lengths (they size the grids). Per sequence the same contract as `attention`: bfloat16 or
+    float16, head dim 64 or 128, GQA, `causal` aligned to the bottom right of each sequence,
+    `scale` 1/sqrt(head_dim) by default; a sequence with no keys gives 0. Rows after the
+    last sequence are left 0 in the output and the gradients. Differentiable in q, k, v;
+    the gradients are deterministic (dQ by its own pass).
+
+        >>> cu = torch.tensor([0, 100, 350], dtype=torch.int32, device="cuda")
+        >>> o = pykittens.ops.attention_varlen(q, k, v, cu, cu, 250, 250, causal=True)
+    """
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    o, _ = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                bool(causal), scale)
+    return o
