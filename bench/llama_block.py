@@ -7,6 +7,8 @@ on a CPU it only checks, at a tiny size (the pykittens kernels run in the emulat
 
     PYTHONPATH=. python3 bench/llama_block.py            # on the GPU (H200)
     PYTHONPATH=. python3 bench/llama_block.py --tiny     # the CPU check
+    PYKITTENS_CACHE=$PWD/.pkcache python3 bench/llama_block.py --prebuild   # no GPU: the
+        # PTX of the GPU run's ops (attention's: bench/prebuild.py attention_bwd)
 Details go to $OUT/llama_block.json when OUT is set; a table is printed last.
 """
 from __future__ import annotations
@@ -174,7 +176,24 @@ def timings(c: Config, reps: int = 20) -> dict:
     return out
 
 
+def prebuild() -> int:
+    """The pykittens block's forward and backward at the GPU configuration on empty CPU
+    tensors, every library launch replaced by its sm_90a build (bench/ops_bandwidth.py)."""
+    import time
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ops_bandwidth import builds_not_launches
+    t0, c = time.time(), Config()
+    with builds_not_launches() as (built, _):
+        block = Block(c, "pykittens")
+        x = torch.zeros(c.batch, c.seq, c.dim, dtype=torch.bfloat16)
+        _step(block, x, torch.zeros_like(x))
+    print(f"{len(built)} builds in {time.time() - t0:.0f} s")
+    return 0
+
+
 def main() -> int:
+    if "--prebuild" in sys.argv:
+        return prebuild()
     from pykittens.bench import text_table
     gpu = torch.cuda.is_available() and "--tiny" not in sys.argv
     c, device = (Config(), "cuda") if gpu else (TINY, "cpu")

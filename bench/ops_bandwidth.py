@@ -28,6 +28,7 @@ step fails. It stops timing after BUDGET_S seconds (the rows say what was skippe
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -464,14 +465,17 @@ def launch_key(kernel, args: dict, consts: dict):
     return (kernel.name, const_key(full), _aligned(tensors)), full
 
 
-def prebuild_all(verbose=True) -> dict:
-    """Every op call of the GPU run on CPU tensors (empty: values do not matter), with the
-    library launches replaced by builds of the same kernel, constants and alignment
-    (sm_90a): {launch_key: seconds}."""
+@contextlib.contextmanager
+def builds_not_launches(verbose=True):
+    """Within: the ops' library launches on CPU tensors build the kernel for sm_90a (same
+    constants and alignment as the GPU run's launch) instead of emulating it, and the
+    attention op returns zeros without emulating (its builds: bench/prebuild.py
+    attention_bwd). Yields ({launch_key: seconds} of the builds made, the build function)."""
     import importlib
     from pykittens import compiler
     from pykittens.lower import lower
     from pykittens.ops import run as ops_run
+    attn = importlib.import_module("pykittens.ops.attention")     # the module, not the op
     _state["prebuild"] = True
     target, ops_run.EMULATE_TARGET = ops_run.EMULATE_TARGET, "sm_90a"  # the GPU run's plans
     built = {}
@@ -485,12 +489,32 @@ def prebuild_all(verbose=True) -> dict:
             if verbose:
                 print(f"  {kernel.name} {len(built)}: {built[key]:.1f} s", flush=True)
 
+    def attention_zeros(views, lse, *rest):
+        return attn._bhnd(torch.zeros_like(views[0])), torch.zeros(tuple(lse.shape))
+
+    def attention_grad_zeros(views, *rest):
+        return tuple(attn._bhnd(torch.zeros_like(v)) for v in views[:3])
+
     mods = [importlib.import_module(f"pykittens.ops.{n}")    # the modules, not the ops
             for n in ("matmul", "norms", "rope", "softmax")]
-    runs = [m.run for m in mods]
+    saved = [m.run for m in mods], attn._emulate, attn._emulate_bwd
     try:
         for m in mods:
             m.run = build
+        attn._emulate, attn._emulate_bwd = attention_zeros, attention_grad_zeros
+        yield built, build
+    finally:
+        for m, r in zip(mods, saved[0]):
+            m.run = r
+        attn._emulate, attn._emulate_bwd = saved[1:]
+        ops_run.EMULATE_TARGET = target
+        _state["prebuild"] = False
+
+
+def prebuild_all(verbose=True) -> dict:
+    """Every op call of the GPU run on CPU tensors (empty: values do not matter), with the
+    library launches replaced by builds (builds_not_launches): {launch_key: seconds}."""
+    with builds_not_launches(verbose) as (built, build):
         host = _host_inputs()
         for op in _ops():
             for shape in SHAPES + (host[op.name],):
@@ -499,11 +523,6 @@ def prebuild_all(verbose=True) -> dict:
         _block(leaves, cos, sin, [torch.empty(leaves[0].shape, dtype=DT)] * 2)
         kernel, args, grid, consts = _raw_launch_call()
         build(kernel, dict(zip(kernel.param_names, args)), grid, consts)
-    finally:
-        for m, r in zip(mods, runs):
-            m.run = r
-        ops_run.EMULATE_TARGET = target
-        _state["prebuild"] = False
     return built
 
 
