@@ -318,7 +318,7 @@ def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin
         l2_hit_rate=hits / lookups, llc_hit_rate=None,
         hbm_bytes=reads + op.output_bytes, hbm_read_bytes=reads,
         hbm_write_bytes=op.output_bytes, l2_request_bytes=sum(total) * unit,
-        llc_request_bytes=0,
+        llc_request_bytes=(sum(requested) - sum(near_hits)) * unit,   # missed the near one
         xcd_l2_hit_rates=tuple((h + q) / r if r else None
                                for h, q, r in zip(near_hits, repeats, total)),
         seconds=time.perf_counter() - t_begin, l2_lookup_bytes=lookups * unit)
