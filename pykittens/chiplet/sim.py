@@ -15,6 +15,19 @@ Model (docs/chiplet.md has the full story):
   LRU LLC (memory-side, like AMD's Infinity Cache); LLC misses are HBM reads.
 - Hit rates are byte-weighted (a hit on a 32 KiB block counts 32 KiB). HBM bytes = LLC-miss
   bytes + compulsory output writes (writes are not cached in the model).
+- Partitioned L2 (Hopper, `Target.l2_partitions` > 1): no XCDs and no LLC; the L2 is split
+  into partitions of equal size, each caching the data its SMs request (SM slot s is attached
+  to partition s % P) and homing 1/P of the address space (a hash of the unit). A request
+  looks up its SM's partition; a miss on a line homed elsewhere looks up the home partition
+  too, and only a miss there reads DRAM. Both partitions are LRUs over everything they
+  hold (home lines and copies). The hit rate counts every lookup, as Nsight Compute's
+  lts__t_sector_hit_rate does. This replay is sequential (the partitions feed each other),
+  so it runs as a Python loop over units, slower than the C-level LRU.
+- Dispatch where it is not round robin (Hopper): a one-workgroup-per-tile launch hands each
+  tile, in launch order, to the slot that frees first; a persistent launch of R workgroups
+  gives workgroup w the tiles w, w + R, w + 2R, ... (pk.tile_walk). Each tile takes
+  `steps * (1 + tile_jitter * u)` steps, u uniform in [0, 1): a persistent walk's slots
+  drift apart, a dynamic launch keeps its running tiles a window of the launch order.
 
 The LRU runs in C: `functools.lru_cache` over unit keys, wrapped around a counter that is
 only called on a miss, so every access is one C-level cache lookup and no Python frame.
@@ -22,9 +35,11 @@ only called on a miss, so every access is one C-level cache lookup and no Python
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,10 +61,11 @@ class Machine:
     line_bytes: int
     round_robin: bool
     wgs_per_cu: int = 1
+    l2_partitions: int = 1  # >1: the L2 (l2_bytes in all) split into homing partitions
 
     @classmethod
     def of(cls, target, *, wgs_per_cu: int = 1, l2_bytes: int | None = None,
-           llc_bytes: int | None = None) -> "Machine":
+           llc_bytes: int | None = None, l2_partitions: int | None = None) -> "Machine":
         t = targets.get(target)
         if isinstance(wgs_per_cu, bool) or not isinstance(wgs_per_cu, int) or wgs_per_cu < 1:
             raise ValueError(f"wgs_per_cu must be a positive integer, got {wgs_per_cu!r}")
@@ -57,8 +73,13 @@ class Machine:
         llc = t.llc_bytes if llc_bytes is None else int(llc_bytes)
         if l2 < 0 or llc < 0:
             raise ValueError(f"cache sizes must be >= 0 bytes, got l2={l2}, llc={llc}")
+        parts = t.l2_partitions if l2_partitions is None else l2_partitions
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+            raise ValueError(f"l2_partitions must be a positive integer, got {parts!r}")
+        if parts > 1 and (t.num_xcds != 1 or llc > 0):
+            raise ValueError("a partitioned L2 is modeled on one die without an LLC")
         return cls(t.name, t.num_xcds, t.cus_per_xcd, l2, llc, t.cache_line_bytes,
-                   t.dispatch_round_robin, wgs_per_cu)
+                   t.dispatch_round_robin, wgs_per_cu, parts)
 
     @property
     def resident(self) -> int:
@@ -74,10 +95,13 @@ class Timing:
     launch_skew: float = 0.04     # steps between consecutive workgroup launches
     phase_jitter: float = 2.0     # each slot's extra random delay, uniform in [0, this)
     seed: int = 0
+    # Where dispatch is not round robin (Hopper): each tile takes steps * (1 + tile_jitter *
+    # u) steps, u uniform in [0, 1). Fitted on the H200 measurements (docs/chiplet.md).
+    tile_jitter: float = 0.05
 
     def __post_init__(self):
-        if not (self.launch_skew >= 0 and self.phase_jitter >= 0):
-            raise ValueError("launch_skew and phase_jitter must be >= 0 (steps)")
+        if not (self.launch_skew >= 0 and self.phase_jitter >= 0 and self.tile_jitter >= 0):
+            raise ValueError("launch_skew, phase_jitter and tile_jitter must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,7 @@ class SimResult:
     llc_request_bytes: int
     xcd_l2_hit_rates: tuple[float | None, ...]   # None for an XCD that got no work
     seconds: float = field(default=0.0, compare=False)
+    l2_lookup_bytes: int = 0      # L2 lookups (a far request on a partitioned L2 makes two)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -130,7 +155,47 @@ def start_steps(n: int, steps: int, resident: int, timing: Timing) -> np.ndarray
     return np.floor(start).astype(np.int64)
 
 
-def _trace(op, mapping: Mapping, machine: Machine, timing: Timing):
+def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
+              persistent: int | None):
+    """(start step, placement) of each tile by launch index. Placement is the XCD on a
+    chiplet machine, the L2 partition of the tile's SM on a partitioned one.
+
+    Round-robin machines (CDNA), and one-per-tile launches on an unpartitioned machine
+    (the single-LRU Hopper model auto_mapping keeps): `start_steps`, slot d % R, XCD d % X;
+    a persistent launch only sets R. Otherwise (Hopper): slot starts as in `start_steps`, tiles of jittered
+    length, handed to the slot that frees first (persistent=None) or walked by a fixed
+    slot (persistent=R: workgroup w takes tiles w, w + R, ...)."""
+    d = np.arange(n, dtype=np.int64)
+    if machine.round_robin or (machine.l2_partitions == 1 and persistent is None):
+        resident = persistent or machine.resident
+        place = dispatch_xcd(d if persistent is None else d % resident, machine.num_xcds, True)
+        return start_steps(n, steps, resident, timing), place
+    resident = min(persistent or machine.resident, max(n, 1))
+    rng = np.random.Generator(np.random.PCG64(timing.seed))
+    jitter = rng.random(resident)
+    free = (np.arange(resident) * timing.launch_skew + jitter * timing.phase_jitter).tolist()
+    length = (steps * (1.0 + timing.tile_jitter * rng.random(n))).tolist()
+    start = np.empty(n)
+    slot = np.empty(n, np.int64)
+    if persistent:
+        for i in range(n):
+            w = i % resident
+            start[i], slot[i] = free[w], w
+            free[w] += length[i]
+    else:
+        heap = [(t, w) for w, t in enumerate(free)]
+        heapq.heapify(heap)
+        for i in range(n):
+            t, w = heapq.heappop(heap)
+            start[i], slot[i] = t, w
+            heapq.heappush(heap, (t + length[i], w))
+    parts = machine.l2_partitions
+    place = slot % parts if parts > 1 else dispatch_xcd(slot, machine.num_xcds, False)
+    return np.floor(start).astype(np.int64), place
+
+
+def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
+           persistent: int | None = None):
     """Every block access in time order: (item key, units, xcd), plus the unit size.
 
     In each step, all reads of one stream come before the next stream's (prologue first),
@@ -144,7 +209,7 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing):
     streams = op.streams(mapping(np.arange(n, dtype=np.int64)), machine.line_bytes)
     unit = functools.reduce(math.gcd, [s.nbytes for s in streams])
     steps = op.steps
-    t0 = start_steps(n, steps, machine.resident, timing)
+    t0, place = _schedule(n, steps, machine, timing, persistent)
     d = np.arange(n, dtype=np.int64)
     ticks = np.arange(t0.min(), t0.max() + steps, dtype=np.int64)
     parts, offset = [], 0
@@ -171,7 +236,7 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing):
         keys[pos] = off + (s.base[wg] * steps + k if s.per_step else s.base[wg])
         units[pos] = s.nbytes // unit
         wgs[pos] = wg
-    return keys, units, dispatch_xcd(wgs, machine.num_xcds, machine.round_robin), unit
+    return keys, units, place[wgs], unit
 
 
 def _expand(keys, units, span):
@@ -182,9 +247,89 @@ def _expand(keys, units, span):
     return np.repeat(keys * span - first, units) + np.arange(int(units.sum()), dtype=np.int64)
 
 
+def home_partition(ukeys: np.ndarray, parts: int) -> np.ndarray:
+    """The partition that homes each unit: a multiplicative hash of its key, so that
+    neighbouring units (and both halves of a block) spread over the partitions."""
+    h = (ukeys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return (h % np.uint64(parts)).astype(np.int64)
+
+
+def partitioned_replay(ukeys: np.ndarray, upart: np.ndarray, home: np.ndarray,
+                       capacity: int, parts: int):
+    """Replay unit requests through `parts` LRU partitions of `capacity` units each.
+
+    Request i comes from an SM on partition upart[i] for a unit homed on home[i]. It looks
+    up its own partition; on a miss for a unit homed elsewhere it looks up the home
+    partition as well (both lookups counted, as ncu counts L2 tag lookups); a miss at home
+    reads DRAM. A miss fills every partition it looked up. Returns (lookups, hits, DRAM
+    units, near hits per partition, requests per partition)."""
+    caches = [OrderedDict() for _ in range(parts)]
+    near_hits = [0] * parts
+    requests = np.bincount(upart, minlength=parts).tolist()
+    far_lookups = home_hits = dram = 0
+    if capacity <= 0:
+        far = int((upart != home).sum())
+        return len(ukeys) + far, 0, len(ukeys), near_hits, requests
+    for k, p, h in zip(ukeys.tolist(), upart.tolist(), home.tolist()):
+        c = caches[p]
+        if k in c:
+            c.move_to_end(k)
+            near_hits[p] += 1
+            continue
+        c[k] = None
+        if len(c) > capacity:
+            c.popitem(last=False)
+        if h != p:
+            far_lookups += 1
+            c = caches[h]
+            if k in c:
+                c.move_to_end(k)
+                home_hits += 1
+                continue
+            c[k] = None
+            if len(c) > capacity:
+                c.popitem(last=False)
+        dram += 1
+    lookups = len(ukeys) + far_lookups
+    return lookups, sum(near_hits) + home_hits, dram, near_hits, requests
+
+
+def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin):
+    """The partitioned-L2 replay of a trace (see the module docstring). Repeats of a block
+    within a run of identical consecutive requests, from a partition that already asked
+    for it in that run, are hits that change no LRU state: counted and skipped."""
+    parts = machine.l2_partitions
+    run = np.cumsum(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else keys
+    _, first = np.unique(run * parts + part, return_index=True)
+    fresh = np.zeros(len(keys), bool)
+    fresh[first] = True
+    span = int(units.max())
+    ukeys = _expand(keys[fresh], units[fresh], span)
+    upart = np.repeat(part[fresh], units[fresh])
+    lookups, hits, dram, near_hits, requested = partitioned_replay(
+        ukeys, upart, home_partition(ukeys, parts), machine.l2_bytes // parts // unit, parts)
+    repeats = [int(units[~fresh & (part == p)].sum()) for p in range(parts)]
+    lookups += sum(repeats)
+    hits += sum(repeats)
+    total = [r + q for r, q in zip(requested, repeats)]
+    reads = dram * unit
+    return SimResult(
+        op=op.describe(), mapping=mapping.spec, target=machine.name,
+        l2_hit_rate=hits / lookups, llc_hit_rate=None,
+        hbm_bytes=reads + op.output_bytes, hbm_read_bytes=reads,
+        hbm_write_bytes=op.output_bytes, l2_request_bytes=sum(total) * unit,
+        llc_request_bytes=(sum(requested) - sum(near_hits)) * unit,   # missed the near one
+        xcd_l2_hit_rates=tuple((h + q) / r if r else None
+                               for h, q, r in zip(near_hits, repeats, total)),
+        seconds=time.perf_counter() - t_begin, l2_lookup_bytes=lookups * unit)
+
+
 def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None = None,
-             timing: Timing | None = None, wgs_per_cu: int = 1) -> SimResult:
-    """Replay `op` launched with `mapping` on `target` (or an explicit `machine`).
+             timing: Timing | None = None, wgs_per_cu: int = 1,
+             persistent: int | None = None) -> SimResult:
+    """Replay `op` launched with `mapping` on `target` (or an explicit `machine`): one
+    workgroup per tile, or, with persistent=R, R workgroups walking the tiles (workgroup w
+    takes w, w + R, ..., as pk.tile_walk does).
 
     A request for the block the same XCD requested just before it is a hit that leaves the
     LRU order unchanged, so such repeats are counted as hits and skipped: exact, and it
@@ -192,7 +337,13 @@ def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None =
     t_begin = time.perf_counter()
     machine = machine or Machine.of(target, wgs_per_cu=wgs_per_cu)
     timing = timing or Timing()
-    keys, units, xcd, unit = _trace(op, mapping, machine, timing)
+    if persistent is not None and (isinstance(persistent, bool)
+                                   or not isinstance(persistent, int) or persistent < 1):
+        raise ValueError(f"persistent must be a positive number of workgroups, "
+                         f"got {persistent!r}")
+    keys, units, xcd, unit = _trace(op, mapping, machine, timing, persistent)
+    if machine.l2_partitions > 1:
+        return _simulate_partitioned(op, mapping, machine, keys, units, xcd, unit, t_begin)
     span = int(units.max())
     fresh = np.ones(len(keys), bool)
     xcd_sel = [np.flatnonzero(xcd == x) for x in range(machine.num_xcds)]
@@ -224,4 +375,4 @@ def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None =
         hbm_write_bytes=op.output_bytes, l2_request_bytes=total * unit,
         llc_request_bytes=len(llc_keys) * unit,
         xcd_l2_hit_rates=tuple(1.0 - m / r if r else None for m, r in zip(misses, requested)),
-        seconds=time.perf_counter() - t_begin)
+        seconds=time.perf_counter() - t_begin, l2_lookup_bytes=total * unit)

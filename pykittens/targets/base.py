@@ -135,6 +135,9 @@ class Target:
     triple: str = ""
     # How the hardware dispatcher hands consecutive workgroups to chiplets: round robin.
     dispatch_round_robin: bool = True
+    # L2 partitions of one die, each caching data for the SMs attached to it and homing half
+    # the address space (Hopper: two); 1 where the L2 is not split this way
+    l2_partitions: int = 1
     # Bytes per lane of a direct global -> LDS load (CDNA buffer_load ... lds); 0 = none.
     lds_dma_bytes: int = 0
     # LDS transpose reads of 16-bit data (gfx950 ds_read_b64_tr_b16)

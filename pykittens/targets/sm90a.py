@@ -4,7 +4,9 @@ Sources: NVIDIA H100 Tensor Core GPU Architecture white paper (132 SMs on SXM5, 
 memory per SM, 227 KiB per block, 64K 32-bit registers per SM, at most 255 per thread);
 CUDA C Programming Guide, compute capability 9.0 table (64 resident warps per SM, 32 per
 block); H200 data sheet (4.8 TB/s HBM3e). L2: PyTorch's device properties on an H200 read
-60 MB (two partitions).
+60 MB. NVIDIA's Hopper (and A100) architecture white papers: the L2 is divided into two
+partitions; each caches data for memory accesses from the SMs of the GPCs directly connected
+to it, with hardware coherence between them (l2_partitions=2).
 
 Matrix instructions: the warp-level `mma.sync.aligned.m16n8k16` (bf16/f16) and `m16n8k32`
 (e4m3/e5m2) with the register fragments of PTX ISA 8.x section "Matrix Fragments for
@@ -95,6 +97,6 @@ TARGET = Target(
     fp8_flavor="ocp",
     mma=(_mma("bf16", 16, "bf16"), _mma("f16", 16, "f16"),
          _mma("e4m3", 32, "e4m3"), _mma("e5m2", 32, "e5m2")),
-    dispatch_round_robin=False,
+    dispatch_round_robin=False, l2_partitions=2,
     param_bank_base=PARAM_BANK_BASE,
 )

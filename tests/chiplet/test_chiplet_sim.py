@@ -129,7 +129,8 @@ def test_cache_as_large_as_the_working_set_only_misses_once():
     assert r.hbm_read_bytes == (2048 * 2048 * 2) * 2
     # with one L2 (Hopper) all 32x32 tiles share it: ~97% of requests hit
     op = chiplet.Gemm(4096, 4096, 4096, bm=128, bn=128, bk=64)
-    one = simulate(op, M.gemm_row_major(*op.grid), machine=Machine.of("sm_90a", l2_bytes=1 << 30))
+    one = simulate(op, M.gemm_row_major(*op.grid), machine=Machine.of("sm_90a", l2_bytes=1 << 30,
+                                                                 l2_partitions=1))
     assert one.l2_hit_rate == pytest.approx(1 - (32 + 32) / (32 * 32 * 2))
 
 
@@ -186,11 +187,15 @@ def test_head_first_raises_l2_hits_for_attention():
     assert first.hbm_bytes <= naive.hbm_bytes
 
 
-def test_hopper_has_one_l2_and_no_llc():
+def test_hopper_has_two_l2_partitions_and_no_llc():
     op = chiplet.Gemm(4096, 4096, 4096, bm=128, bn=256)
     r = simulate(op, M.gemm_grouped(*op.grid, 8), "sm_90a")
-    assert r.llc_hit_rate is None and len(r.xcd_l2_hit_rates) == 1
-    assert r.hbm_read_bytes == r.llc_request_bytes
+    assert r.llc_hit_rate is None and len(r.xcd_l2_hit_rates) == 2
+    assert r.l2_lookup_bytes > r.l2_request_bytes        # far misses look up twice
+    one = simulate(op, M.gemm_grouped(*op.grid, 8),
+                   machine=Machine.of("sm_90a", l2_partitions=1))
+    assert one.llc_hit_rate is None and len(one.xcd_l2_hit_rates) == 1
+    assert one.hbm_read_bytes == one.llc_request_bytes
 
 
 def test_bad_inputs_name_the_fix():

@@ -1,0 +1,131 @@
+"""The partitioned-L2 model of Hopper and persistent launches: invariants of the model, not
+its calibration points (those are in docs/chiplet.md, against Nsight Compute)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pykittens import chiplet
+from pykittens.chiplet import mapping as M
+from pykittens.chiplet.sim import Machine, Timing, partitioned_replay, simulate
+
+LOCKSTEP = Timing(launch_skew=0.0, phase_jitter=0.0, tile_jitter=0.0)
+
+
+def hopper(l2_bytes=None):
+    return Machine.of("sm_90a", l2_bytes=l2_bytes)
+
+
+def compulsory(op):
+    return (op.m + op.n) * op.k * 2          # bf16 A and B, every row a whole number of lines
+
+
+def test_machine_of_hopper_reads_the_partitions_from_the_target():
+    m = Machine.of("sm_90a")
+    assert m.l2_partitions == 2 and m.l2_bytes == 60_000_000 and m.llc_bytes == 0
+    assert Machine.of("gfx950").l2_partitions == 1
+    with pytest.raises(ValueError, match="l2_partitions"):
+        Machine.of("sm_90a", l2_partitions=0)
+    with pytest.raises(ValueError, match="one die"):
+        Machine.of("gfx950", l2_partitions=2)
+    with pytest.raises(ValueError, match="persistent"):
+        simulate(chiplet.Gemm(512, 512, 512), M.gemm_row_major(2, 2), "sm_90a", persistent=0)
+
+
+def test_replay_counts_both_lookups_of_a_far_miss():
+    # unit 7 homed on partition 1, requested from partition 0 twice, then from partition 1
+    lookups, hits, dram, near, req = partitioned_replay(
+        np.array([7, 7, 7]), np.array([0, 0, 1]), np.array([1, 1, 1]), 4, 2)
+    # 1st: near miss + home miss (2 lookups, DRAM); 2nd: near hit; 3rd: home is near: hit
+    assert (lookups, hits, dram, near, req) == (4, 2, 1, [1, 1], [2, 1])
+
+
+@settings(max_examples=12, deadline=None)
+@given(w=st.integers(1, 6), size=st.sampled_from([512, 1024, 1536]),
+       persistent=st.sampled_from([None, 5, 16]))
+def test_dram_reads_at_least_the_compulsory_bytes_and_exactly_them_with_a_huge_l2(
+        w, size, persistent):
+    op = chiplet.Gemm(size, size, size, bm=128, bn=256, bk=64)
+    mp = M.gemm_grouped(*op.grid, w)
+    small = simulate(op, mp, machine=hopper(1 << 20), persistent=persistent)
+    huge = simulate(op, mp, machine=hopper(1 << 32), persistent=persistent)
+    assert huge.hbm_read_bytes == compulsory(op)
+    assert small.hbm_read_bytes >= compulsory(op)
+    assert 0.0 <= small.l2_hit_rate <= huge.l2_hit_rate <= 1.0
+
+
+def test_persistent_and_per_tile_read_the_same_compulsory_bytes():
+    op = chiplet.Gemm(2048, 2048, 1024, bm=128, bn=256, bk=64)
+    mp = M.gemm_grouped(*op.grid, 4)
+    per_tile = simulate(op, mp, machine=hopper(1 << 32))
+    walk = simulate(op, mp, machine=hopper(1 << 32), persistent=13)
+    assert per_tile.hbm_read_bytes == walk.hbm_read_bytes == compulsory(op)
+    assert per_tile.l2_request_bytes == walk.l2_request_bytes
+
+
+@settings(max_examples=10, deadline=None)
+@given(a=st.integers(1 << 20, 16 << 20), b=st.integers(1 << 20, 16 << 20),
+       w=st.integers(1, 8), persistent=st.sampled_from([None, 24]))
+def test_more_l2_never_lowers_the_hit_rate_or_raises_dram(a, b, w, persistent):
+    lo, hi = sorted((a, b))
+    op = chiplet.Gemm(2048, 2048, 1024, bm=128, bn=256, bk=64)
+    mp = M.gemm_grouped(*op.grid, w)
+    r_lo = simulate(op, mp, machine=hopper(lo), persistent=persistent)
+    r_hi = simulate(op, mp, machine=hopper(hi), persistent=persistent)
+    assert r_hi.l2_hit_rate >= r_lo.l2_hit_rate - 1e-12
+    assert r_hi.hbm_read_bytes <= r_lo.hbm_read_bytes
+
+
+def test_same_tiles_in_the_same_order_give_the_same_result():
+    # windows of all rows, or of more rows than there are: both walk column-major
+    op = chiplet.Gemm(1024, 2048, 1024, bm=128, bn=256, bk=64)
+    rows, cols = op.grid
+    a = simulate(op, M.gemm_grouped(rows, cols, rows), machine=hopper(4 << 20), persistent=20)
+    b = simulate(op, M.gemm_grouped(rows, cols, 3 * rows), machine=hopper(4 << 20),
+                 persistent=20)
+    assert (a.l2_hit_rate, a.hbm_read_bytes, a.l2_lookup_bytes) == \
+        (b.l2_hit_rate, b.hbm_read_bytes, b.l2_lookup_bytes)
+
+
+def test_without_jitter_a_per_tile_launch_is_the_persistent_walk():
+    # all slots free at once and every tile equally long: the slot that frees first is
+    # the next one in order, so tile i runs on slot i % R either way
+    op = chiplet.Gemm(2048, 2048, 512, bm=128, bn=256, bk=64)
+    mp = M.gemm_grouped(*op.grid, 2)
+    per_tile = simulate(op, mp, machine=hopper(2 << 20), timing=LOCKSTEP)
+    walk = simulate(op, mp, machine=hopper(2 << 20), timing=LOCKSTEP, persistent=132)
+    assert per_tile.l2_hit_rate == walk.l2_hit_rate
+    assert per_tile.hbm_read_bytes == walk.hbm_read_bytes
+
+
+def test_jitter_separates_persistent_from_per_tile():
+    # with tile lengths jittered, a persistent walk's workgroups drift apart while a
+    # dynamic launch keeps its running tiles a window of the launch order
+    op = chiplet.Gemm(4096, 4096, 2048, bm=128, bn=256, bk=64)
+    mp = M.gemm_row_major(*op.grid)
+    t = Timing(tile_jitter=0.3)
+    per_tile = simulate(op, mp, machine=hopper(8 << 20), timing=t)
+    walk = simulate(op, mp, machine=hopper(8 << 20), timing=t, persistent=40)
+    assert per_tile.hbm_read_bytes != walk.hbm_read_bytes
+
+
+def test_mirror_image_orders_need_not_tie():
+    # row-major and column-major over a square grid of 128 x 256 tiles: A and B blocks
+    # differ in size, so swapping the roles of rows and columns changes the traffic
+    op = chiplet.Gemm(2048, 4096, 1024, bm=128, bn=256, bk=64)
+    rows, cols = op.grid
+    assert rows == cols
+    rm = simulate(op, M.gemm_row_major(rows, cols), machine=hopper(4 << 20), persistent=32)
+    cm = simulate(op, M.gemm_grouped(rows, cols, rows), machine=hopper(4 << 20),
+                  persistent=32)
+    assert (rm.l2_hit_rate, rm.hbm_read_bytes) != (cm.l2_hit_rate, cm.hbm_read_bytes)
+
+
+def test_cdna_ignores_the_hopper_timing_and_persistence_only_sets_the_slots():
+    op = chiplet.Gemm(4096, 4096, 1024)
+    mp = M.gemm_xcd(*op.grid, 4, 32, 8)
+    base = simulate(op, mp, "gfx950")
+    assert simulate(op, mp, "gfx950", timing=Timing(tile_jitter=0.9)) == base
+    assert simulate(op, mp, "gfx950", persistent=256).hbm_read_bytes == base.hbm_read_bytes
