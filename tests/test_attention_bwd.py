@@ -163,12 +163,17 @@ def leaves(*shapes, dtype=torch.bfloat16, seed=0):
 def test_op_gradients_match_torch_autograd(causal, deterministic, dtype):
     """Gradients through O and through the LSE (return_lse=True) against torch autograd of
     the float64 reference."""
+    op_gradients_match(causal, dtype, deterministic=deterministic)
+
+
+def op_gradients_match(causal, dtype, **op_kwargs):
+    """pykittens.ops.attention's gradients through O and the LSE on a ragged GQA case, against
+    torch autograd of the float64 reference (also the CDNA schedules' test)."""
     import pykittens.ops as pko
     q, k, v = leaves((1, 70, 4, 64), (1, 90, 2, 64), (1, 90, 2, 64),
                      dtype=getattr(torch, dtype))
     w = torch.randn(1, 70, 4, 64, generator=torch.Generator().manual_seed(5))
-    o, lse = pko.attention(q, k, v, causal=causal, return_lse=True,
-                           deterministic=deterministic)
+    o, lse = pko.attention(q, k, v, causal=causal, return_lse=True, **op_kwargs)
     ((o.float() * w).sum() + 0.25 * lse.sum()).backward()
     leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
     o64, lse64 = torch_reference(*leaves64, causal, 1 / 8)
