@@ -127,12 +127,17 @@ def sweep(op, mappings, target="gfx950", **sim_kwargs) -> list[SimResult]:
     return [simulate(op, m, target, **sim_kwargs) for m in mappings]
 
 
+def choice_machine(target, wgs_per_cu: int = 1) -> Machine:
+    """The machine auto_mapping (and `pykittens chiplet --mapping auto`) chooses on: the
+    single-LRU model on every target. On sm_90a the partitioned model (Machine.of's default
+    there) does not yet pick within 2% of the best measured order on every measured size
+    (docs/chiplet.md), so the choice stays the one it was."""
+    return Machine.of(target, wgs_per_cu=wgs_per_cu, l2_partitions=1)
+
+
 @functools.lru_cache(maxsize=256)
 def _choose(op, target_name: str, wgs_per_cu: int, timing: Timing, use_disk: bool) -> str:
-    # The single-LRU model on every target: on sm_90a the partitioned model (Machine.of's
-    # default there) does not yet pick within 2% of the best measured order on every
-    # measured size (docs/chiplet.md), so the choice stays the one it was.
-    machine = Machine.of(target_name, wgs_per_cu=wgs_per_cu, l2_partitions=1)
+    machine = choice_machine(target_name, wgs_per_cu)
     key = disk.cache_key("chiplet", MODEL_VERSION, repr(op), repr(machine), repr(timing))
     if use_disk:
         hit = disk.lookup("chiplet", key)

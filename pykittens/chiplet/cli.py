@@ -13,7 +13,7 @@ import json
 import sys
 
 from .. import targets
-from .auto import best, candidates, make_op, parse_mapping, sweep
+from .auto import best, candidates, choice_machine, make_op, parse_mapping, sweep
 from .sim import Machine, Timing, simulate
 
 _DEFAULT_TIMING = Timing()
@@ -80,7 +80,8 @@ def run(args) -> int:
         timing = Timing(args.launch_skew, args.phase_jitter)
         machine = Machine.of(args.target, wgs_per_cu=args.wgs_per_cu)
         table = []
-        if args.mapping.strip() == "auto":
+        if args.mapping.strip() == "auto":        # as the library chooses (auto_mapping)
+            machine = choice_machine(args.target, args.wgs_per_cu)
             cands = candidates(op, args.target, args.wgs_per_cu)
             table = sweep(op, cands, args.target, machine=machine, timing=timing)
             i = best(table)

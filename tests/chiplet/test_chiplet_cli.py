@@ -86,3 +86,14 @@ def test_demo_report(monkeypatch, tmp_path):
     assert sum("gemm 9216^3" in line for line in lines) == 3
     assert any("head-first" in line for line in lines)
     assert "%" in text and "HipKittens" in text
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx950"])
+def test_auto_picks_what_the_library_picks(parser, capsys, target):
+    """--mapping auto chooses as chiplet.auto_mapping (the library's kernels) does, also on
+    Hopper, whose default machine for explicit mappings is the partitioned model."""
+    from pykittens import chiplet
+    d = run_json(parser, capsys, "--op", "gemm", "--shape", "8192", "8192", "8192",
+                 "--target", target, "--mapping", "auto")
+    op = chiplet.Gemm(8192, 8192, 8192)
+    assert d["mapping"] == chiplet.auto_mapping(op, target=target, use_disk_cache=False).spec
