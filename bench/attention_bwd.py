@@ -165,7 +165,8 @@ def pass_plans(shape, dt="bf16"):
                                                  attention_bwd_launch, attention_bwd_prep)
     b, hq, hkv, n, d, causal = shape
     shapes = {"q": np.empty((b, hq, n, d), np.float16), "k": np.empty((b, hkv, n, d), np.float16)}
-    (pg, pc), (mg, mc), (qg, qc) = attention_bwd_launch(shapes, "sm_90a", CAUSAL=causal)
+    (pg, pc), (mg, mc), (qg, qc) = attention_bwd_launch(shapes, "sm_90a", dq="pass",
+                                                        CAUSAL=causal)
     out = [("prep", attention_bwd_prep, pg, {"DT": dt, **pc})]
     out += [("main " + (str(o) if o else "default"), attention_bwd, mg, {"DT": dt, **mc, **o})
             for o in MAIN_VARIANTS]
