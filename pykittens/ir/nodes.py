@@ -22,6 +22,19 @@ class Loc:
         return f"{self.file}:{self.line}"
 
 
+def first_frame_outside(dirs: tuple[str, ...]) -> Loc | None:
+    """The innermost calling frame whose file is under none of `dirs` (nor frozen
+    importlib): where a user's call entered the library."""
+    import sys
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(dirs) and not fn.startswith("<frozen"):
+            return Loc(fn, f.f_lineno)
+        f = f.f_back
+    return None
+
+
 @dataclass(eq=False)
 class Value:
     type: Any

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..ir import types as T
 from ..ir.errors import KernelError
-from ..ir.nodes import KernelIR, Loc, Param
+from ..ir.nodes import KernelIR, Loc, Param, first_frame_outside
 from ..targets import get as get_target
 from . import trace
 from .values import GL, Scalar
@@ -246,15 +246,8 @@ def require_kernel(obj, what: str) -> "Kernel":
 def _outside_pykittens() -> Loc | None:
     """The innermost frame outside the pykittens package: the user's call."""
     import os
-    import sys
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(pkg) and not fn.startswith("<frozen"):
-            return Loc(fn, f.f_lineno)
-        f = f.f_back
-    return None
+    return first_frame_outside(
+        (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,))
 
 
 def const_key(consts: dict) -> tuple:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..ir import types as T
 from ..ir.errors import KernelError
-from ..ir.nodes import Loc
+from ..ir.nodes import Loc, first_frame_outside
 
 I32_MAX = 2**31 - 1
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -58,14 +58,7 @@ def _library_dirs() -> tuple[str, ...]:
 def call_site() -> Loc | None:
     """The innermost frame outside pykittens (and torch, which dispatches custom ops): where
     the user called the launch or emulation."""
-    skip = _library_dirs()
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(skip) and not fn.startswith("<frozen"):
-            return Loc(fn, f.f_lineno)
-        f = f.f_back
-    return None
+    return first_frame_outside(_library_dirs())
 
 
 def fail(msg: str, kernel=None, site: Loc | None = None) -> ArgumentError:
