@@ -79,6 +79,28 @@ def pytest_runtest_call(item):
         _skip_if_tool_missing(exc)
 
 
+class FakeGPUTensor:
+    """What the launch argument checks read from a torch GPU tensor, and nothing else."""
+
+    def __init__(self, shape, strides=None, dtype="torch.float32", device=("cuda", 0),
+                 ptr=0x7F0000000000):
+        from types import SimpleNamespace
+        self.shape = tuple(shape)
+        if strides is None:
+            strides, acc = [], 1
+            for d in reversed(self.shape):
+                strides.insert(0, acc)
+                acc *= d
+        self._strides, self.dtype, self._ptr = tuple(strides), dtype, ptr
+        self.device = SimpleNamespace(type=device[0], index=device[1])
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def data_ptr(self):
+        return self._ptr
+
+
 @pytest.fixture
 def rng():
     """A seeded generator: every test sees the same random (never zero) inputs."""

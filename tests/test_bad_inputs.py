@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +23,7 @@ from pykittens.kernels.attention_cdna import cdna_launch
 from pykittens.runtime import cuda as rc
 from pykittens.runtime.args import ArgumentError
 
+import conftest
 from conftest import ROOT, assert_names_line
 
 HERE = __file__
@@ -423,25 +423,9 @@ def test_missing_barrier_is_named_as_such():
 
 # ---- pk.launch and the CUDA / HIP launchers (no GPU here: the checks run first) ------------
 
-class FakeGPUTensor:
-    """What the launch checks read from a torch GPU tensor."""
-
-    def __init__(self, shape, strides=None, dtype="torch.float32", device=("cuda", 0),
-                 ptr=0x7F0000000000):
-        self.shape = tuple(shape)
-        if strides is None:
-            strides, acc = [], 1
-            for d in reversed(self.shape):
-                strides.insert(0, acc)
-                acc *= d
-        self._strides, self.dtype, self._ptr = tuple(strides), dtype, ptr
-        self.device = SimpleNamespace(type=device[0], index=device[1])
-
-    def stride(self, dim=None):
-        return self._strides if dim is None else self._strides[dim]
-
-    def data_ptr(self):
-        return self._ptr
+class FakeGPUTensor(conftest.FakeGPUTensor):
+    """The stand-in GPU tensor, with the element count pk.launch reads (an empty tensor
+    launches nothing)."""
 
     def numel(self):
         return int(np.prod(self.shape))

@@ -12,34 +12,12 @@ from pykittens.ir.nodes import Param
 from pykittens.runtime import cuda as rc
 from pykittens.ir.abi import kernel_args
 from pykittens.runtime.args import ArgumentError
+from conftest import FakeGPUTensor as FakeTensor
 
 PARAMS = [Param("x", "gl", T.GlobalType(T.f32, (None, None))),
           Param("out", "gl", T.GlobalType(T.f32, (None,))),
           Param("n", "scalar", T.ScalarType(T.i32)),
           Param("alpha", "scalar", T.ScalarType(T.f32))]
-
-
-class FakeTensor:
-    """What check_tensor reads from a torch tensor, and nothing else."""
-
-    def __init__(self, shape, strides=None, dtype="torch.float32", device=("cuda", 0),
-                 ptr=0x7F0000000000):
-        self.shape = tuple(shape)
-        if strides is None:
-            strides, acc = [], 1
-            for d in reversed(self.shape):
-                strides.insert(0, acc)
-                acc *= d
-        self._strides = tuple(strides)
-        self.dtype = dtype
-        self.device = SimpleNamespace(type=device[0], index=device[1])
-        self._ptr = ptr
-
-    def stride(self, dim=None):
-        return self._strides if dim is None else self._strides[dim]
-
-    def data_ptr(self):
-        return self._ptr
 
 
 def test_pack_follows_abi_offsets():
