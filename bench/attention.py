@@ -18,7 +18,7 @@ import torch
 
 import pykittens as pk
 from pykittens.bench import run_steps
-from pykittens.bench.gpu import graph_time
+from pykittens.bench.gpu import attention_peers, graph_time
 from pykittens.kernels.attention import attention_fwd, attention_fwd_launch, hopper_schedules
 
 DEV = "cuda"
@@ -127,32 +127,8 @@ def op(rows, details):
         details.append({"check": f"op_{name}", "rel_err": err, "ok": ok})
 
 
-def _peers():
-    """name -> fn(q, k, v, causal) on (B, N, H, D) tensors, for the peers importable here."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    peers = {}
-
-    def sdpa(backend):
-        def run(q, k, v, causal):
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    qt, kt, vt, is_causal=bool(causal), enable_gqa=kt.shape[1] != qt.shape[1])
-        return run
-
-    peers["torch SDPA (cuDNN)"] = sdpa(SDPBackend.CUDNN_ATTENTION)
-    peers["torch SDPA (flash)"] = sdpa(SDPBackend.FLASH_ATTENTION)
-    try:
-        from flash_attn.cute import flash_attn_func
-        peers["FA4 (flash_attn.cute)"] = lambda q, k, v, c: flash_attn_func(
-            q, k, v, causal=bool(c))
-    except Exception as e:  # noqa: BLE001 - the peer is optional here
-        peers["FA4 (flash_attn.cute)"] = f"not importable: {type(e).__name__}: {e}"[:80]
-    return peers
-
-
 def performance(rows, details, variants=False):
-    peers = _peers()
+    peers = attention_peers(("CUDNN_ATTENTION", "FLASH_ATTENTION"))
     for b, hq, hkv, n, d, causal in SHAPES:
         q, k, v = _rand(b, n, hq, d), _rand(b, n, hkv, d), _rand(b, n, hkv, d)
         flops = 4 * b * hq * n * n * d / (2 if causal else 1)

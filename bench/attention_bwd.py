@@ -17,7 +17,7 @@ import sys
 import torch
 
 from pykittens.bench import run_steps
-from pykittens.bench.gpu import graph_time
+from pykittens.bench.gpu import attention_peers, graph_time
 
 DEV = "cuda"
 # (B, Hq, Hkv, N, D, causal): the shapes the backward is judged on
@@ -81,27 +81,11 @@ def correctness(rows, details):
 
 def _peers():
     """name -> fn(q, k, v, causal) -> O on (B, N, H, D) leaves, for the peers importable."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     import pykittens.ops as pko
-
-    def cudnn(q, k, v, causal):
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return torch.nn.functional.scaled_dot_product_attention(
-                qt, kt, vt, is_causal=bool(causal),
-                enable_gqa=kt.shape[1] != qt.shape[1]).transpose(1, 2)
-
-    peers = {"pykittens": lambda q, k, v, c: pko.attention(q, k, v, causal=bool(c)),
-             "pykittens deterministic": lambda q, k, v, c: pko.attention(
-                 q, k, v, causal=bool(c), deterministic=True),
-             "torch SDPA (cuDNN)": cudnn}
-    try:
-        from flash_attn.cute import flash_attn_func
-        peers["FA4 (flash_attn.cute)"] = lambda q, k, v, c: flash_attn_func(
-            q, k, v, causal=bool(c))
-    except Exception as e:  # noqa: BLE001 - the peer is optional here
-        peers["FA4 (flash_attn.cute)"] = f"not importable: {type(e).__name__}: {e}"[:80]
-    return peers
+    return {"pykittens": lambda q, k, v, c: pko.attention(q, k, v, causal=bool(c)),
+            "pykittens deterministic": lambda q, k, v, c: pko.attention(
+                q, k, v, causal=bool(c), deterministic=True),
+            **attention_peers()}
 
 
 def _row(rows, *cells):

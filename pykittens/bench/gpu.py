@@ -92,6 +92,36 @@ def emulator_agreement(target: str = "sm_90a", rng=None, names=None) -> list[dic
     return out
 
 
+SDPA_NAMES = {"CUDNN_ATTENTION": "cuDNN", "FLASH_ATTENTION": "flash"}
+
+
+def attention_peers(sdpa_backends=("CUDNN_ATTENTION",)) -> dict:
+    """name -> fn(q, k, v, causal) -> O on (B, N, H, D) tensors (flash_attn_func's layout):
+    torch SDPA on each backend named (SDPBackend members), and FlashAttention-4's CuTe-DSL
+    kernels where importable — otherwise, under its name, the reason (a string)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    peers = {}
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=bool(causal),
+                    enable_gqa=kt.shape[1] != qt.shape[1]).transpose(1, 2)
+        return run
+
+    for name in sdpa_backends:
+        peers[f"torch SDPA ({SDPA_NAMES.get(name, name)})"] = sdpa(getattr(SDPBackend, name))
+    try:
+        from flash_attn.cute import flash_attn_func
+        peers["FA4 (flash_attn.cute)"] = lambda q, k, v, c: flash_attn_func(
+            q, k, v, causal=bool(c))
+    except Exception as e:  # noqa: BLE001 - the peer is optional
+        peers["FA4 (flash_attn.cute)"] = f"not importable: {type(e).__name__}: {e}"[:80]
+    return peers
+
+
 def graph_time(fn, reps: int = 20) -> float:
     """Median seconds of one call, replaying a CUDA graph of `reps` calls (no launch gaps)."""
     fn()
