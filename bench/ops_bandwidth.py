@@ -369,17 +369,9 @@ def step_graph(rows, details):
     diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(static, eager))
     rel = max(_rel(a, b) for a, b in zip(static, eager))
 
-    def ms(fn, n=20):
-        fn()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        return a.elapsed_time(b) / n
-    replay, eager_ms = ms(g.replay), ms(lambda: _block(leaves, cos, sin, gouts))
+    from pykittens.bench.gpu import event_time
+    replay, eager_ms = (event_time(fn) * 1e3 for fn in
+                        (g.replay, lambda: _block(leaves, cos, sin, gouts)))
     ok = len(launches) > 0 and rel <= 1e-3              # the kernels add in a fixed order
     details.append({"step": "graph", "launches_captured": len(launches), "max_abs_diff": diff,
                     "max_rel_diff": rel, "replay_ms": replay, "eager_ms": eager_ms, "ok": ok})

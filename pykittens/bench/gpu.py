@@ -122,6 +122,23 @@ def attention_peers(sdpa_backends=("CUDNN_ATTENTION",)) -> dict:
     return peers
 
 
+def event_time(fn, reps: int = 20, rounds: int = 10) -> float:
+    """Seconds of one call of fn (after one warm-up call): CUDA events around `reps` calls,
+    the median of `rounds` such timings. For work that a CUDA graph cannot capture."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / reps * 1e-3)
+    return float(np.median(times))
+
+
 def graph_time(fn, reps: int = 20) -> float:
     """Median seconds of one call, replaying a CUDA graph of `reps` calls (no launch gaps)."""
     fn()

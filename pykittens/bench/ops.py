@@ -204,24 +204,13 @@ class Progress:
 
 def _time(fn, reps: int) -> tuple[float, str]:
     """Seconds of one call: CUDA graph replay, else events around reps calls."""
-    import numpy as np
     torch = _torch()
-    from .gpu import graph_time
+    from .gpu import event_time, graph_time
     try:
         return graph_time(fn, reps), "cuda graph"
     except Exception:   # noqa: BLE001 - not capturable: time it eagerly
         torch.cuda.synchronize()
-    fn()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / reps * 1e-3)
-    return float(np.median(times)), "events"
+    return event_time(fn, reps), "events"
 
 
 def _call(fam: Family, fn, inputs, mode):
