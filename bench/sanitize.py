@@ -47,41 +47,28 @@ def run_library():
     initialisation and no other kernel's reads."""
     import numpy as np
     import torch
-    from pykittens.bench.gpu import TORCH_DT
+    from pykittens.bench.gpu import library_cases, to_torch
     from pykittens.ir.types import dtype_of
-    from pykittens.kernels import KERNELS
     from pykittens.kernels.spec import rel_err
     from pykittens.runtime.launch import launch
 
-    def up(v):
-        if not isinstance(v, np.ndarray):
-            return v
-        if v.dtype.kind in "iu":
-            return torch.from_numpy(v).to("cuda")
-        return torch.from_numpy(v.astype(np.float32)).to(TORCH_DT[v.dtype.name]).to("cuda")
-
     rng, wrong = np.random.default_rng(0), []
-    for spec in KERNELS.values():
-        if "sm_90a" not in spec.targets:
-            continue
-        partials = getattr(spec, "partials", ())
-        for dt in spec.dtypes:
-            for shape in spec.shapes:
-                inputs = spec.make_inputs(shape, dtype_of(dt), rng)
-                for name in spec.outputs:
-                    inputs[name] = np.full_like(inputs[name], np.nan)
-                grid, consts = spec.launch(inputs, "sm_90a")
-                t = {k: up(v) for k, v in inputs.items()}
-                launch(spec.kernel, grid=grid, **t, **consts)
-                torch.cuda.synchronize()
-                ref = spec.reference(inputs)
-                for name in spec.outputs:
-                    got = t[name].cpu().double().numpy()
-                    if name in partials:
-                        got = got.sum(axis=0)
-                    err = rel_err(got, ref[name])
-                    if not err <= spec.tolerance(dt):
-                        wrong.append((spec.name, dt, shape, name, err))
+    for spec, dt, shape in library_cases("sm_90a", None, "shapes"):
+        inputs = spec.make_inputs(shape, dtype_of(dt), rng)
+        for name in spec.outputs:
+            inputs[name] = np.full_like(inputs[name], np.nan)
+        grid, consts = spec.launch(inputs, "sm_90a")
+        t = to_torch(inputs)
+        launch(spec.kernel, grid=grid, **t, **consts)
+        torch.cuda.synchronize()
+        ref = spec.reference(inputs)
+        for name in spec.outputs:
+            got = t[name].cpu().double().numpy()
+            if name in getattr(spec, "partials", ()):
+                got = got.sum(axis=0)
+            err = rel_err(got, ref[name])
+            if not err <= spec.tolerance(dt):
+                wrong.append((spec.name, dt, shape, name, err))
     for w in wrong:
         print("WRONG:", *w)
     print(f"library: {len(wrong)} wrong results")

@@ -17,13 +17,15 @@ TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 
 
 def to_torch(inputs: dict) -> dict:
-    """numpy inputs -> CUDA tensors of the same element types (scalars pass through)."""
+    """numpy inputs -> CUDA tensors of the same element types (scalars pass through),
+    converted on the host and copied up (so compute-sanitizer's initcheck sees each
+    tensor initialised by the copy)."""
     def one(v):
         if not isinstance(v, np.ndarray):
             return v
-        if v.dtype.kind == "i":                                   # positions, offsets
+        if v.dtype.kind in "iu":                                  # positions, offsets
             return torch.from_numpy(v).to(DEV)
-        return torch.from_numpy(v.astype(np.float32)).to(DEV).to(TORCH_DT[v.dtype.name])
+        return torch.from_numpy(v.astype(np.float32)).to(TORCH_DT[v.dtype.name]).to(DEV)
     return {k: one(v) for k, v in inputs.items()}
 
 
@@ -42,7 +44,7 @@ def float64_reference(spec, t: dict):
     return ref[spec.outputs[0]]
 
 
-def _cases(target: str, names, shapes: str):
+def library_cases(target: str, names, shapes: str):
     """(spec, dtype, shape) for every library kernel meant for `target` (or only `names`),
     at its `shapes` attribute: 'shapes' (small, ragged) or 'gpu_shapes' (real)."""
     for spec in KERNELS.values():
@@ -59,7 +61,7 @@ def check_library(shapes: str = "gpu", target: str = "sm_90a", rng=None,
     shapes ('small') against float64."""
     rng = rng or np.random.default_rng(0)
     out = []
-    for spec, dt, shape in _cases(target, names, "gpu_shapes" if shapes == "gpu" else "shapes"):
+    for spec, dt, shape in library_cases(target, names, "gpu_shapes" if shapes == "gpu" else "shapes"):
         inputs = spec.make_inputs(shape, dtype_of(dt), rng)
         grid, consts = spec.launch(inputs, target)
         t = to_torch(inputs)
@@ -77,7 +79,7 @@ def emulator_agreement(target: str = "sm_90a", rng=None, names=None) -> list[dic
     """The same inputs through the GPU and the emulator, at the small (ragged) shapes."""
     rng = rng or np.random.default_rng(1)
     out = []
-    for spec, dt, shape in _cases(target, names, "shapes"):
+    for spec, dt, shape in library_cases(target, names, "shapes"):
         inputs = spec.make_inputs(shape, dtype_of(dt), rng)
         grid, consts = spec.launch(inputs, target)
         emu = emulate(spec.kernel, grid=grid, target=target, **inputs,
