@@ -61,7 +61,8 @@ def check_library(shapes: str = "gpu", target: str = "sm_90a", rng=None,
     shapes ('small') against float64."""
     rng = rng or np.random.default_rng(0)
     out = []
-    for spec, dt, shape in library_cases(target, names, "gpu_shapes" if shapes == "gpu" else "shapes"):
+    which = "gpu_shapes" if shapes == "gpu" else "shapes"
+    for spec, dt, shape in library_cases(target, names, which):
         inputs = spec.make_inputs(shape, dtype_of(dt), rng)
         grid, consts = spec.launch(inputs, target)
         t = to_torch(inputs)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from ..kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
 from ..kernels.attention_bwd import (attention_bwd_dq_varlen, attention_bwd_prep,
                                      attention_bwd_varlen, attention_bwd_varlen_launch)
 from .attention import _check as _check_dense
-from .run import EMULATE_TARGET, from_numpy, run, target_of, to_numpy
+from .run import run, target_of
 
 OP = "attention_varlen"
 
@@ -47,9 +46,9 @@ def _heads_first(*ts):
     return [t.transpose(0, 1) for t in ts]
 
 
-def _inputs(q, k, cu_q, cu_k, causal):
-    return {"q": q, "k": k, "v": k, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
-            "CAUSAL": int(causal)}
+def _inputs(q, k, cu_q, cu_k):
+    """What the packed launchers read: shapes and the offsets (v has k's shape)."""
+    return {"q": q, "k": k, "v": k, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
 
 
 @torch.library.custom_op("pykittens::attention_varlen_fwd", mutates_args=())
@@ -61,28 +60,12 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
     if q.numel() == 0 or max_q == 0:
         return o, lse
     qv, kv, vv, ov = _heads_first(q, k, v, o)
-    if q.device.type == "cpu":
-        qv, kv, vv, ov = (to_numpy(t) for t in (qv, kv, vv, ov))
-    grid, consts = attention_fwd_varlen_launch(_inputs(qv, kv, cu_q, cu_k, False),
-                                               target_of(q), max_seqlen_q=max_q,
-                                               CAUSAL=int(causal))
-    args = {"q": qv, "k": kv, "v": vv, "o": ov, "lse": lse, "cu_seqlens_q": cu_q,
-            "cu_seqlens_k": cu_k, "scale": scale}
-    if q.device.type == "cpu":
-        _emulated(attention_fwd_varlen, args, grid, consts, {"o": o.transpose(0, 1), "lse": lse})
-    else:
-        run(attention_fwd_varlen, args, grid, consts)
+    grid, consts = attention_fwd_varlen_launch(_inputs(qv, kv, cu_q, cu_k), target_of(q),
+                                               max_seqlen_q=max_q, CAUSAL=int(causal))
+    run(attention_fwd_varlen, {"q": qv, "k": kv, "v": vv, "o": ov, "lse": lse,
+                               "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale},
+        grid, consts, ("o", "lse"))
     return o, lse
-
-
-def _emulated(kernel, args, grid, consts, outputs):
-    """Emulate `kernel` on numpy copies of `args` and copy the named results back into the
-    torch `outputs` (views of the op's results)."""
-    from .. import emulate
-    npy = {k: (to_numpy(v) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
-    got = emulate(kernel, grid=grid, target=EMULATE_TARGET, **npy, **consts)
-    for name, t in outputs.items():
-        t.copy_(from_numpy(np.ascontiguousarray(got[name]), t.dtype))
 
 
 @_fwd.register_fake
@@ -98,29 +81,17 @@ def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if q.numel() == 0 or k.numel() == 0 or max_q == 0 or max_k == 0:
         return dq, dk, dv
-    views = _heads_first(q, k, v, do.contiguous(), o, dq, dk, dv)
-    cpu = q.device.type == "cpu"
-    if cpu:
-        npv = [to_numpy(t) for t in views]
-    qv, kv, vv, dov, ov, dqv, dkv, dvv = npv if cpu else views
+    qv, kv, vv, dov, ov, dqv, dkv, dvv = _heads_first(q, k, v, do.contiguous(), o, dq, dk, dv)
     (pgrid, pconsts), (grid, consts), (qgrid, qconsts) = attention_bwd_varlen_launch(
-        _inputs(qv, kv, cu_q, cu_k, False), target_of(q), max_seqlen_q=max_q,
+        _inputs(qv, kv, cu_q, cu_k), target_of(q), max_seqlen_q=max_q,
         max_seqlen_k=max_k, CAUSAL=int(causal))
     delta = lse.new_empty((1,) + tuple(lse.shape))
-    prep = {"o": ov[None], "do": dov[None], "delta": delta}
-    main = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0], "dk": dkv,
-            "dv": dvv, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale}
-    dq_args = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0],
-               "dq": dqv, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale}
-    if cpu:
-        _emulated(attention_bwd_prep, prep, pgrid, pconsts, {"delta": delta})
-        _emulated(attention_bwd_varlen, main, grid, consts,
-                  {"dk": dk.transpose(0, 1), "dv": dv.transpose(0, 1)})
-        _emulated(attention_bwd_dq_varlen, dq_args, qgrid, qconsts, {"dq": dq.transpose(0, 1)})
-    else:
-        run(attention_bwd_prep, prep, pgrid, pconsts)
-        run(attention_bwd_varlen, main, grid, consts)
-        run(attention_bwd_dq_varlen, dq_args, qgrid, qconsts)
+    run(attention_bwd_prep, {"o": ov[None], "do": dov[None], "delta": delta}, pgrid, pconsts,
+        ("delta",))
+    common = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0],
+              "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale}
+    run(attention_bwd_varlen, {**common, "dk": dkv, "dv": dvv}, grid, consts, ("dk", "dv"))
+    run(attention_bwd_dq_varlen, {**common, "dq": dqv}, qgrid, qconsts, ("dq",))
     return dq, dk, dv
 
 
