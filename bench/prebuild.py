@@ -46,9 +46,7 @@ def attention_bwd():
 
 def attention_bwd_passes():
     """The pass variants bench/attention_bwd.py times alone (step "passes")."""
-    import os
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import attention_bwd as bench
+    import attention_bwd as bench               # bench/, this script's directory
     for shape in bench.PASS_SHAPES:
         for _, kernel, _, consts in bench.pass_plans(shape):
             yield kernel, consts
@@ -56,8 +54,6 @@ def attention_bwd_passes():
 
 def chiplet_l2():
     """gemm_ws under every tile order bench/chiplet_l2.py measures."""
-    import os
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import chiplet_l2 as bench
     from pykittens.kernels import KERNELS
     for case in bench.cases():
