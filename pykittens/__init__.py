@@ -11,7 +11,7 @@
 from .ir.errors import KernelError, NotSupportedYet
 from .ir.types import (bf16, dtype_of, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e8m0, f16, f32, i8,
                        i32)
-from .lang.kernel import Kernel, const, gl, kernel, target
+from .lang.kernel import Kernel, Peers, const, gl, kernel, peers, target
 from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
 from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, col_sum, convert, copy, div,
                        else_, empty, exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
@@ -22,13 +22,15 @@ from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, 
 from .lang.pipeline import Ring, StagedStore
 from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, tile_walk,
                             waitcnt)
-from .lang.sync import arrive, mbarrier, role, tma_load, tma_store, wait
+from .lang.sync import (arrive, mbarrier, role, signal, tma_load, tma_store, wait,
+                        wait_flag)
 from .lang.values import maximum, minimum, where
 __version__ = "0.1.0"
 
 # pk.emulate and pk.launch load the emulator and the runtime on first use, so that
 # `import pykittens` (what every kernel module does) loads the language alone.
-_DEFERRED = {"emulate": ".emulator.launch", "launch": ".runtime.launch"}
+_DEFERRED = {"emulate": ".emulator.launch", "emulate_world": ".emulator.launch",
+             "launch": ".runtime.launch"}
 
 
 def __getattr__(name):

@@ -432,22 +432,39 @@ class AMDGPURenderer(Renderer):
 
     # -- global memory through buffer resources ---------------------------------------------
     def resource(self, gl) -> str:
-        """One buffer resource per tensor, built in the entry block (uniform: SGPRs)."""
-        if gl in self.rsrc:
-            return self.rsrc[gl]
-        saved, self.lines = self.lines, self.entry_lines
+        """One buffer resource per tensor, built in the entry block (uniform: SGPRs). A peer
+        view's is built where the view picks its pointer (r_peer), the rank being known only
+        there; where the view's pointer is another value (a phi after a loop or a branch),
+        at the use, uncached (LLVM merges the copies)."""
+        if gl in self.views:
+            ptr = self.base_pointer(gl)
+            return self.rsrc.get((gl, ptr)) or self._make_resource(gl, ptr)
+        if gl not in self.rsrc:
+            saved, self.lines = self.lines, self.entry_lines
+            self.rsrc[gl] = self._make_resource(gl, f"%{gl.name}")
+            self.lines = saved
+        return self.rsrc[gl]
+
+    def _make_resource(self, gl, ptr: str) -> str:
+        """A raw buffer resource over the tensor at `ptr`: size0 * stride0 elements, so
+        out-of-range accesses read zero and drop stores."""
         esz = gl.type.dtype.bytes
         n0 = self.op(f"zext i32 %{gl.name}.size0 to i64", "i64", 0)
         if gl.type.rank > 1:
             s0 = self.op(f"zext i32 %{gl.name}.stride0 to i64", "i64", 0)
             n0 = self.op(f"mul i64 {n0.text}, {s0.text}", "i64", 0)
         nbytes = self.op(f"mul i64 {n0.text}, {esz}", "i64", 0)
-        r = self.call("ptr addrspace(8)", "llvm.amdgcn.make.buffer.rsrc.p8.p1",
-                      [f"ptr addrspace(1) %{gl.name}", "i16 0", str(nbytes),
-                       f"i32 {cdna.BUFFER_RSRC_WORD3}"])
-        self.rsrc[gl] = r
-        self.lines = saved
-        return r
+        return self.call("ptr addrspace(8)", "llvm.amdgcn.make.buffer.rsrc.p8.p1",
+                         [f"ptr addrspace(1) {ptr}", "i16 0", str(nbytes),
+                          f"i32 {cdna.BUFFER_RSRC_WORD3}"])
+
+    def r_peer(self, op):
+        super().r_peer(op)
+        ptr = self.base_pointer(op.dst)
+        self.rsrc[(op.dst, ptr)] = self._make_resource(op.dst, ptr)
+
+    def spin_pause(self):
+        self.call("void", "llvm.amdgcn.s.sleep", [f"i32 {cdna.FLAG_POLL_SLEEP}"])
 
     def _buf_ty(self, ety, k):
         suffix = {"float": "f32", "bfloat": "bf16", "half": "f16", "i32": "i32", "i8": "i8"}[ety]

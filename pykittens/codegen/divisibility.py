@@ -67,6 +67,8 @@ def analyze(prog, stride_divisor: int = 1) -> dict:
             return tuple(gcd(x, y) for x, y in zip(a, b))
         if k == "slots" and not op.dst.type.dtype.is_float:
             return tuple(_bc(s[0], max(op.attrs["index"]) + 1)[i] for i in op.attrs["index"])
+        if k == "peer":                      # a tensor view: no number to track
+            return None
         if k == "for":
             return (gcd(s[0][0], abs(op.attrs["step"])),)
         if op.dst is not None and not op.dst.type.dtype.is_float:

@@ -22,6 +22,7 @@ from ..ir.abi import kernel_args
 _LLTY = {"f32": "float", "bf16": "bfloat", "f16": "half", "i32": "i32", "i8": "i8",
          "i1": "i1", "e4m3": "i8", "e5m2": "i8", "e4m3fnuz": "i8", "e5m2fnuz": "i8",
          "e8m0": "i8"}
+GLOBAL_PTR = "ptr addrspace(1)"        # a tensor's base pointer, in both dialects
 
 
 def llty(d: T.DType) -> str:
@@ -74,6 +75,8 @@ class Renderer:
         self.cur: dict = {}
         self.counter = 0
         self.block = "entry"
+        # peer views: registers holding the pointer of the rank's tensor they picked
+        self.views = {op.dst for op in walk(prog.body) if op.kind == "peer"}
 
     # -- text helpers ---------------------------------------------------------------------
     def fresh(self, stem="t") -> str:
@@ -171,11 +174,13 @@ class Renderer:
 
     def shape_of(self, reg) -> int:
         t = reg.type
-        return 0 if t.uniform else t.nslots
+        return 0 if isinstance(t, T.GlobalType) or t.uniform else t.nslots
 
     def read(self, reg) -> Value:
         v = self.cur.get(reg)
         if v is None:
+            if reg in self.views:     # not picked on this path yet: rank 0's, as a bad rank
+                return Value(f"%{reg.name}", GLOBAL_PTR, 0)
             n = self.shape_of(reg)
             return Value("poison" if n else "poison", llty(reg.type.dtype), n)
         return v
@@ -666,9 +671,31 @@ class Renderer:
             out.append((oi, self._and(ok, self._in_range(ii, size))))
         return out
 
-    def r_sload(self, op):
-        """One element of a tensor, the same in every lane (0 outside the tensor)."""
-        gl, *idx = op.srcs
+    # -- peers and flags: one rank's tensor picked at run time, cross-GPU synchronisation ------
+    def base_pointer(self, gl) -> str:
+        """The base pointer of a tensor: its parameter, or the one a peer view picked (a
+        register like any other, so loops and branches carry it in phis)."""
+        return self.read(gl).text if gl in self.views else f"%{gl.name}"
+
+    def elem_ptr(self, gl, off: Value) -> Value:
+        """Pointer to element `off` of a tensor."""
+        return self.op(f"getelementptr {llty(gl.type.dtype)}, {GLOBAL_PTR} "
+                       f"{self.base_pointer(gl)}, i32 {off.text}", GLOBAL_PTR, 0)
+
+    def r_peer(self, op):
+        """member[rank] by a chain of selects (uniform: scalar selects); a rank outside
+        0..N-1 falls back to member 0."""
+        *members, rank = op.srcs
+        r = self.read(rank)
+        ptr = Value(f"%{members[0].name}", GLOBAL_PTR, 0)
+        for i, m in enumerate(members[1:], 1):
+            hit = self.op(f"icmp eq i32 {r.text}, {i}", "i1", 0)
+            ptr = self.op(f"select i1 {hit.text}, {GLOBAL_PTR} %{m.name}, {GLOBAL_PTR} "
+                          f"{ptr.text}", GLOBAL_PTR, 0)
+        self.write(op.dst, ptr)
+
+    def _element_at(self, gl, idx) -> tuple[Value, Value]:
+        """(offset, inside the tensor) of the element at uniform indices `idx`."""
         rank = gl.type.rank
         off, ok = Value("0", "i32", 0), Value("true", "i1", 0)
         for a, r in enumerate(idx):
@@ -677,6 +704,67 @@ class Renderer:
             term = v if a == rank - 1 else \
                 self.op(f"mul i32 {v.text}, %{gl.name}.stride{a}", "i32", 0)
             off = self.op(f"add i32 {off.text}, {term.text}", "i32", 0)
+        return off, ok
+
+    def r_signal(self, op):
+        """Lane 0 of the wave stores (or adds) the value with release ordering at system
+        scope (LLVM's default syncscope): the backend's memory model adds the fences and
+        cache writebacks each chip needs. An index outside the tensor writes nothing."""
+        gl, *idx, value = op.srcs
+        off, ok = self._element_at(gl, idx)
+        v = self.read(value)
+        self.wave_sync()
+        first = self.op(f"icmp eq i32 {self.lane.text}, 0", "i1", 0)
+        do, done = self.label("signal"), self.label("signal_done")
+        self.ins(f"br i1 {self._and(first, ok).text}, label %{do}, label %{done}")
+        self.start_block(do)
+        p = self.elem_ptr(gl, off)
+        if op.attrs["add"]:
+            self.release_add(p, v)
+        else:
+            self.ins(f"store atomic {v}, {GLOBAL_PTR} {p.text} release, align 4")
+        self.ins(f"br label %{done}")
+        self.start_block(done)
+
+    def r_flag_wait(self, op):
+        """Every lane loads the flag with acquire ordering at system scope until it is >=
+        the value (signed; the dialect may branch on one lane's copy), pausing between
+        tries; an index outside the tensor does not wait. The loop carries no registers."""
+        gl, *idx, value = op.srcs
+        off, ok = self._element_at(gl, idx)
+        v = self.read(value)
+        head, pause, done = (self.label(x) for x in ("flag_spin", "flag_pause", "flag_done"))
+        self.ins(f"br i1 {ok.text}, label %{head}, label %{done}")
+        self.start_block(head)
+        p = self.elem_ptr(gl, off)
+        got = self.op(f"load atomic i32, {GLOBAL_PTR} {p.text} acquire, align 4", "i32", 0)
+        ready = self.op(f"icmp sge i32 {self.uniform(got).text}, {v.text}", "i1", 0)
+        self.ins(f"br i1 {ready.text}, label %{done}, label %{pause}")
+        self.start_block(pause)
+        self.spin_pause()
+        self.ins(f"br label %{head}")
+        self.start_block(done)
+        self.after_flag_wait()
+
+    def release_add(self, p: Value, v: Value):
+        """*p += v atomically, with release ordering at system scope."""
+        self.ins(f"atomicrmw add {GLOBAL_PTR} {p.text}, {v} release, align 4")
+
+    def wave_sync(self):
+        """Order every lane's earlier accesses before lane 0's (none where a wave is one
+        instruction stream)."""
+
+    def spin_pause(self):
+        """A short sleep between two polls of a flag."""
+
+    def after_flag_wait(self):
+        """What the wave needs after a flag wait besides the acquire (Hopper: the async
+        proxy)."""
+
+    def r_sload(self, op):
+        """One element of a tensor, the same in every lane (0 outside the tensor)."""
+        gl, *idx = op.srcs
+        off, ok = self._element_at(gl, idx)
         self.write(op.dst, self.uniform(self.load_elem(gl, off, ok, gl.type.dtype)))
 
     def uniform(self, v: Value) -> Value:

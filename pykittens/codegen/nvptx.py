@@ -76,12 +76,8 @@ class NVPTXRenderer(Renderer):
     def vote_any(self, c: Value) -> Value:
         return Value(self.call("i1", "llvm.nvvm.vote.any.sync", ["i32 -1", str(c)]), "i1", 0)
 
-    def _ptr(self, gl, off: Value) -> Value:
-        return self.op(f"getelementptr {llty(gl.type.dtype)}, ptr addrspace(1) %{gl.name}, "
-                       f"i32 {off.text}", "ptr addrspace(1)", 0)
-
     def load_run(self, gl, off, k, d, vector_align=True):
-        p = self._ptr(gl, off)
+        p = self.elem_ptr(gl, off)
         ety = llty(d)
         ty = ety if k == 1 else f"<{k} x {ety}>"
         a = min(self.align, k * d.bytes) if k > 1 and vector_align else d.bytes
@@ -97,7 +93,7 @@ class NVPTXRenderer(Renderer):
         return self.op(f"select i1 {mask.text}, {v}, {llty(d)} {zero}", llty(d), 0)
 
     def store_run(self, gl, off, vec, d, vector_align=True):
-        p = self._ptr(gl, off)
+        p = self.elem_ptr(gl, off)
         a = min(self.align, vec.n * d.bytes) if vector_align and vec.n > 1 else d.bytes
         self.ins(f"store {vec}, ptr addrspace(1) {p.text}, align {a}")
 
@@ -113,11 +109,32 @@ class NVPTXRenderer(Renderer):
         do, skip = self.label("atom_one"), self.label("atom_next")
         self.ins(f"br i1 {mask.text}, label %{do}, label %{skip}")
         self.start_block(do)
-        p = self._ptr(gl, off)
+        p = self.elem_ptr(gl, off)
         self.ins(f'atomicrmw fadd ptr addrspace(1) {p.text}, {val} syncscope("device") '
                  f'monotonic, align 4')
         self.ins(f"br label %{skip}")
         self.start_block(skip)
+
+    # -- flags across GPUs -----------------------------------------------------------------------
+    def wave_sync(self):
+        """bar.warp.sync orders the memory accesses of the warp's lanes (PTX ISA,
+        "bar.warp.sync"): their earlier writes come before lane 0's release."""
+        self.call("void", "llvm.nvvm.bar.warp.sync", ["i32 -1"])
+
+    def release_add(self, p, v):
+        """One red.release.sys: LLVM's NVPTX backend (22) drops both the ordering and the
+        scope of an atomicrmw (it prints a relaxed, GPU-scoped atom.global.add)."""
+        self.ins(f'call void asm sideeffect "red.release.sys.global.add.u32 [$0], $1;", '
+                 f'"l,r,~{{memory}}"(ptr addrspace(1) {p.text}, {v})')
+
+    def spin_pause(self):
+        from ..targets.sm90a import FLAG_POLL_SLEEP_NS
+        self.call("void", "llvm.nvvm.nanosleep", [f"i32 {FLAG_POLL_SLEEP_NS}"])
+
+    def after_flag_wait(self):
+        """The acquire covers the generic proxy; TMA copies this thread issues next read
+        through the async proxy, which must be fenced to see what the signal published."""
+        self.ins('call void asm sideeffect "fence.proxy.async.global;", "~{memory}"()')
 
     def r_mma(self, op):
         """One warp-level mma.sync (inline PTX: LLVM's NVVM intrinsics do not cover every

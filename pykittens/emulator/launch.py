@@ -5,7 +5,7 @@ import numpy as np
 
 from ..lower import lower
 from ..runtime.args import bind_args, check_grid, check_kernel, check_program_args
-from .machine import run_program
+from .machine import World, run_program
 
 
 def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kwargs) -> dict:
@@ -33,3 +33,54 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
     if any(isinstance(v, np.ndarray) and v.size == 0 for v in arrays.values()):
         return {p.name: np.array(arrays[p.name]) for p in prog.params if p.kind == "gl"}
     return run_program(prog, arrays, grid)
+
+
+def emulate_world(launches, *, target: str = "gfx950", resident: int | None = None) -> list:
+    """Run several launches at the same time in the emulator, sharing memory: the ranks of
+    a group (each rank's launch gets pk.Peers of arrays that every rank shares), or kernels
+    on two streams of one GPU. `launches` holds (kernel, args, kwargs) triples, kwargs
+    including `grid` and the compile-time constants, as pk.emulate takes them.
+
+    Each launch starts its workgroups in order, at most `resident` at once (default: the
+    target's compute units), and live workgroups of every launch take turns whenever one
+    waits for a flag; a state where every live workgroup waits for a flag nothing will
+    raise is reported as a deadlock, and accesses to one tensor by workgroups (of any
+    launch) that no flag orders are reported as races. Returns one dict per launch, like
+    pk.emulate's: every tensor after the run by parameter name, a pk.peers parameter as
+    the list of its ranks' arrays."""
+    from ..targets import get as get_target
+    runs, shapes = [], []
+    for i, item in enumerate(launches):
+        try:
+            kernel, args, kwargs = item
+        except (TypeError, ValueError):
+            raise TypeError(f"launch {i} of pk.emulate_world must be a (kernel, args, kwargs) "
+                            f"triple, got {item!r}") from None
+        check_kernel(kernel, "pk.emulate_world")
+        kwargs = dict(kwargs)
+        if "grid" not in kwargs:
+            raise TypeError(f"launch {i} ({kernel.name}) of pk.emulate_world needs grid= in "
+                            "its kwargs")
+        grid = check_grid(kwargs.pop("grid"), kernel)
+        bound, consts = bind_args(kernel, tuple(args), kwargs, what="pk.emulate_world")
+        prog = lower(kernel.specialize_for(target, **consts), target)
+        check_program_args(prog, bound, kernel)
+        arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
+        rank = next((v.rank for v in list(args) + list(kwargs.values())
+                     if type(v).__name__ == "Peers"), None)
+        label = f"{kernel.name}" + (f" (rank {rank})" if rank is not None else "") + \
+            f" [launch {i}]"
+        runs.append((prog, arrays, grid, label))
+        shapes.append(kernel)
+    res = resident if resident is not None else get_target(target).num_cus
+    if not isinstance(res, int) or res < 1:
+        raise TypeError(f"resident= must be a positive int (workgroups of one launch running "
+                        f"at once), not {res!r}")
+    outs = World(runs, res).run()
+    for kernel, out in zip(shapes, outs):
+        for p in kernel.params:
+            if p.kind == "peers":
+                members = sorted((n for n in out if n.startswith(p.name + ".p")),
+                                 key=lambda n: int(n[len(p.name) + 2:]))
+                out[p.name] = [out[n] for n in members]
+    return outs

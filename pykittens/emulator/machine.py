@@ -15,6 +15,7 @@ import numpy as np
 
 from ..ir import types as T
 from ..ir.errors import KernelError
+from ..ir.nodes import walk
 from ..lower.lane import LaneProgram
 from . import values as V
 
@@ -44,6 +45,11 @@ class BarrierMismatch(EmulatorError):
     """Some waves wait at a barrier that the others never reach: a deadlock."""
 
 
+class Deadlock(EmulatorError):
+    """Every workgroup still running (on every rank) waits for a flag that nothing left
+    to run will raise."""
+
+
 class _GlobalBuf:
     """A global tensor (C order copy). `track`: the kernel writes it, so every access
     records who made it (unit = workgroup index * waves + wave) and when (the workgroup's
@@ -60,6 +66,7 @@ class _GlobalBuf:
             acc *= d
         self.strides = tuple(reversed(st))
         self.track = track
+        self.released: dict = {}     # flag element -> [(value, what that signal published)]
         if track:
             n, i32 = self.flat.size, np.int32        # (times: a workgroup's own clock)
             self.w_unit, self.w_time = np.full(n, -1, i32), np.full(n, -1, i32)
@@ -82,8 +89,10 @@ class _Workgroup:
     past visible to the waves that wait on it. An access by one wave to bytes another wave
     touched at a time the first has not seen is a race."""
 
-    def __init__(self, nbytes, num_waves, index=0):
+    def __init__(self, nbytes, num_waves, index=0, gid=None):
         self.index = index                       # linear workgroup index in the grid
+        self.gid = index if gid is None else gid     # ... among all launches of a world
+        self.waves: list = []
         n = max(nbytes, 1)
         self.lds = np.zeros(n, np.uint8)
         self.written = np.zeros(n, bool)
@@ -100,6 +109,11 @@ class _Workgroup:
 
     def sync_all(self):
         self.vc[:, :] = self.time
+        ext = [w.ext for w in self.waves if w.ext is not None]
+        if ext:                                  # and what each wave learnt from flags
+            merged = np.maximum.reduce(ext)
+            for e in ext:
+                e[:] = merged
 
 
 class _MBarrier:
@@ -109,6 +123,8 @@ class _MBarrier:
         self.count, self.pending, self.phase = count, count, 0
         self.acc = np.full(num_waves, -1, np.int64)
         self.completed: dict = {}            # parity -> vector clock of its last completion
+        self.ext = None                      # arrivals' knowledge of other workgroups
+        self.completed_ext: dict = {}
 
 
 class _Wave:
@@ -119,33 +135,51 @@ class _Wave:
         self.waiting_op = None
         self.prio = 0
         self.wgmma_groups: list = []    # issued, not yet retired: (op, a registers at issue)
+        # what this wave has seen of other workgroups' global accesses, per unit (a wave of
+        # any launch in the world): the time of that unit's workgroup clock; only kept
+        # where flags can order workgroups (World.sync)
+        self.ext = None if m.world is None or not m.world.sync else \
+            np.full(m.world.units, -1, np.int64)
 
 
 class _Machine:
-    def __init__(self, prog: LaneProgram, bufs: dict, scalars: dict, grid):
+    """One launch: a lane program over a grid. In a world of several launches (ranks,
+    streams), `gid_base` numbers its workgroups after the earlier launches' and units
+    (waves) are numbered world-wide with `world.ustride` per workgroup."""
+
+    def __init__(self, prog: LaneProgram, bufs: dict, scalars: dict, grid, world=None,
+                 gid_base: int = 0, label: str = ""):
         self.p, self.bufs, self.scalars, self.grid = prog, bufs, scalars, grid
+        self.world, self.gid_base, self.label = world, gid_base, label
+        self.ustride = world.ustride if world is not None else prog.num_waves
         self.W = prog.wave_size
         self._coord_cache: dict = {}
         self.lds_written = _lds_written_ranges(prog)
 
     # -- global races --------------------------------------------------------------------
     def _unit(self, w: _Wave) -> int:
-        return w.wg.index * self.p.num_waves + w.wave
+        return w.wg.gid * self.ustride + w.wave
 
     def _unordered(self, w: _Wave, units, times):
-        """Which of the accesses (by `units`, at workgroup clock `times`) wave w has not
-        seen: any by another workgroup, or by another wave of its own since the last
-        barrier (or mbarrier wait) that ordered them."""
-        nw = self.p.num_waves
+        """Which of the accesses (by `units`, at their workgroup's clock `times`) wave w
+        has not seen: by another wave of its own workgroup since the last barrier (or
+        mbarrier wait) that ordered them, or by another workgroup (of any launch) unless a
+        flag it waited on published them."""
+        nw = self.ustride
         known = units >= 0
         wg = units // nw
-        other_wg = known & (wg != w.wg.index)
+        other_wg = known & (wg != w.wg.gid)
         other_wave = known & ~other_wg & (units != self._unit(w))
         seen = w.wg.vc[w.wave][np.where(other_wave, units % nw, 0)]
-        return other_wg | (other_wave & (times > seen))
+        mine = other_wave & (times > seen)
+        if w.ext is None:
+            return other_wg | mine
+        return (other_wg & (times > w.ext[np.where(known, units, 0)])) | mine
 
     def _who(self, unit: int) -> str:
-        nw = self.p.num_waves
+        if self.world is not None:
+            return self.world.who(int(unit))
+        nw = self.ustride
         g, wave = divmod(int(unit), nw)
         gx, gy = self.grid[0], self.grid[1]
         return f"workgroup {(g % gx, g // gx % gy, g // (gx * gy))}, wave {wave}"
@@ -155,6 +189,13 @@ class _Machine:
         elem = tuple(int(c) for c in np.unravel_index(int(offs[i]), buf.shape))
         u = int(other_units[i])
         who = self._who(u) if u >= 0 and u != self._unit(w) else "another workgroup"
+        if self.world is not None and self.world.sync:
+            raise self.fail(Race, w, op, f"race on global tensor {buf.label()}: {what} element "
+                            f"{elem}, which {who} {other_did} with no flag ordering the two: "
+                            "the reader (or second writer) must pk.wait_flag on a flag that "
+                            "the first raised with pk.signal after that access (a wave's "
+                            "signal publishes its own accesses and what it saw: a "
+                            "pk.barrier() before it brings in the other waves')")
         raise self.fail(Race, w, op, f"race on global tensor {buf.label()}: {what} element "
                         f"{elem}, which {who} {other_did} in the same launch; workgroups (and "
                         "waves between barriers) run in no fixed order on the GPU, so the "
@@ -172,9 +213,9 @@ class _Machine:
             bad = self._unordered(w, u, times[offs])
             if np.any(bad):
                 self._global_race(w, op, buf, offs, bad, u, "reads", did)
-        me, wg = self._unit(w), w.wg.index
+        me, wg = self._unit(w), w.wg.gid
         prev = buf.r_unit[offs]
-        buf.r_many[offs] |= (prev >= 0) & (prev // self.p.num_waves != wg)
+        buf.r_many[offs] |= (prev >= 0) & (prev // self.ustride != wg)
         buf.r_unit[offs] = me
         buf.r_time[offs] = w.wg.tick()
 
@@ -260,7 +301,9 @@ class _Machine:
                     yield from self.run_block(w, op.regions[0])
                 elif len(op.regions) > 1:
                     yield from self.run_block(w, op.regions[1])
-            elif k in ("barrier", "mbar_wait", "wgmma"):
+            elif k in ("barrier", "mbar_wait", "wgmma", "flag_wait"):
+                if k == "flag_wait":
+                    self._flag(w, op)                # an index out of range fails here
                 if k == "mbar_wait":
                     try:
                         self._mbar(w, op)
@@ -303,11 +346,76 @@ class _Machine:
     def x_arg(self, w, op):
         self.put(w, op.dst, np.asarray(self.scalars[op.attrs["name"]]))
 
+    def buf(self, w, gl) -> _GlobalBuf:
+        """The tensor an op names: a parameter, or the rank a `peer` op picked."""
+        b = w.regs.get(gl)
+        return b if b is not None else self.bufs[gl.name]
+
     def x_dim(self, w, op):
-        self.put(w, op.dst, np.int32(self.bufs[op.srcs[0].name].shape[op.attrs["axis"]]))
+        self.put(w, op.dst, np.int32(self.buf(w, op.srcs[0]).shape[op.attrs["axis"]]))
 
     def x_stride(self, w, op):
-        self.put(w, op.dst, np.int32(self.bufs[op.srcs[0].name].strides[op.attrs["axis"]]))
+        self.put(w, op.dst, np.int32(self.buf(w, op.srcs[0]).strides[op.attrs["axis"]]))
+
+    # -- peers and flags --------------------------------------------------------------------
+    def x_peer(self, w, op):
+        *members, rank = op.srcs
+        r = int(self.read(w, op, rank))
+        if not 0 <= r < len(members):
+            raise self.fail(OutOfBounds, w, op, f"peer({r}) of a group of {len(members)} "
+                            f"ranks (0..{len(members) - 1})")
+        w.regs[op.dst] = self.bufs[members[r].name]
+
+    def _flag(self, w, op):
+        """(buffer, element offset) of a signal / flag_wait; out of range is an error."""
+        buf = self.buf(w, op.srcs[0])
+        idx = [int(self.read(w, op, s)) for s in op.srcs[1:-1]]
+        if not all(0 <= i < n for i, n in zip(idx, buf.shape)):
+            raise self.fail(OutOfBounds, w, op, f"flag index {tuple(idx)} outside "
+                            f"{buf.label()} of shape {buf.shape}")
+        return buf, sum(i * st for i, st in zip(idx, buf.strides))
+
+    def knowledge(self, w) -> np.ndarray:
+        """What wave w has seen, per unit of the world: other workgroups' accesses it
+        learnt of through flags, its own workgroup's waves up to its vector clock, and
+        itself up to now (what a release publishes)."""
+        k = w.ext.copy()
+        base = w.wg.gid * self.ustride
+        mine = k[base:base + self.p.num_waves]
+        np.maximum(mine, w.wg.vc[w.wave], out=mine)
+        k[base + w.wave] = w.wg.tick()
+        return k
+
+    def x_signal(self, w, op):
+        buf, off = self._flag(w, op)
+        value = np.int32(self.read(w, op, op.srcs[-1]))
+        buf.flat[off] = buf.flat[off] + value if op.attrs["add"] else value
+        if w.ext is not None:
+            k = self.knowledge(w)
+            history = buf.released.setdefault(off, [])
+            # an atomic add continues the release sequence: an acquire of its result sees
+            # every earlier signal's writes too; a plain store starts a new one
+            if op.attrs["add"] and history:
+                k = np.maximum(k, history[-1][1])
+            history.append((int(buf.flat[off]), k))
+
+    def _flag_ready(self, w, op) -> bool:
+        buf, off = self._flag(w, op)
+        return int(buf.flat[off]) >= int(self.read(w, op, op.srcs[-1]))
+
+    def _acquire(self, w, op):
+        """The waiting wave sees what the signal that first made the flag reach its value
+        published (the earliest moment the wait could have ended, so a wait for too small
+        a value shows up as a race, whatever order the emulator ran things in)."""
+        buf, off = self._flag(w, op)
+        want = int(self.read(w, op, op.srcs[-1]))
+        k = next((k for v, k in buf.released.get(off, ()) if v >= want), None)
+        if k is None or w.ext is None:
+            return
+        np.maximum(w.ext, k, out=w.ext)
+        base = w.wg.gid * self.ustride
+        vc = w.wg.vc[w.wave]
+        np.maximum(vc, k[base:base + self.p.num_waves], out=vc)
 
     def x_coord(self, w, op):
         w.regs[op.dst] = self.coords(w, op)
@@ -474,8 +582,7 @@ class _Machine:
 
     def _tensor_window(self, w, op, nvals):
         """Element offsets and in-bounds mask of a gload/gstore window."""
-        gl = op.srcs[0]
-        buf = self.bufs[gl.name]
+        buf = self.buf(w, op.srcs[0])
         dims = op.attrs["dims"]
         rank = len(buf.shape)
         nlead = rank - len(dims)
@@ -495,7 +602,7 @@ class _Machine:
         return buf, off, mask
 
     def x_sload(self, w, op):
-        buf = self.bufs[op.srcs[0].name]
+        buf = self.buf(w, op.srcs[0])
         idx = [int(self.get(w, s)) for s in op.srcs[1:]]
         inside = all(0 <= i < n for i, n in zip(idx, buf.shape))
         off = sum(i * st for i, st in zip(idx, buf.strides))
@@ -672,16 +779,21 @@ class _Machine:
 
     # -- grid ---------------------------------------------------------------------------
     def run_workgroup(self, pid):
-        """Waves run one at a time until they block (at a barrier, an mbarrier wait, or a
-        warpgroup-wide wgmma); a workgroup barrier opens when every live wave stands at one,
-        a wgmma when all four waves of its warpgroup stand at the same one; no runnable wave
-        and nothing to open is a deadlock, reported with what each wave waits for."""
+        """Waves run one at a time until they block (at a barrier, an mbarrier wait, a
+        warpgroup-wide wgmma or a flag wait); a workgroup barrier opens when every live wave
+        stands at one, a wgmma when all four waves of its warpgroup stand at the same one.
+        A generator: it yields when its waves can only wait for flags (another workgroup,
+        of this launch or another, may raise them; the world decides whether anything
+        can), and returns when every wave is done. No runnable wave, nothing to open and
+        no flag to wait for is a deadlock, reported with what each wave waits for."""
         gx, gy = self.grid[0], self.grid[1]
-        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves,
-                        pid[0] + gx * (pid[1] + gy * pid[2]))
+        index = pid[0] + gx * (pid[1] + gy * pid[2])
+        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves, index, self.gid_base + index)
         waves = [_Wave(self, wg, pid, i) for i in range(self.p.num_waves)]
+        wg.waves = waves
         gens = {w: self.run_block(w, self.p.body) for w in waves}
         state = {w: None for w in waves}        # None: runnable; op: blocked; "done"
+        moved = False                           # since the world last resumed it
         while True:
             progressed = False
             for w in waves:
@@ -712,6 +824,7 @@ class _Machine:
                         state[w] = None
                     progressed = True
             if progressed:
+                moved = True
                 continue
             at_bar = [w for w in live if state[w].kind == "barrier"]
             if at_bar and len(at_bar) == len(live):
@@ -721,20 +834,34 @@ class _Machine:
                 for w in at_bar:
                     w.barriers += 1
                     state[w] = None
+                moved = True
+                continue
+            if any(state[w].kind == "flag_wait" for w in live):
+                yield moved, waves, state            # up to the other workgroups now
+                moved = False
                 continue
             self._deadlock(waves, state)
 
     def _wait_done(self, w, op) -> bool:
+        if op.kind == "flag_wait":
+            return self._flag_ready(w, op)
         # PTX try_wait.parity(P): true once the barrier's current phase has parity != P,
         # i.e. the phase with parity P completed.
         bar = w.wg.mbarriers[self.at(w, op.attrs["region"]).name]
         return bar.phase % 2 != int(self.get(w, op.srcs[0])) % 2
 
     def _finish_wait(self, w, op):
+        if op.kind == "flag_wait":
+            self._acquire(w, op)
+            return
         bar = w.wg.mbarriers[self.at(w, op.attrs["region"]).name]
-        done = bar.completed.get(int(self.get(w, op.srcs[0])) % 2)
+        parity = int(self.get(w, op.srcs[0])) % 2
+        done = bar.completed.get(parity)
         if done is not None:
             np.maximum(w.wg.vc[w.wave], done, out=w.wg.vc[w.wave])
+        ext = bar.completed_ext.get(parity)
+        if ext is not None and w.ext is not None:
+            np.maximum(w.ext, ext, out=w.ext)
 
     def _deadlock(self, waves, state):
         def blocked_at(kind):
@@ -779,9 +906,12 @@ class _Machine:
         mine = wg.vc[w.wave].copy()
         mine[w.wave] = wg.tick()
         np.maximum(bar.acc, mine, out=bar.acc)
+        if w.ext is not None:
+            bar.ext = w.ext.copy() if bar.ext is None else np.maximum(bar.ext, w.ext)
         bar.pending -= 1
         if bar.pending == 0:                     # phase complete: publish, next phase
             bar.completed[bar.phase % 2] = bar.acc.copy()
+            bar.completed_ext[bar.phase % 2], bar.ext = bar.ext, None
             bar.acc[:] = -1
             bar.phase += 1
             bar.pending = bar.count
@@ -882,34 +1012,129 @@ def _view_key(a):
     return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
 
 
+def _pids(grid):
+    """Workgroup ids in launch order (x fastest)."""
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x in range(grid[0]):
+                yield x, y, z
+
+
+class World:
+    """Launches that run at the same time and share memory: the ranks of a group (each
+    with its own launch), or kernels on several streams. Each launch's workgroups start in
+    launch order, at most `resident` of a launch at once (workgroups wait for a free
+    compute unit, as on a GPU); live workgroups of all launches take turns whenever one
+    can only wait for a flag. Arrays shared between launches (by view, as one buffer) are
+    one memory; accesses are ordered across workgroups only through flags (pk.signal /
+    pk.wait_flag), which the race checks follow."""
+
+    def __init__(self, launches, resident: int):
+        """`launches`: (lane program, {param: array or number}, grid, label) each."""
+        from ..runtime.args import written_params
+        self.resident = resident
+        self.ustride = max(p.num_waves for p, *_ in launches)
+        self.sync = any(op.kind in ("signal", "flag_wait") for p, *_ in launches
+                        for op in walk(p.body))
+        views, written = {}, set()
+        for i, (prog, args, grid, label) in enumerate(launches):
+            written |= {(i, n) for n in written_params(prog)}
+            for p in prog.params:
+                if p.name not in args:
+                    raise KernelError(f"missing argument {p.name!r}", None, prog.name)
+                if p.kind == "gl":
+                    a = args[p.name]
+                    views.setdefault(_view_key(np.asarray(a)) or id(a), []).append((i, p))
+        bufs = [dict() for _ in launches]
+        for members in views.values():
+            (i0, p0) = members[0]
+            buf = _GlobalBuf(p0.name, np.asarray(launches[i0][1][p0.name]), p0.type,
+                             track=any((i, p.name) in written for i, p in members))
+            buf.names = list(dict.fromkeys(p.name for _, p in members))
+            for i, p in members:
+                bufs[i][p.name] = buf
+        self.machines, gid = [], 0
+        for (prog, args, grid, label), b in zip(launches, bufs):
+            grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+            scalars = {p.name: np.asarray(args[p.name]).astype(p.type.dtype.np)
+                       for p in prog.params if p.kind != "gl"}
+            self.machines.append(_Machine(prog, b, scalars, grid, self, gid, label))
+            gid += grid[0] * grid[1] * grid[2]
+        self.units = gid * self.ustride
+
+    def who(self, unit: int) -> str:
+        g, wave = divmod(unit, self.ustride)
+        for m in self.machines:
+            gx, gy, gz = m.grid
+            n = gx * gy * gz
+            if m.gid_base <= g < m.gid_base + n:
+                i = g - m.gid_base
+                where = f"workgroup {(i % gx, i // gx % gy, i // (gx * gy))}, wave {wave}"
+                return f"{m.label}: {where}" if m.label else where
+        return f"unit {unit}"
+
+    def run(self) -> list[dict]:
+        pending = [_pids(m.grid) for m in self.machines]
+        live: list = []                     # [machine index, generator, last report]
+        counts = [0] * len(self.machines)
+        while True:
+            started = False
+            for i, m in enumerate(self.machines):
+                while counts[i] < self.resident:
+                    pid = next(pending[i], None)
+                    if pid is None:
+                        break
+                    live.append([i, m.run_workgroup(pid), None])
+                    counts[i] += 1
+                    started = True
+            if not live:
+                break
+            moved = started
+            for entry in list(live):
+                try:
+                    entry[2] = next(entry[1])
+                    moved |= entry[2][0]
+                except StopIteration:
+                    live.remove(entry)
+                    counts[entry[0]] -= 1
+                    moved = True
+            if not moved:
+                self._deadlock(live)
+        out = []
+        for m in self.machines:
+            arrays = {id(b): b.flat.reshape(b.shape) for b in m.bufs.values()}
+            out.append({n: arrays[id(b)] for n, b in m.bufs.items()})
+        return out
+
+    def _deadlock(self, live):
+        lines = []
+        for i, _, (_, waves, state) in live[:6]:
+            m = self.machines[i]
+            for w in waves:
+                op = state[w]
+                if op in (None, "done"):
+                    continue
+                if op.kind == "flag_wait":
+                    buf, off = m._flag(w, op)
+                    idx = tuple(int(c) for c in np.unravel_index(off, buf.shape))
+                    what = (f"waits for {buf.label()}{list(idx)} >= "
+                            f"{int(m.get(w, op.srcs[-1]))} (it holds {int(buf.flat[off])})")
+                else:
+                    what = f"waits at {op.kind}"
+                lines.append(f"{m._who(m._unit(w))} {what} [{op.loc}]")
+                break
+        more = f"; and {len(live) - 6} more workgroups" if len(live) > 6 else ""
+        m = self.machines[live[0][0]]
+        raise Deadlock("deadlock: every running workgroup waits for a flag that no workgroup "
+                       "left to run will raise (a signal missing, a wrong index or value, or "
+                       f"waits in an order that needs more workgroups at once than "
+                       f"{self.resident} per launch):\n  " + "\n  ".join(lines) + more,
+                       None, m.p.name)
+
+
 def run_program(prog: LaneProgram, args: dict, grid) -> dict:
     """Run `prog` over `grid` (tuple of up to 3 ints). `args` maps parameter names to numpy
     arrays (global tensors) or numbers (scalars); the same array under two names is one
     buffer. Returns the global tensors after the run (new arrays; the inputs are not
     modified)."""
-    grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
-    bufs, scalars, views = {}, {}, {}
-    from ..runtime.args import written_params
-    written = written_params(prog)
-    for p in prog.params:
-        if p.name not in args:
-            raise KernelError(f"missing argument {p.name!r}", None, prog.name)
-        a = args[p.name]
-        if p.kind == "gl":
-            views.setdefault(_view_key(np.asarray(a)) or id(a), []).append(p.name)
-        else:
-            scalars[p.name] = np.asarray(a).astype(p.type.dtype.np)
-    for key, names in views.items():
-        a = np.asarray(args[names[0]])
-        p = next(q for q in prog.params if q.name == names[0])
-        buf = _GlobalBuf(names[0], a, p.type, track=any(n in written for n in names))
-        buf.names = names
-        for n in names:
-            bufs[n] = buf
-    m = _Machine(prog, bufs, scalars, grid)
-    for z in range(grid[2]):
-        for y in range(grid[1]):
-            for x in range(grid[0]):
-                m.run_workgroup((x, y, z))
-    out = {id(b): b.flat.reshape(b.shape) for b in bufs.values()}
-    return {n: out[id(b)] for n, b in bufs.items()}
+    return World([(prog, args, grid, "")], prog.target.num_cus).run()[0]

@@ -63,8 +63,9 @@ class Block:
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str          # 'gl', 'scalar'
-    type: Any
+    kind: str          # 'gl', 'scalar'; 'peers' in a kernel's signature only (one tensor
+    type: Any          # per rank: traced as `world` gl parameters and a rank scalar)
+    world: Any = None  # 'peers': the number of ranks (an int, or the pk.const naming it)
 
 
 @dataclass(eq=False)

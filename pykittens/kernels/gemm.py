@@ -99,16 +99,37 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
     of C from registers."""
+    out = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
+
+    def store(g, acc, m0, n0, t):
+        if TMA_STORE:
+            out[g].store(c, acc, (m0 + 64 * g, n0), use=t)
+        else:
+            pk.store(c, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
+
+    ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i), store,
+                DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE)
+
+
+def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
+                before_loads=None):
+    """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
+    that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
+    block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
+    copying block i's operands (e.g. to wait until they have arrived); each consumer
+    warpgroup g hands its finished 64 x BN accumulator to `store(g, acc, m0, n0, t)`, t
+    counting this workgroup's blocks."""
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
     a_t = pk.st((64, bk), DT, swizzle=8)
     ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t], b=pk.st((BN, bk), DT, swizzle=8))
-    out = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
     steps = (a.shape[1] + bk - 1) // bk
-    walk = pk.tile_walk(TM * TN, persistent=PERSISTENT)
+    walk = pk.tile_walk(tiles, persistent=PERSISTENT)
     with pk.role(0, 4, regs=40):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
-                m0, n0 = output_tile(MAP, TM, TN, 128, BN, TARGET, walk.tile(t))
+                m0, n0 = tile_of(walk.tile(t))
+                if before_loads is not None:
+                    before_loads(walk.tile(t), m0)
                 for i in pk.range(steps):
                     s = ring.acquire(t * steps + i)
                     for g in pk.static_range(2):
@@ -116,11 +137,10 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                     pk.tma_load(s.b, b, (n0, i * bk), s.full)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=232):
-            w = pk.wave_id() % 4
             acc = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
             part = pk.empty(acc.type) if PROMOTE else None      # one K step's products
             for t in walk:
-                m0, n0 = output_tile(MAP, TM, TN, 128, BN, TARGET, walk.tile(t))
+                m0, n0 = tile_of(walk.tile(t))
                 pk.fill(acc, 0.0)
                 for i in pk.range(steps):
                     k = t * steps + i
@@ -135,7 +155,4 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                         with pk.if_(k > 0):                  # step k - 1's group retired
                             ring.release(k - 1)
                 pk.mma_wait(acc)
-                if TMA_STORE:
-                    out[g].store(c, acc, (m0 + 64 * g, n0), use=t)
-                else:
-                    pk.store(c, acc, (m0 + 64 * g + w * 16, n0))
+                store(g, acc, m0, n0, t)

@@ -10,7 +10,7 @@ from ..ir.errors import KernelError
 from ..ir.nodes import KernelIR, Loc, Param, first_frame_outside
 from ..targets import get as get_target
 from . import trace
-from .values import GL, Scalar
+from .values import GL, PeerTensors, Scalar
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class GlobalSpec:
     tensor when the const is not passed."""
     dtype: T.DType | str
     shape: tuple
+    world: int | str | None = None       # pk.peers: how many ranks hold one each
 
     def type(self) -> T.GlobalType:
         return T.GlobalType(self.dtype, self.shape)
@@ -43,6 +44,52 @@ class _GL:
 
 
 gl = _GL()
+
+
+class _PeersAnn:
+    """Annotation `pk.peers[dtype, shape, world]`: a symmetric tensor, one per rank of a
+    group of `world` GPUs (an int or the name of a pk.const, inferred from the pk.Peers
+    passed at launch), all of one dtype and shape. In the kernel, `x.peer(r)` is rank r's
+    tensor (a pk.gl view), `x.local` this rank's and `x.rank` this rank's index."""
+
+    def __getitem__(self, item) -> GlobalSpec:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError("write pk.peers[dtype, rank or shape, world], world an int or "
+                            "the name of a pk.const")
+        dtype, shape, world = item
+        spec = gl[dtype, shape]
+        if not isinstance(world, str) and (isinstance(world, bool) or not isinstance(world, int)
+                                           or world < 1):
+            raise TypeError(f"pk.peers world must be a positive int or a pk.const name, not "
+                            f"{world!r}")
+        return GlobalSpec(spec.dtype, spec.shape, world)
+
+
+peers = _PeersAnn()
+
+
+class Peers:
+    """The launch argument of a pk.peers parameter: one tensor per rank of the group, in
+    rank order, and the calling rank. On GPUs they come from symmetric memory (every
+    rank's buffer mapped into this process, e.g. torch.distributed's symmetric memory);
+    in the emulator they are arrays that every rank's launch shares (pk.emulate_world)."""
+
+    def __init__(self, tensors, rank: int):
+        self.tensors = tuple(tensors)
+        if not self.tensors:
+            raise TypeError("pk.Peers needs one tensor per rank, got none")
+        if isinstance(rank, bool) or not isinstance(rank, int) or \
+                not 0 <= rank < len(self.tensors):
+            raise TypeError(f"pk.Peers rank must be an int in 0..{len(self.tensors) - 1} (the "
+                            f"calling rank's index in the group), got {rank!r}")
+        self.rank = rank
+
+    @property
+    def world(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self):
+        return f"pk.Peers(world={self.world}, rank={self.rank})"
 
 
 class _Const:
@@ -90,7 +137,16 @@ class Kernel:
         for p in sig.parameters.values():
             ann = p.annotation
             if isinstance(ann, GlobalSpec):
-                self.params.append(Param(p.name, "gl", ann.type()))
+                if ann.world is None:
+                    self.params.append(Param(p.name, "gl", ann.type()))
+                else:
+                    self.params.append(Param(p.name, "peers", ann.type(), ann.world))
+                    w = ann.world
+                    if isinstance(w, str) and (w not in sig.parameters or
+                                               sig.parameters[w].annotation is not const):
+                        raise KernelError(f"parameter {p.name!r} takes its world size from "
+                                          f"{w!r}, which is not a pk.const parameter",
+                                          self.loc, self.name)
                 if isinstance(ann.dtype, str) and ann.dtype not in sig.parameters:
                     raise KernelError(f"parameter {p.name!r} takes its dtype from "
                                       f"{ann.dtype!r}, which is not a pk.const parameter",
@@ -176,12 +232,18 @@ class Kernel:
         if nw < 1:
             raise KernelError("num_waves must be >= 1", self.loc, self.name)
         tr = trace.Tracer(self.name, nw)
-        values, args = {}, {}
-        params = [self.resolve(p, consts) for p in self.params]
-        for p in params:
-            v = trace.new_value(p.type, p.name)
-            values[p.name] = v
-            args[p.name] = GL(v, p.name) if p.kind == "gl" else Scalar(v)
+        values, args, params = {}, {}, []
+        for p in (self.resolve(p, consts) for p in self.params):
+            members = peer_params(p) if p.kind == "peers" else [p]
+            for m in members:
+                values[m.name] = trace.new_value(m.type, m.name)
+            params += members
+            if p.kind == "peers":
+                args[p.name] = PeerTensors(p.name, [values[m.name] for m in members[:-1]],
+                                           values[members[-1].name])
+            else:
+                args[p.name] = GL(values[p.name], p.name) if p.kind == "gl" \
+                    else Scalar(values[p.name])
         trace.push(tr)
         try:
             self.fn(**args, **consts)
@@ -191,8 +253,9 @@ class Kernel:
                         consts.get(self.target_const) if self.target_const else None)
 
     def resolve(self, p: Param, consts: dict) -> Param:
-        """The parameter with a dtype or dims named by consts replaced by their values."""
-        if p.kind != "gl":
+        """The parameter with a dtype, dims or world size named by consts replaced by
+        their values."""
+        if p.kind not in ("gl", "peers"):
             return p
         dtype, shape = p.type.dtype, p.type.shape
         if isinstance(dtype, str):
@@ -207,7 +270,14 @@ class Kernel:
         if any(isinstance(d, str) for d in shape):
             shape = tuple(_static_dim(self, p.name, d, consts[d]) if isinstance(d, str) else d
                           for d in shape)
-        return Param(p.name, p.kind, T.GlobalType(dtype, shape))
+        world = p.world
+        if isinstance(world, str):
+            world = consts[world]
+            if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+                raise KernelError(f"compile-time constant {p.world}={world!r} (the world size "
+                                  f"of {p.name!r}) must be a positive int", self.loc,
+                                  self.name)
+        return Param(p.name, p.kind, T.GlobalType(dtype, shape), world)
 
     def __call__(self, *a, **k):
         raise KernelError("a pykittens kernel is not called directly: use "
@@ -215,6 +285,14 @@ class Kernel:
 
     def __repr__(self):
         return f"<pykittens kernel {self.name}>"
+
+
+def peer_params(p: Param) -> list[Param]:
+    """What a resolved pk.peers parameter becomes in the kernel's ABI: one gl parameter per
+    rank (`x.p0` ...; sizes and strides repeat, the launch checks they agree) and the
+    calling rank's index, `x.rank`."""
+    return [Param(f"{p.name}.p{i}", "gl", p.type) for i in range(p.world)] + \
+        [Param(f"{p.name}.rank", "scalar", T.ScalarType(T.i32))]
 
 
 def _static_dim(k: Kernel, param: str, name: str, value) -> int:

@@ -111,6 +111,10 @@ def _check_tma(name, gl, st, side):
     bytes and at most 256 elements, and no swizzle or the hardware's 128B one (swizzle=8
     with rows of 128 bytes, or a multiple: one box per 128-byte column block). Returns the
     shared tile's type."""
+    if gl.view:
+        raise error(f"pk.{name} needs a tensor map made at launch for one tensor, not a "
+                    "rank picked at run time (x.local / x.peer(r)): pass the tensor as a "
+                    "pk.gl argument of its own (the same tensor may also be in a pk.Peers)")
     if not 2 <= gl.rank <= 5:
         raise error(f"pk.{name} takes a tensor of rank 2 to 5, not {gl.rank}")
     if gl.dtype != st.dtype:
@@ -123,6 +127,42 @@ def _check_tma(name, gl, st, side):
     if row % 16 or (t.shape[1] > 256 and t.atoms == 1):
         raise error("a TMA box has rows of a multiple of 16 bytes and at most 256 elements")
     return t
+
+
+def _flag(name, flags, index, value):
+    """Operands of a flag op: an i32 tensor, one index per dim, an i32 value."""
+    from .values import GL, PeerTensors
+    if isinstance(flags, PeerTensors):
+        raise error(f"pk.{name}: {flags.name} holds one tensor per rank; pick one with "
+                    f"{flags.name}.local or {flags.name}.peer(r)")
+    if not isinstance(flags, GL):
+        raise error(f"pk.{name} takes a flag tensor (a pk.gl[pk.i32, ...] or one rank's "
+                    "tensor of a pk.peers), not " + type(flags).__name__)
+    if flags.dtype != T.i32:
+        raise error(f"pk.{name}: flags are i32 tensors, {flags.name} holds {flags.dtype}")
+    index = index if isinstance(index, tuple) else (index,)
+    if len(index) != flags.rank:
+        raise error(f"pk.{name} needs {flags.rank} indices into {flags.name} (one per dim), "
+                    f"got {len(index)}")
+    idx = tuple(as_index(i, f"an index of {flags.name}").v for i in index)
+    return (flags.v, *idx, as_index(value, f"a pk.{name} value").v)
+
+
+def signal(flags, index, value, *, add: bool = False) -> None:
+    """Publish to other workgroups and GPUs: flags[index] = value (add=True: += value,
+    atomically), written by one lane of the calling wave with release semantics at system
+    scope, so whoever sees the new value with pk.wait_flag also sees everything this wave
+    wrote before, and what it saw of others (a pk.barrier() first brings in the other
+    waves' writes). `flags` is an i32 tensor, local or a peer's (`f.peer(r)`)."""
+    current().emit("signal", None, _flag("signal", flags, index, value), add=bool(add))
+
+
+def wait_flag(flags, index, value) -> None:
+    """Wait until flags[index] >= value (acquire, system scope): afterwards the calling
+    wave sees everything the signals that raised it published. Flags only grow: count
+    calls (an epoch) rather than resetting them. Every wave that reads the published data
+    waits itself, or is ordered after a wave that did (pk.barrier, an mbarrier)."""
+    current().emit("flag_wait", None, _flag("wait_flag", flags, index, value))
 
 
 @contextlib.contextmanager

@@ -296,8 +296,9 @@ class GL:
     """A global-memory tensor parameter. `shape[i]` is a Python int for static dims and a
     traced scalar for dims known only at launch."""
 
-    def __init__(self, v, name):
+    def __init__(self, v, name, view: bool = False):
         self.v, self.name = v, name
+        self.view = view            # a rank's tensor picked at run time from a pk.peers
 
     @property
     def type(self) -> T.GlobalType:
@@ -333,3 +334,57 @@ class GL:
         out = new_value(T.ScalarType(T.i32), f"{self.name}_d{i}")
         current().emit("dim", out, (self.v,), axis=i)
         return Scalar(out)
+
+
+class PeerTensors:
+    """A pk.peers parameter inside a kernel: one tensor per rank of the group. Pick one with
+    `peer(r)` (a Python int or a traced scalar) or `local`; loads, stores and flags then
+    take it like any pk.gl tensor. Peer memory is reached over the GPUs' links (NVLink,
+    Infinity Fabric); order accesses between ranks with pk.signal / pk.wait_flag."""
+
+    def __init__(self, name, members, rank_v):
+        self.name, self.members, self._rank = name, members, rank_v
+
+    @property
+    def world(self) -> int:
+        return len(self.members)
+
+    @property
+    def rank(self) -> "Scalar":
+        """This rank's index in the group (the pk.Peers' rank at launch)."""
+        return Scalar(self._rank)
+
+    @property
+    def type(self) -> T.GlobalType:
+        return self.members[0].type
+
+    @property
+    def dtype(self):
+        return self.type.dtype
+
+    @property
+    def shape(self):
+        return GL(self.members[0], self.name).shape
+
+    def peer(self, r) -> GL:
+        """Rank r's tensor. A Python int picks it at trace time; a traced scalar at run
+        time (a rank outside 0..world-1 reads as rank 0's tensor in compiled code and is
+        an error in the emulator)."""
+        if isinstance(r, (int, np.integer)) and not isinstance(r, bool):
+            if not 0 <= r < self.world:
+                raise error(f"{self.name}.peer({r}): the group has ranks 0..{self.world - 1}")
+            return GL(self.members[int(r)], f"{self.name}.peer({int(r)})")
+        out = new_value(self.type, self.members[0].name)
+        current().emit("peer", out, (*self.members, as_index(r, "a rank").v))
+        return GL(out, f"{self.name}.peer(...)", view=True)
+
+    @property
+    def local(self) -> GL:
+        """This rank's own tensor."""
+        return self.peer(self.rank)
+
+    def __getattr__(self, item):
+        if item in ("v", "dim"):
+            raise error(f"{self.name} is a pk.peers tensor (one per rank): pick one with "
+                        f"{self.name}.local or {self.name}.peer(r) first")
+        raise AttributeError(item)

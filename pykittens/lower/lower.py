@@ -7,7 +7,7 @@ import numpy as np
 
 from ..ir import types as T
 from ..ir.errors import KernelError, NotSupportedYet
-from ..ir.nodes import Block, KernelIR
+from ..ir.nodes import Block, KernelIR, Value
 from ..ir.verify import verify
 from ..targets import get as get_target
 from . import layouts as L
@@ -694,6 +694,20 @@ class _Lowering:
 
     def op_barrier(self, op):
         self.emit("barrier")
+
+    # -- peers and flags ----------------------------------------------------------------
+    def op_peer(self, op):
+        """One rank's tensor of a pk.peers, picked at run time: a view that loads, stores
+        and flags use as their tensor (sizes and strides are the first rank's, equal)."""
+        *members, rank = (self.val(s) for s in op.srcs)
+        view = Value(op.dst.type, members[0].name)
+        self.env[op.dst] = self.emit("peer", view, (*members, rank))
+
+    def op_signal(self, op):
+        self.emit("signal", None, tuple(self.val(s) for s in op.srcs), add=op.attrs["add"])
+
+    def op_flag_wait(self, op):
+        self.emit("flag_wait", None, tuple(self.val(s) for s in op.srcs))
 
     def op_arrive(self, op):
         self.emit("mbar_arrive", None, (), region=self.env[op.srcs[0]])

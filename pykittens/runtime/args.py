@@ -319,6 +319,9 @@ def bind_args(kernel, args: tuple, kwargs: dict, *, device: str = "cpu",
     for p in kernel.params:
         v = bound[p.name]
         label = f"argument {p.name!r} of {kernel.name}"
+        if p.kind == "peers":
+            out.update(_bind_peers(kernel, p, v, consts, label, device))
+            continue
         if p.kind == "gl" and isinstance(p.type.dtype, str):
             dname = p.type.dtype
             got = element_type(v, label, kernel)
@@ -338,6 +341,57 @@ def bind_args(kernel, args: tuple, kwargs: dict, *, device: str = "cpu",
             out[p.name] = check_scalar(v, label, p.type.dtype, kernel)
     check_overlaps(out, kernel)
     return out, consts
+
+
+def _bind_peers(kernel, p, v, consts, label, device) -> dict:
+    """A pk.Peers argument as the kernel's ABI takes it: each rank's tensor under
+    `name.p<i>` (checked like any tensor, all of one shape and layout) and `name.rank`."""
+    from ..lang.kernel import Peers, peer_params
+    if not isinstance(v, Peers):
+        raise fail(f"{label} is a pk.peers parameter: pass pk.Peers(tensors, rank) (one "
+                   f"tensor per rank, in rank order, and the calling rank), not "
+                   f"{type(v).__name__}", kernel)
+    w = p.world
+    if isinstance(w, str):
+        if consts.get(w, kernel.const_defaults.get(w)) is None:
+            consts[w] = v.world
+        w = consts.get(w, kernel.const_defaults.get(w))
+    if v.world != w:
+        raise fail(f"{label} has {v.world} tensors but the kernel is compiled for a group of "
+                   f"{w} ranks", kernel)
+    first = v.tensors[0]
+    if isinstance(p.type.dtype, str) and consts.get(p.type.dtype) is None:
+        consts[p.type.dtype] = element_type(first, label, kernel)
+    for i, d in enumerate(p.type.shape):
+        if isinstance(d, str) and consts.get(d, kernel.const_defaults.get(d)) is None:
+            element_type(first, label, kernel)
+            if len(first.shape) == len(p.type.shape):
+                consts[d] = int(first.shape[i])
+    rp = kernel.resolve(p, {**kernel.const_defaults, **consts})
+    out = {}
+    members = peer_params(rp)
+    for i, (m, t) in enumerate(zip(members, v.tensors)):
+        check_tensor(t, name=f"{label} (rank {i}'s tensor)", dtype=rp.type.dtype,
+                     rank=rp.type.rank, shape=rp.type.shape, device=device, kernel=kernel)
+        if tuple(t.shape) != tuple(first.shape) or _strides(t) != _strides(first):
+            raise fail(f"{label}: rank {i}'s tensor has shape {tuple(t.shape)} and strides "
+                       f"{_strides(t)}, rank 0's {tuple(first.shape)} and {_strides(first)}; "
+                       "symmetric tensors have one shape and layout on every rank", kernel)
+        out[m.name] = _host_view(t) if device == "cpu" else t
+    out[members[-1].name] = v.rank
+    return out
+
+
+def remote_peers(bound: dict) -> set:
+    """Names, in bound arguments, of other ranks' tensors of pk.Peers arguments (expanded
+    as `x.p<i>` beside `x.rank`): they live on other GPUs, mapped into this one's memory,
+    so they are exempt from the one-device rule."""
+    out = set()
+    for n, v in bound.items():
+        base = n[:-len(".rank")]
+        if n.endswith(".rank") and f"{base}.p0" in bound:
+            out |= {m for m in bound if m.startswith(base + ".p") and m != f"{base}.p{v}"}
+    return out
 
 
 def _host_view(v):
@@ -381,12 +435,15 @@ def check_scalar(v, name: str, d: T.DType, kernel=None):
 
 
 def written_params(prog) -> set:
-    """Names of the global tensors some op of a lowered program writes."""
+    """Names of the global tensors some op of a lowered program writes. A write through a
+    peer view (a rank picked at run time) may reach any rank's tensor: it counts for all."""
     from ..ir.nodes import walk
+    views = {op.dst: [m.name for m in op.srcs[:-1]] for op in walk(prog.body)
+             if op.kind == "peer"}
     out = set()
     for op in walk(prog.body):
-        if op.kind in ("gstore", "gatomic_add"):
-            out.add(op.srcs[0].name)
+        if op.kind in ("gstore", "gatomic_add", "signal"):
+            out.update(views.get(op.srcs[0], (op.srcs[0].name,)))
         elif op.kind == "tma_store":
             out.add(op.attrs["gl"].name)
     return out

@@ -436,6 +436,7 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
     kargs = kernel_args(params, tmaps)
     by_name = {p.name: p for p in params}
     tma = {t.param for t in tmaps}
+    remote = args_check.remote_peers(bound)
     for p in params:
         if p.name not in bound:
             raise args_check.fail(f"missing kernel argument {p.name!r}")
@@ -445,7 +446,9 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
                                       f"{type(bound[p.name]).__name__}")
             args_check.check_tensor(bound[p.name], name=f"argument {p.name!r}",
                                     dtype=p.type.dtype, rank=p.type.rank, shape=p.type.shape,
-                                    device="cuda", device_index=device, align=align,
+                                    device="cuda",
+                                    device_index=None if p.name in remote else device,
+                                    align=align,
                                     tma=p.name in tma)
         else:
             args_check.check_scalar(bound[p.name], f"argument {p.name!r}", p.type.dtype)

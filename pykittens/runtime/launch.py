@@ -24,7 +24,7 @@ import threading
 
 from ..ir.errors import KernelError
 from .args import (_F32_MAX, I32_MAX, bind_args, check_grid, check_kernel, check_program_args,
-                   fail)
+                   fail, remote_peers)
 
 _modules: dict = {}
 _lock = threading.Lock()
@@ -99,11 +99,14 @@ def _checked_launch(kernel, args, kwargs, grid, stream):
     if not tensors:
         raise KernelError("launch needs at least one GPU tensor argument", kernel.loc,
                           kernel.name)
-    devices = sorted({str(t.device) for t in tensors})
+    # other ranks' tensors of a pk.Peers live on their GPUs, mapped into this one's memory
+    remote = remote_peers(bound)
+    devices = sorted({str(v.device) for n, v in bound.items()
+                      if hasattr(v, "data_ptr") and n not in remote})
     if len(devices) > 1:
         raise fail(f"the tensors are on different GPUs ({', '.join(devices)}); put them on "
                    "one", kernel)
-    dev = tensors[0].device
+    dev = next(v.device for n, v in bound.items() if hasattr(v, "data_ptr") and n not in remote)
     if any(t.numel() == 0 for t in tensors):
         return None                                       # nothing to compute
     index = dev.index if dev.index is not None else 0
@@ -137,6 +140,8 @@ def _checked_launch(kernel, args, kwargs, grid, stream):
     if packed is None:                                    # nothing to replay
         return None
     kargs, values, buf = packed
+    if any(p.kind == "peers" for p in kernel.params):
+        return None                   # pk.Peers arguments always take the checked path
     return _Plan(kernel, cuda.dims3(grid, "grid"), bound, prog.params, function=code,
                  block=block, shared=prog.lds_bytes, kargs=kargs, values=values, buf=buf)
 

@@ -52,6 +52,9 @@ def ds_swizzle_xor(mask: int) -> int:
 
 # A byte offset no tensor reaches: buffer accesses there read 0 and drop stores.
 BUFFER_OOB_OFFSET = 0x80000000
+# s_sleep between two polls of a pk.wait_flag: the argument sleeps about 64 * n clocks
+# (CDNA3 ISA, S_SLEEP); a pykittens choice, short against a cross-GPU round trip
+FLAG_POLL_SLEEP = 1
 
 
 def _mfma_ab(mn: int, k: int, name_dim: int, krun: int | None = None) -> tuple:

@@ -23,6 +23,9 @@ REGISTERS_PER_SM = 65536          # 32-bit registers per SM (H100 white paper)
 # of parameters sits at parameter offset 48 (read back with cuFuncGetParamInfo on an H200).
 PARAM_BANK_BASE = 0x210
 WGMMA_SWIZZLE_128B = 1            # matrix-descriptor layout type (PTX ISA 8.x, bits 62-63)
+# nanosleep between two polls of a pk.wait_flag (PTX ISA, "nanosleep": a hint, the sleep is
+# in [0, 2 * t] ns): a pykittens choice, short against a cross-GPU round trip (microseconds)
+FLAG_POLL_SLEEP_NS = 64
 
 # Lane bits 0-1 are threadID_in_group, bits 2-4 groupID (rows of A and C, columns of B).
 _TG = lambda stride: [(1, stride), (1, 2 * stride)]            # noqa: E731  (cols)

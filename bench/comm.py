@@ -1,0 +1,220 @@
+"""Tensor-parallel linear layers across the GPUs of one host (two H200s): pykittens'
+fused all-gather + GEMM and GEMM + reduce-scatter against torch's sequential baseline
+(NCCL collective, then cuBLAS) and torch's fused symmetric-memory ops, in one run.
+
+    PYTHONPATH=. python3 bench/comm.py            # every GPU of the host, one process each
+    PYTHONPATH=. python3 bench/comm.py correctness
+
+Shapes: Llama-3-70B (hidden 8192, MLP 28672, 64 query / 8 KV heads of 128) split over the
+ranks (TP = number of GPUs), M = 4096, 8192, 16384 tokens: the MLP's gate+up projection
+and the attention QKV projection as all-gather + GEMM (sequence-parallel input), the MLP's
+down and the attention output projection as GEMM + reduce-scatter. Each time is the
+slowest rank's mean over CUDA-event-timed iterations. Details go to $OUT/comm.json when
+OUT is set; a table is printed last; exit status 1 when a result disagrees with torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# NVLink multicast stays off on shared hosts (see the machine's notes)
+for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+             ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(k, v)
+
+HIDDEN, MLP, HEADS, KV, HD = 8192, 28672, 64, 8, 128
+TOKENS = (4096, 8192, 16384)
+
+
+def cases(world):
+    """(name, kind, rows of x on this rank, K, N of this rank's weight) per shape."""
+    out = []
+    for m in TOKENS:
+        out += [(f"mlp.gate_up M={m}", "ag", m // world, HIDDEN, 2 * MLP // world),
+                (f"attn.qkv M={m}", "ag", m // world, HIDDEN, (HEADS + 2 * KV) * HD // world),
+                (f"mlp.down M={m}", "rs", m, MLP // world, HIDDEN),
+                (f"attn.o M={m}", "rs", m, HEADS * HD // world, HIDDEN)]
+    return out
+
+
+def _time(fn, iters=10, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    t = torch.tensor([a.elapsed_time(b) / iters], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def _torch_fused(kind, x, w, group):
+    """torch's fused symmetric-memory op for the case, or None where this torch lacks it."""
+    try:
+        import torch.distributed._symmetric_memory as symm
+        name = group.group_name
+        if hasattr(symm, "enable_symm_mem_for_group"):
+            symm.enable_symm_mem_for_group(name)
+        if kind == "ag":
+            op = torch.ops.symm_mem.fused_all_gather_matmul
+            return lambda: op(x, [w.t()], 0, name)[1][0]
+        op = torch.ops.symm_mem.fused_matmul_reduce_scatter
+        return lambda: op(x, w.t(), "sum", 0, name)
+    except Exception as e:                              # noqa: BLE001 (reported, not fatal)
+        return repr(e)[:120]
+
+
+def _worker(rank, world, port, steps, out_path):
+    import pykittens.ops.comm as pkc
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, device_id=torch.device("cuda", rank))
+    group = dist.group.WORLD
+    rows, ok = [], True
+    gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).bfloat16()
+
+    if "correctness" in steps:
+        # small and ragged-free shapes, three calls in a row (the flags' epochs), and the
+        # gradients of both ops against torch's collectives
+        for kind, ms, k, n in (("ag", 256, 512, 512), ("ag", 1024, 4096, 1024),
+                               ("rs", 512, 768, 256), ("rs", 2048, 1024, 2048)):
+            x, w = rand(ms, k), rand(n, k, scale=k ** -0.5)
+            f = pkc.all_gather_linear if kind == "ag" else pkc.linear_reduce_scatter
+            want = f(x, w, group, fused=False)
+            errs = [_rel(f(x, w, group, fused=True), want) for _ in range(3)]
+            good = max(errs) < 2e-2
+            ok &= good
+            rows.append({"step": "correctness", "case": f"{kind} {ms}x{k}x{n}",
+                         "rel_err": max(errs), "ok": good})
+        for kind in ("ag", "rs"):
+            ms, k, n = (256, 512, 512) if kind == "ag" else (512, 512, 256)
+            x, w = rand(ms, k).requires_grad_(), rand(n, k, scale=k ** -0.5).requires_grad_()
+            f = pkc.all_gather_linear if kind == "ag" else pkc.linear_reduce_scatter
+            g = rand(*f(x, w, group, fused=False).shape)
+            grads = []
+            for fused in (True, False):
+                dx, dw = torch.autograd.grad(f(x, w, group, fused=fused), (x, w), g)
+                grads.append((dx, dw))
+            err = max(_rel(a, b) for a, b in zip(*grads))
+            good = err < 2e-2
+            ok &= good
+            rows.append({"step": "correctness", "case": f"{kind} gradients", "rel_err": err,
+                         "ok": good})
+
+    if "performance" in steps:
+        for name, kind, ms, k, n in cases(world):
+            x, w = rand(ms, k), rand(n, k, scale=k ** -0.5)
+            if kind == "ag":
+                full = torch.empty(world * ms, k, device="cuda", dtype=x.dtype)
+
+                def seq():
+                    dist.all_gather_into_tensor(full, x, group=group)
+                    return torch.nn.functional.linear(full, w)
+
+                def pk_fused():
+                    return pkc.all_gather_linear(x, w, group, fused=True)
+
+                def coll():
+                    dist.all_gather_into_tensor(full, x, group=group)
+
+                gemm = (lambda: torch.nn.functional.linear(full, w))
+                flops = 2 * world * ms * k * n
+            else:
+                part = torch.empty(ms // world, n, device="cuda", dtype=x.dtype)
+                y = torch.nn.functional.linear(x, w)
+
+                def seq():
+                    dist.reduce_scatter_tensor(part, torch.nn.functional.linear(x, w),
+                                               group=group)
+                    return part
+
+                def pk_fused():
+                    return pkc.linear_reduce_scatter(x, w, group, fused=True)
+
+                def coll():
+                    dist.reduce_scatter_tensor(part, y, group=group)
+
+                gemm = (lambda: torch.nn.functional.linear(x, w))
+                flops = 2 * ms * k * n
+            err = _rel(pk_fused(), seq())
+            row = {"step": "performance", "case": name, "kind": kind, "x": [ms, k],
+                   "w": [n, k], "rel_err": err, "ok": err < 2e-2}
+            ok &= row["ok"]
+            row["ms_seq"] = _time(seq)
+            row["ms_pykittens"] = _time(pk_fused)
+            row["ms_gemm_alone"] = _time(gemm)
+            row["ms_collective_alone"] = _time(coll)
+            tf = _torch_fused(kind, x, w, group)
+            if callable(tf):
+                try:
+                    row["ms_torch_fused"] = _time(tf)
+                except Exception as e:                  # noqa: BLE001
+                    row["torch_fused"] = repr(e)[:120]
+            else:
+                row["torch_fused"] = tf
+            row["tflops_pykittens"] = flops / row["ms_pykittens"] / 1e9
+            row["speedup_vs_seq"] = row["ms_seq"] / row["ms_pykittens"]
+            rows.append(row)
+            if rank == 0:
+                print(f"{name}: seq {row['ms_seq']:.3f} ms, pykittens "
+                      f"{row['ms_pykittens']:.3f} ms, torch fused "
+                      f"{row.get('ms_torch_fused', float('nan')):.3f} ms", flush=True)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"world": world, "ok": bool(ok), "rows": rows,
+                       "device": torch.cuda.get_device_name(0),
+                       "torch": torch.__version__}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    steps = sys.argv[1:] or ["correctness", "performance"]
+    world = torch.cuda.device_count()
+    if world < 2:
+        print("bench/comm.py needs a host with 2 or more CUDA GPUs")
+        return 1
+    out_dir = os.environ.get("OUT", ".")
+    path = os.path.join(out_dir, "comm.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    mp.spawn(_worker, args=(world, port, steps, path), nprocs=world, join=True)
+    res = json.load(open(path))
+    print(f"\n{world} x {res['device']}, torch {res['torch']}, {time.time() - t0:.0f} s")
+    print("| case | rel err | seq ms | pykittens ms | torch fused ms | GEMM alone | "
+          "collective alone | speedup vs seq |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        if r["step"] == "correctness":
+            print(f"| {r['case']} | {r['rel_err']:.1e} | | | | | | {'ok' if r['ok'] else 'FAIL'} |")
+        else:
+            tf = f"{r['ms_torch_fused']:.3f}" if "ms_torch_fused" in r else "n/a"
+            print(f"| {r['case']} | {r['rel_err']:.1e} | {r['ms_seq']:.3f} | "
+                  f"{r['ms_pykittens']:.3f} | {tf} | {r['ms_gemm_alone']:.3f} | "
+                  f"{r['ms_collective_alone']:.3f} | {r['speedup_vs_seq']:.2f}x |")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Tensor-parallel linear layers whose collective overlaps the GEMM tile by tile.
+
+All-gather + GEMM (sequence-parallel input, column-parallel weight). Every rank holds Ms
+rows of x; out = gather(x) @ W.T over all WORLD * Ms rows. `ag_send` pushes this rank's
+rows, CHUNK at a time, into every rank's `gathered` buffer (its own first) and raises
+ready[rank, chunk] there; `ag_gemm` computes output tiles starting with this rank's rows
+and waits on `ready` before loading each block of another rank's rows. The two run at
+once (two streams): the copy moves over the GPUs' links while the tensor cores work.
+
+GEMM + reduce-scatter (row-parallel weight). Rank r's output is rows r * Ms ... of the
+sum over ranks of x_s @ W_s.T. `gemm_rs` computes each output tile, the other ranks'
+rows first, stores it into its owner's `partials[rank]` (over the link) and raises
+done[rank, tile] there; `rs_reduce` sums the ranks' partials of this rank's rows as
+their flags come up.
+
+Flags only grow: each call passes the next `epoch` (1, 2, ...); a flag is complete at
+epoch x the number of waves that signal it (each publishes its own stores).
+
+These are the portable kernels (every target; 64 x 64 output tiles from 4 waves); the
+Hopper library builds (`ag_gemm_ws`, `gemm_rs_ws`) run the same protocol on gemm_ws's
+warp-specialised TMA/wgmma pipeline.
+"""
+import pykittens as pk
+
+from .gemm import output_tile, ws_pipeline
+
+WAVES = 4          # waves of the portable kernels; each signals once per flag
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def shard_tile(t, TMS, TN, first_rank, WORLD):
+    """(rank whose rows, row block within that rank's shard, column block) of the t-th
+    tile of a walk that takes the shards in rank order from `first_rank` on."""
+    per_rank = TMS * TN
+    j = t // per_rank
+    rest = t % per_rank
+    return (first_rank + j) % WORLD, rest // TN, rest % TN
+
+
+def _product(a, b, sa, sb, m0, n0, m_end, DT, BK):
+    """This wave's quadrant of C[m0:, n0:] = A[m0:m_end] @ B[n0:].T, B stored N x K."""
+    bm, bn = sa.type.shape[0], sb.type.shape[0]
+    wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
+    acc = pk.zeros(pk.rt((bm // 2, bn // 2), pk.f32, role="acc"))
+    for k in pk.range(_cdiv(a.shape[1], BK)):
+        pk.load(sa, a, (m0, k * BK), end=(m_end, None))     # ragged edges read as zero
+        pk.load(sb, b, (n0, k * BK))
+        pk.barrier()
+        ta = pk.load(pk.rt((bm // 2, BK), DT, role="a"), sa, (wm * (bm // 2), 0))
+        tb = pk.load(pk.rt((bn // 2, BK), DT, role="b"), sb, (wn * (bn // 2), 0))
+        pk.barrier()                                         # the next stage may overwrite
+        pk.mma_ABt(acc, ta, tb)
+    return acc, wm * (bm // 2), wn * (bn // 2)
+
+
+@pk.kernel(num_waves=WAVES)
+def ag_send(x: pk.gl["DT", 2], gathered: pk.peers["DT", 2, "WORLD"],
+            ready: pk.peers[pk.i32, 2, "WORLD"],
+            DT: pk.const = None, WORLD: pk.const = None, CHUNK: pk.const = 128,
+            BK: pk.const = 128):
+    """Workgroup c copies rows [c * CHUNK, (c + 1) * CHUNK) of this rank's x (Ms x K) to
+    rows rank * Ms + ... of every rank's `gathered` (WORLD * Ms x K), this rank first,
+    then adds 1 per wave to ready[rank, c] there (WORLD x chunks)."""
+    me, c = gathered.rank, pk.program_id(0)
+    ms = x.shape[0]
+    rows = CHUNK // WAVES
+    r0 = c * CHUNK + pk.wave_id() * rows
+    for j in pk.range(WORLD):
+        dst = (me + j) % WORLD
+        for k in pk.range(_cdiv(x.shape[1], BK)):
+            t = pk.load(pk.rt((rows, BK), DT), x, (r0, k * BK))
+            pk.store(gathered.peer(dst), t, (me * ms + r0, k * BK), end=(me * ms + ms, None))
+        pk.signal(ready.peer(dst), (me, c), 1, add=True)
+
+
+@pk.kernel(num_waves=WAVES)
+def ag_gemm(gathered: pk.gl["DT", 2], w: pk.gl["DT", 2], out: pk.gl["OUT", 2],
+            ready: pk.gl[pk.i32, 2], rank: pk.i32, epoch: pk.i32,
+            DT: pk.const = None, OUT: pk.const = None, WORLD: pk.const = None,
+            CHUNK: pk.const = 128, BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32):
+    """out (WORLD * Ms x N) = gathered @ w.T, one BM x BN tile per workgroup, this rank's
+    rows first; before loading rows of rank s it waits for ready[s, chunk] to count
+    every sending wave of this epoch."""
+    sa = pk.empty(pk.st((BM, BK), DT))
+    sb = pk.empty(pk.st((BN, BK), DT))
+    ms = gathered.shape[0] // WORLD
+    src, i, n = shard_tile(pk.program_id(0), _cdiv(ms, BM), _cdiv(w.shape[0], BN), rank,
+                           WORLD)
+    m0, n0 = src * ms + i * BM, n * BN
+    pk.wait_flag(ready, (src, i * BM // CHUNK), WAVES * epoch)
+    acc, dm, dn = _product(gathered, w, sa, sb, m0, n0, src * ms + ms, DT, BK)
+    pk.store(out, acc, (m0 + dm, n0 + dn), end=(src * ms + ms, None))
+
+
+@pk.kernel(num_waves=WAVES)
+def gemm_rs(x: pk.gl["DT", 2], w: pk.gl["DT", 2], partials: pk.peers["PT", 3, "WORLD"],
+            done: pk.peers[pk.i32, 2, "WORLD"], epoch: pk.i32,
+            DT: pk.const = None, PT: pk.const = None, WORLD: pk.const = None,
+            BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32):
+    """Tile (m, n) of x @ w.T (x: WORLD * Ms x K this rank's slice of K), stored into
+    partials[rank] (WORLD x Ms x N) of the rank that owns rows m, the next rank's first
+    and this rank's last; then each wave adds 1 to done[rank, tile] there."""
+    sa = pk.empty(pk.st((BM, BK), DT))
+    sb = pk.empty(pk.st((BN, BK), DT))
+    me = partials.rank
+    ms = x.shape[0] // WORLD
+    tms, tn = _cdiv(ms, BM), _cdiv(w.shape[0], BN)
+    dst, i, n = shard_tile(pk.program_id(0), tms, tn, me + 1, WORLD)
+    m0, n0 = dst * ms + i * BM, n * BN
+    acc, dm, dn = _product(x, w, sa, sb, m0, n0, dst * ms + ms, DT, BK)
+    pk.store(partials.peer(dst), acc, (me, i * BM + dm, n0 + dn), end=(None, ms, None))
+    pk.signal(done.peer(dst), (me, i * tn + n), 1, add=True)
+
+
+@pk.kernel(num_waves=WAVES)
+def rs_reduce(partials: pk.peers["PT", 3, "WORLD"], done: pk.peers[pk.i32, 2, "WORLD"],
+              out: pk.gl["OUT", 2], epoch: pk.i32,
+              PT: pk.const = None, OUT: pk.const = None, WORLD: pk.const = None,
+              BM: pk.const = 64, BN: pk.const = 64, SIGNALS: pk.const = WAVES):
+    """out (Ms x N) = the sum over ranks s of partials[s] (this rank's buffer), one BM x BN
+    tile per workgroup (the GEMM's tiles), each rank's part once done[s, tile] counts
+    the SIGNALS waves that stored it this epoch."""
+    tn = _cdiv(out.shape[1], BN)
+    t = pk.program_id(0)
+    rows, cols = BM // WAVES, min(BN, 64)            # a strip at a time: few registers
+    r0, n0 = (t // tn) * BM + pk.wave_id() * rows, (t % tn) * BN
+    mine, flags = partials.local, done.local
+    for s in pk.range(WORLD):
+        pk.wait_flag(flags, (s, t), SIGNALS * epoch)
+    for c in pk.static_range(BN // cols):
+        acc = pk.zeros(pk.rt((rows, cols), pk.f32))
+        for s in pk.range(WORLD):
+            acc += pk.load(pk.rt((rows, cols), pk.f32), mine, (s, r0, n0 + c * cols))
+        pk.store(out, acc, (r0, n0 + c * cols))
+
+
+# ---- Hopper: the same protocol on gemm_ws's pipeline (128 x BN blocks) --------------------
+
+WS_SIGNALS = 8     # consumer waves of a gemm_ws block, each storing 16 of its 128 rows
+
+
+def _shard_block(i, TMS, TN, first_rank, WORLD, MAP, BN, TARGET):
+    """(row, column) origin of block i of a WORLD x (TMS x TN)-block output: shards in
+    rank order from `first_rank`, each shard's blocks in the MAP order (e.g. L2-grouped
+    rasterisation)."""
+    per_rank = TMS * TN
+    src = (first_rank + i // per_rank) % WORLD
+    m0, n0 = output_tile(MAP, TMS, TN, 128, BN, TARGET, i % per_rank)
+    return src * TMS * 128 + m0, n0
+
+
+@pk.kernel(num_waves=12)
+def ag_gemm_ws(gathered: pk.gl["DT", 2], w: pk.gl["DT", 2], out: pk.gl["OUT", 2],
+               ready: pk.gl[pk.i32, 2], rank: pk.i32, epoch: pk.i32,
+               DT: pk.const = None, OUT: pk.const = None, WORLD: pk.const = None,
+               CHUNK: pk.const = 128, BN: pk.const = 256, STAGES: pk.const = 4,
+               PERSISTENT: pk.const = 1, MAP: pk.const = "row-major", TMS: pk.const = None,
+               TN: pk.const = None, TARGET: pk.target = None):
+    """Hopper ag_gemm: gemm_ws over gathered (WORLD * Ms x K, Ms = 128 TMS; N = BN TN),
+    this rank's rows first; the producer wave waits for each block's rows to have
+    arrived before its TMA copies them."""
+    ms = TMS * 128
+
+    def tile_of(i):
+        return _shard_block(i, TMS, TN, rank, WORLD, MAP, BN, TARGET)
+
+    def arrived(i, m0):
+        pk.wait_flag(ready, (m0 // ms, m0 % ms // CHUNK), WAVES * epoch)
+
+    def store(g, acc, m0, n0, t):
+        pk.store(out, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
+
+    ws_pipeline(gathered, w, WORLD * TMS * TN, tile_of, store, DT=DT, BN=BN,
+                STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=0, before_loads=arrived)
+
+
+@pk.kernel(num_waves=12)
+def gemm_rs_ws(x: pk.gl["DT", 2], w: pk.gl["DT", 2], partials: pk.peers["PT", 3, "WORLD"],
+               done: pk.peers[pk.i32, 2, "WORLD"], epoch: pk.i32,
+               DT: pk.const = None, PT: pk.const = None, WORLD: pk.const = None,
+               BN: pk.const = 256, STAGES: pk.const = 4, PERSISTENT: pk.const = 1,
+               MAP: pk.const = "row-major", TMS: pk.const = None, TN: pk.const = None,
+               TARGET: pk.target = None):
+    """Hopper gemm_rs: gemm_ws blocks of x @ w.T (Ms = 128 TMS rows per rank, N = BN TN),
+    the next rank's rows first; each consumer wave stores its 16 rows into the owner's
+    partials[rank] and adds 1 to done[rank, block] there (WS_SIGNALS per block)."""
+    me = partials.rank
+    ms = TMS * 128
+
+    def tile_of(i):
+        return _shard_block(i, TMS, TN, me + 1, WORLD, MAP, BN, TARGET)
+
+    def store(g, acc, m0, n0, t):
+        dst, r0 = m0 // ms, m0 % ms + 64 * g + pk.wave_id() % 4 * 16
+        pk.store(partials.peer(dst), acc, (me, r0, n0))
+        pk.signal(done.peer(dst), (me, m0 % ms // 128 * TN + n0 // BN), 1, add=True)
+
+    ws_pipeline(x, w, WORLD * TMS * TN, tile_of, store, DT=DT, BN=BN, STAGES=STAGES,
+                PERSISTENT=PERSISTENT, PROMOTE=0)
+
+
+def ag_plan(ms: int, k: int, n: int, world: int, CHUNK: int = 128, BM: int = 64,
+            BN: int = 64):
+    """Grids of ag_send and ag_gemm for Ms rows per rank, K columns, N outputs, and the
+    shape of the ready flags."""
+    chunks = _cdiv(ms, CHUNK)
+    return {"send_grid": (chunks,), "gemm_grid": (world * _cdiv(ms, BM) * _cdiv(n, BN),),
+            "ready": (world, chunks)}
+
+
+def rs_plan(ms: int, n: int, world: int, BM: int = 64, BN: int = 64):
+    """Grids of gemm_rs and rs_reduce for Ms output rows per rank and N columns, and the
+    shapes of the partials and done flags."""
+    tiles = _cdiv(ms, BM) * _cdiv(n, BN)
+    return {"gemm_grid": (world * tiles,), "reduce_grid": (tiles,),
+            "partials": (world, ms, n), "done": (world, tiles)}
