@@ -51,13 +51,16 @@ def _time(fn, iters=10, warmup=3):
     dist.barrier()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
+    h = time.perf_counter()
     for _ in range(iters):
         fn()
+    host = (time.perf_counter() - h) / iters * 1e3
     b.record()
     torch.cuda.synchronize()
-    t = torch.tensor([a.elapsed_time(b) / iters], device="cuda")
+    t = torch.tensor([a.elapsed_time(b) / iters, host], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    _time.host = float(t[1])              # host ms per call (the slowest rank's)
+    return float(t[0])
 
 
 def _rel(a, b):
@@ -81,6 +84,7 @@ def _torch_fused(kind, x, w, group):
 
 
 def _worker(rank, world, port, steps, out_path):
+    import pykittens.ops as pko
     import pykittens.ops.comm as pkc
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -99,22 +103,23 @@ def _worker(rank, world, port, steps, out_path):
                                ("rs", 512, 768, 256), ("rs", 2048, 1024, 2048)):
             x, w = rand(ms, k), rand(n, k, scale=k ** -0.5)
             f = pkc.all_gather_linear if kind == "ag" else pkc.linear_reduce_scatter
-            want = f(x, w, group, fused=False)
-            errs = [_rel(f(x, w, group, fused=True), want) for _ in range(3)]
+            exact = f(x.double(), w.double(), group, fused=False)      # float64 reference
+            torch_err = _rel(f(x, w, group, fused=False), exact)
+            errs = [_rel(f(x, w, group, fused=True), exact) for _ in range(3)]
             good = max(errs) < 2e-2
             ok &= good
-            rows.append({"step": "correctness", "case": f"{kind} {ms}x{k}x{n}",
-                         "rel_err": max(errs), "ok": good})
+            rows.append({"step": "correctness", "case": f"{kind} {ms}x{k}x{n} x3 calls",
+                         "rel_err": max(errs), "torch_rel_err": torch_err, "ok": good})
         for kind in ("ag", "rs"):
             ms, k, n = (256, 512, 512) if kind == "ag" else (512, 512, 256)
             x, w = rand(ms, k).requires_grad_(), rand(n, k, scale=k ** -0.5).requires_grad_()
             f = pkc.all_gather_linear if kind == "ag" else pkc.linear_reduce_scatter
             g = rand(*f(x, w, group, fused=False).shape)
-            grads = []
-            for fused in (True, False):
-                dx, dw = torch.autograd.grad(f(x, w, group, fused=fused), (x, w), g)
-                grads.append((dx, dw))
-            err = max(_rel(a, b) for a, b in zip(*grads))
+            x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+            exact = torch.autograd.grad(f(x64, w64, group, fused=False), (x64, w64),
+                                        g.double())
+            got = torch.autograd.grad(f(x, w, group), (x, w), g)
+            err = max(_rel(a, b) for a, b in zip(got, exact))
             good = err < 2e-2
             ok &= good
             rows.append({"step": "correctness", "case": f"{kind} gradients", "rel_err": err,
@@ -137,6 +142,7 @@ def _worker(rank, world, port, steps, out_path):
                     dist.all_gather_into_tensor(full, x, group=group)
 
                 gemm = (lambda: torch.nn.functional.linear(full, w))
+                pk_gemm = (lambda: pko.linear(full, w))
                 flops = 2 * world * ms * k * n
             else:
                 part = torch.empty(ms // world, n, device="cuda", dtype=x.dtype)
@@ -154,6 +160,7 @@ def _worker(rank, world, port, steps, out_path):
                     dist.reduce_scatter_tensor(part, y, group=group)
 
                 gemm = (lambda: torch.nn.functional.linear(x, w))
+                pk_gemm = (lambda: pko.linear(x, w))
                 flops = 2 * ms * k * n
             err = _rel(pk_fused(), seq())
             row = {"step": "performance", "case": name, "kind": kind, "x": [ms, k],
@@ -161,7 +168,9 @@ def _worker(rank, world, port, steps, out_path):
             ok &= row["ok"]
             row["ms_seq"] = _time(seq)
             row["ms_pykittens"] = _time(pk_fused)
+            row["host_ms_pykittens"] = _time.host
             row["ms_gemm_alone"] = _time(gemm)
+            row["ms_pykittens_gemm_alone"] = _time(pk_gemm)
             row["ms_collective_alone"] = _time(coll)
             tf = _torch_fused(kind, x, w, group)
             if callable(tf):
@@ -178,6 +187,27 @@ def _worker(rank, world, port, steps, out_path):
                 print(f"{name}: seq {row['ms_seq']:.3f} ms, pykittens "
                       f"{row['ms_pykittens']:.3f} ms, torch fused "
                       f"{row.get('ms_torch_fused', float('nan')):.3f} ms", flush=True)
+    if "profile" in steps:
+        # where the host time of a fused call goes (rank 0's cProfile of 20 cached calls)
+        import cProfile
+        import io
+        import pstats
+        for kind, ms, k, n in (("ag", 2048, 8192, 5120), ("rs", 4096, 4096, 8192)):
+            x, w = rand(ms, k), rand(n, k, scale=k ** -0.5)
+            f = pkc.all_gather_linear if kind == "ag" else pkc.linear_reduce_scatter
+            f(x, w, group, fused=True)
+            torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(20):
+                f(x, w, group, fused=True)
+            prof.disable()
+            torch.cuda.synchronize()
+            if rank == 0:
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(30)
+                print(f"--- {kind}: host profile of 20 calls ---\n" + text.getvalue()[-6000:],
+                      flush=True)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"world": world, "ok": bool(ok), "rows": rows,
@@ -202,17 +232,24 @@ def main() -> int:
     mp.spawn(_worker, args=(world, port, steps, path), nprocs=world, join=True)
     res = json.load(open(path))
     print(f"\n{world} x {res['device']}, torch {res['torch']}, {time.time() - t0:.0f} s")
-    print("| case | rel err | seq ms | pykittens ms | torch fused ms | GEMM alone | "
-          "collective alone | speedup vs seq |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| correctness | pykittens rel err (vs float64) | torch rel err | |")
+    print("|---|---|---|---|")
     for r in res["rows"]:
         if r["step"] == "correctness":
-            print(f"| {r['case']} | {r['rel_err']:.1e} | | | | | | {'ok' if r['ok'] else 'FAIL'} |")
-        else:
+            te = f"{r['torch_rel_err']:.1e}" if "torch_rel_err" in r else ""
+            print(f"| {r['case']} | {r['rel_err']:.1e} | {te} | {'ok' if r['ok'] else 'FAIL'} |")
+    print("\n| case | err vs torch | torch seq ms | pykittens ms | torch fused ms | cuBLAS alone "
+          "| pykittens GEMM alone | collective alone | host ms/call | TFLOP/s | speedup vs seq |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        if r["step"] == "performance":
             tf = f"{r['ms_torch_fused']:.3f}" if "ms_torch_fused" in r else "n/a"
             print(f"| {r['case']} | {r['rel_err']:.1e} | {r['ms_seq']:.3f} | "
                   f"{r['ms_pykittens']:.3f} | {tf} | {r['ms_gemm_alone']:.3f} | "
-                  f"{r['ms_collective_alone']:.3f} | {r['speedup_vs_seq']:.2f}x |")
+                  f"{r['ms_pykittens_gemm_alone']:.3f} | "
+                  f"{r['ms_collective_alone']:.3f} | {r['host_ms_pykittens']:.2f} | "
+                  f"{r['tflops_pykittens']:.0f} | "
+                  f"{r['speedup_vs_seq']:.2f}x |")
     return 0 if res["ok"] else 1
 
 

@@ -20,6 +20,8 @@ These are the portable kernels (every target; 64 x 64 output tiles from 4 waves)
 Hopper library builds (`ag_gemm_ws`, `gemm_rs_ws`) run the same protocol on gemm_ws's
 warp-specialised TMA/wgmma pipeline.
 """
+import functools
+
 import pykittens as pk
 
 from .gemm import output_tile, ws_pipeline
@@ -152,29 +154,58 @@ def _shard_block(i, TMS, TN, first_rank, WORLD, MAP, BN, TARGET):
     return src * TMS * 128 + m0, n0
 
 
+SEND_ROWS = 16     # rows a sending wave of ag_gemm_ws moves at a time (each then signals)
+
+
 @pk.kernel(num_waves=12)
-def ag_gemm_ws(gathered: pk.gl["DT", 2], w: pk.gl["DT", 2], out: pk.gl["OUT", 2],
-               ready: pk.gl[pk.i32, 2], rank: pk.i32, epoch: pk.i32,
+def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
+               to: pk.peers["DT", 2, "WORLD"], ready: pk.peers[pk.i32, 2, "WORLD"],
+               w: pk.gl["DT", 2], out: pk.gl["OUT", 2], epoch: pk.i32,
                DT: pk.const = None, OUT: pk.const = None, WORLD: pk.const = None,
                CHUNK: pk.const = 128, BN: pk.const = 256, STAGES: pk.const = 4,
-               PERSISTENT: pk.const = 1, MAP: pk.const = "row-major", TMS: pk.const = None,
+               TMA_STORE: pk.const = 0, MAP: pk.const = "row-major", TMS: pk.const = None,
                TN: pk.const = None, TARGET: pk.target = None):
-    """Hopper ag_gemm: gemm_ws over gathered (WORLD * Ms x K, Ms = 128 TMS; N = BN TN),
-    this rank's rows first; the producer wave waits for each block's rows to have
-    arrived before its TMA copies them."""
-    ms = TMS * 128
+    """Hopper all-gather + GEMM in one persistent kernel: out (WORLD * Ms x N) =
+    gather(x) @ w.T, x this rank's Ms = 128 TMS rows, N = BN TN. `gathered` is this
+    rank's buffer of `to` (the same tensor: the TMA copies read it by its own tensor map).
 
-    def tile_of(i):
-        return _shard_block(i, TMS, TN, rank, WORLD, MAP, BN, TARGET)
+    The producer warpgroup's three idle waves push x, SEND_ROWS rows at a time, into
+    every rank's `to` (this rank's first), adding 1 to ready[rank, chunk] there after
+    each; the TMA wave waits for a block's rows (CHUNK / SEND_ROWS signals per epoch)
+    before copying them, taking this rank's rows first. Every workgroup is resident at
+    once (the grid is at most one per SM), so waiting never holds up a send."""
+    ms, me = TMS * 128, to.rank
+    K = x.shape[1]
 
     def arrived(i, m0):
-        pk.wait_flag(ready, (m0 // ms, m0 % ms // CHUNK), WAVES * epoch)
+        pk.wait_flag(ready.local, (m0 // ms, m0 % ms // CHUNK),
+                     CHUNK // SEND_ROWS * epoch)
+
+    def send(i, n):
+        senders = n * pk.num_programs(0)
+        first = pk.program_id(0) * n + i
+        jobs = ms // SEND_ROWS
+        for t in pk.range((jobs - first + senders - 1) // senders):
+            r0 = (first + t * senders) * SEND_ROWS
+            for d in pk.range(WORLD):
+                dst = (me + d) % WORLD
+                for k in pk.range(_cdiv(K, 64)):
+                    rows = pk.load(pk.rt((SEND_ROWS, 64), DT), x, (r0, k * 64))
+                    pk.store(to.peer(dst), rows, (me * ms + r0, k * 64))
+                pk.signal(ready.peer(dst), (me, r0 // CHUNK), 1, add=True)
+
+    staged = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
 
     def store(g, acc, m0, n0, t):
-        pk.store(out, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
+        if TMA_STORE:
+            staged[g].store(out, acc, (m0 + 64 * g, n0), use=t)
+        else:
+            pk.store(out, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
 
-    ws_pipeline(gathered, w, WORLD * TMS * TN, tile_of, store, DT=DT, BN=BN,
-                STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=0, before_loads=arrived)
+    ws_pipeline(gathered, w, WORLD * TMS * TN,
+                lambda i: _shard_block(i, TMS, TN, me, WORLD, MAP, BN, TARGET), store,
+                DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=1, PROMOTE=0, before_loads=arrived,
+                side_work=send)
 
 
 @pk.kernel(num_waves=12)
@@ -200,6 +231,26 @@ def gemm_rs_ws(x: pk.gl["DT", 2], w: pk.gl["DT", 2], partials: pk.peers["PT", 3,
 
     ws_pipeline(x, w, WORLD * TMS * TN, tile_of, store, DT=DT, BN=BN, STAGES=STAGES,
                 PERSISTENT=PERSISTENT, PROMOTE=0)
+
+
+@functools.lru_cache(maxsize=256)
+def ws_plan(ms: int, k: int, n: int, itemsize: int, target: str = "sm_90a") -> dict:
+    """Constants of ag_gemm_ws / gemm_rs_ws for Ms rows per rank (a multiple of 128), K and
+    N (a multiple of 128): 128 x BN blocks, each shard's in the order the cache simulator
+    picks for an Ms x N x K product (chiplet.auto_mapping), and the shared-memory split
+    gemm_ws makes (3 ring stages beside a staged 16-bit C of 256-wide blocks)."""
+    from .. import chiplet
+    from ..targets import get
+    if ms % 128 or n % 128:
+        raise ValueError(f"the Hopper comm kernels take rows per rank and N in multiples of "
+                         f"128, got Ms = {ms}, N = {n}")
+    bn = 256 if n % 256 == 0 else 128
+    op = chiplet.Gemm(ms, n, max(k, 1), bm=128, bn=bn, bk=64)
+    spec = chiplet.auto_mapping(op, target=target).spec
+    tma_store = int(itemsize == 2)
+    return {"TMS": ms // 128, "TN": n // bn, "BN": bn, "MAP": spec,
+            "TARGET": get(target).name, "STAGES": 3 if tma_store and bn == 256 else 4,
+            "TMA_STORE": tma_store}
 
 
 def ag_plan(ms: int, k: int, n: int, world: int, CHUNK: int = 128, BM: int = 64,

@@ -112,13 +112,15 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
-                before_loads=None):
+                before_loads=None, side_work=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
     copying block i's operands (e.g. to wait until they have arrived); each consumer
     warpgroup g hands its finished 64 x BN accumulator to `store(g, acc, m0, n0, t)`, t
-    counting this workgroup's blocks."""
+    counting this workgroup's blocks. The producer warpgroup's other three waves, idle
+    otherwise, run `side_work(i, 3)` (i = 0, 1, 2) alongside, e.g. moving data between
+    GPUs."""
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
     a_t = pk.st((64, bk), DT, swizzle=8)
     ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t], b=pk.st((BN, bk), DT, swizzle=8))
@@ -135,6 +137,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     for g in pk.static_range(2):
                         pk.tma_load(s.a[g], a, (m0 + 64 * g, i * bk), s.full)
                     pk.tma_load(s.b, b, (n0, i * bk), s.full)
+        if side_work is not None:
+            with pk.if_(pk.wave_id() > 0):
+                side_work(pk.wave_id() - 1, 3)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=232):
             acc = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))

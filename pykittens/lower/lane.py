@@ -53,6 +53,12 @@ Op kinds (attrs in brackets):
                                      each wave owns 16 rows of acc. One commit group; returns
                                      once at most `in_flight` groups are still running
   wgmma_wait(*accs)[in_flight]       wait until at most `in_flight` groups run; accs readable
+  peer(*members, rank)               one rank's tensor of a pk.peers (the members are its gl
+                                     parameters): a tensor operand for the ops above
+  signal(gl, *index, value)[add]     lane 0 of the wave: flags[index] = value (add: +=),
+                                     release at system scope
+  flag_wait(gl, *index, value)       the wave waits until flags[index] >= value (acquire,
+                                     system scope)
 """
 from __future__ import annotations
 

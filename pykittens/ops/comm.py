@@ -27,6 +27,7 @@ from ..kernels import comm as K
 from .run import HALVES, check_same, check_tensor
 
 _lock = threading.Lock()
+_DTYPES = HALVES + (torch.float32, torch.float64)    # fused: the halves; else any of these
 _states: dict = {}
 
 
@@ -39,8 +40,8 @@ def _group(group):
 
 
 def _check(op, x, weight, group):
-    check_tensor(op, "x", x, HALVES + (torch.float32,), 2)
-    check_tensor(op, "weight", weight, HALVES + (torch.float32,), 2)
+    check_tensor(op, "x", x, _DTYPES, 2)
+    check_tensor(op, "weight", weight, _DTYPES, 2)
     check_same(op, x=x, weight=weight)
     if x.shape[1] != weight.shape[1]:
         raise ValueError(f"{op}: x is {tuple(x.shape)} and weight {tuple(weight.shape)}; "
@@ -80,32 +81,45 @@ def fused_reason(x: torch.Tensor, group, rows: int) -> str | None:
 
 class _Symmetric:
     """Buffers every rank of a group allocates alike and maps into each other's address
-    space (torch's symmetric memory), plus the call counter (epoch) that the flags
-    count in; one per group, op and shape."""
+    space (torch's symmetric memory): two of each data buffer, used on alternate calls,
+    and one set of flags counting in calls (the epoch). No barrier is needed between
+    calls: a rank writes into a peer's buffer of call e only after its call e - 1 waited
+    on that peer's call e - 1 (the flags), which the peer ran after finishing call e - 2,
+    the last one that read the buffer."""
 
     def __init__(self, group, shapes: dict, device):
         symm = _symmetric()
         name = group.group_name
+        if hasattr(symm, "enable_symm_mem_for_group"):
+            symm.enable_symm_mem_for_group(name)
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.peers, self.handles = {}, {}
+        self.peers, self.handles = {}, []
         for key, (shape, dtype) in shapes.items():
-            t = symm.empty(shape, dtype=dtype, device=device)
-            if dtype == torch.int32:
-                t.zero_()
-            h = symm.rendezvous(t, name)
-            self.handles[key] = h
-            self.peers[key] = Peers([t if r == self.rank else h.get_buffer(r, shape, dtype)
-                                     for r in range(self.world)], self.rank)
+            copies = 1 if dtype == torch.int32 else 2
+            self.peers[key] = []
+            for _ in range(copies):
+                t = symm.empty(shape, dtype=dtype, device=device)
+                if dtype == torch.int32:
+                    t.zero_()
+                h = symm.rendezvous(t, name)
+                self.handles.append(h)
+                self.peers[key].append(Peers(
+                    [t if r == self.rank else h.get_buffer(r, shape, dtype)
+                     for r in range(self.world)], self.rank))
         self.epoch = 0
-        self.sync()                                  # every rank's flags are zero
+        self.handles[0].barrier(channel=0)      # every rank's flags are zero before use
 
-    def sync(self):
-        """A barrier in stream order across the group: every rank has finished what it
-        queued before (e.g. reading a buffer the next call overwrites)."""
-        next(iter(self.handles.values())).barrier(channel=0)
+    def next_call(self) -> int:
+        self.epoch += 1
+        return self.epoch
+
+    def buf(self, key) -> Peers:
+        """This call's copy of buffer `key` (every rank's)."""
+        copies = self.peers[key]
+        return copies[self.epoch % len(copies)]
 
     def local(self, key):
-        return self.peers[key].tensors[self.rank]
+        return self.buf(key).tensors[self.rank]
 
 
 def _state(kind, group, shapes, device) -> _Symmetric:
@@ -118,14 +132,6 @@ def _state(kind, group, shapes, device) -> _Symmetric:
     return st
 
 
-def _tiles(n: int):
-    """(BN, TN) of the fused kernels' blocks for N output columns."""
-    bn = 256 if n % 256 == 0 else 128
-    if n % bn:
-        return None
-    return bn, n // bn
-
-
 def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -135,25 +141,15 @@ def _fused_all_gather_linear(x, weight, group):
     ms, k = x.shape
     n = weight.shape[0]
     world = dist.get_world_size(group)
-    bn, tn = _tiles(n)
-    chunks = ms // 128
+    consts = K.ws_plan(ms, k, n, x.element_size())
     st = _state("ag", group, {"gathered": ((world * ms, k), x.dtype),
-                              "ready": ((world, chunks), torch.int32)}, x.device)
-    st.epoch += 1
-    st.sync()
+                              "ready": ((world, ms // 128), torch.int32)}, x.device)
+    epoch = st.next_call()
     out = x.new_empty((world * ms, n))
-    main = torch.cuda.current_stream(x.device)
-    side = _side_stream(x.device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        launch(K.ag_send, x, st.peers["gathered"], st.peers["ready"], grid=(chunks,),
-               stream=side)
-    blocks = world * chunks * tn
-    launch(K.ag_gemm_ws, st.local("gathered"), weight, out, st.local("ready"), st.rank,
-           st.epoch, grid=(min(blocks, _sm_count(x.device)),), WORLD=world, TMS=chunks,
-           TN=tn, BN=bn, stream=main)
-    main.wait_stream(side)
-    x.record_stream(side)
+    blocks = world * consts["TMS"] * consts["TN"]
+    launch(K.ag_gemm_ws, x, st.local("gathered"), st.buf("gathered"), st.buf("ready"),
+           weight, out, epoch, grid=(min(blocks, _sm_count(x.device)),), WORLD=world,
+           **consts)
     return out
 
 
@@ -163,30 +159,19 @@ def _fused_linear_reduce_scatter(x, weight, group):
     n = weight.shape[0]
     world = dist.get_world_size(group)
     ms = m // world
-    bn, tn = _tiles(n)
-    tms = ms // 128
+    consts = dict(K.ws_plan(ms, k, n, x.element_size()))
+    consts.pop("TMA_STORE")                     # the blocks go to other GPUs' memory
+    consts["STAGES"] = 4
+    tiles = consts["TMS"] * consts["TN"]
     st = _state("rs", group, {"partials": ((world, ms, n), x.dtype),
-                              "done": ((world, tms * tn), torch.int32)}, x.device)
-    st.epoch += 1
-    st.sync()
+                              "done": ((world, tiles), torch.int32)}, x.device)
+    epoch = st.next_call()
     out = x.new_empty((ms, n))
-    blocks = world * tms * tn
-    launch(K.gemm_rs_ws, x, weight, st.peers["partials"], st.peers["done"], st.epoch,
-           grid=(min(blocks, _sm_count(x.device)),), TMS=tms, TN=tn, BN=bn)
-    launch(K.rs_reduce, st.peers["partials"], st.peers["done"], out, st.epoch,
-           grid=(tms * tn,), BM=128, BN=bn, SIGNALS=K.WS_SIGNALS)
+    launch(K.gemm_rs_ws, x, weight, st.buf("partials"), st.buf("done"), epoch,
+           grid=(min(world * tiles, _sm_count(x.device)),), **consts)
+    launch(K.rs_reduce, st.buf("partials"), st.buf("done"), out, epoch, grid=(tiles,),
+           BM=128, BN=consts["BN"], SIGNALS=K.WS_SIGNALS)
     return out
-
-
-_side: dict = {}
-
-
-def _side_stream(device):
-    with _lock:
-        s = _side.get(device)
-        if s is None:
-            s = _side[device] = torch.cuda.Stream(device)
-    return s
 
 
 def _gather(x, group):
@@ -228,7 +213,7 @@ def _use_fused(op, x, weight, group, rows, fused) -> bool:
     if fused is False:
         return False
     why = fused_reason(x, group, rows)
-    if why is None and _tiles(weight.shape[0]) is None:
+    if why is None and weight.shape[0] % 128:
         why = f"N = {weight.shape[0]} is not a multiple of 128 (the kernels' block)"
     if why is not None and fused:
         raise ValueError(f"{op}(fused=True): {why}; pass fused=None to fall back to "

@@ -23,6 +23,7 @@ import sys
 import threading
 
 from ..ir.errors import KernelError
+from ..lang.kernel import Peers
 from .args import (_F32_MAX, I32_MAX, bind_args, check_grid, check_kernel, check_program_args,
                    fail, remote_peers)
 
@@ -140,10 +141,21 @@ def _checked_launch(kernel, args, kwargs, grid, stream):
     if packed is None:                                    # nothing to replay
         return None
     kargs, values, buf = packed
-    if any(p.kind == "peers" for p in kernel.params):
-        return None                   # pk.Peers arguments always take the checked path
     return _Plan(kernel, cuda.dims3(grid, "grid"), bound, prog.params, function=code,
                  block=block, shared=prog.lds_bytes, kargs=kargs, values=values, buf=buf)
+
+
+def expanded_names(params, bound) -> list[str]:
+    """The kernel's parameter names with each pk.peers one replaced by its ABI members
+    (`x.p0` ... and `x.rank`, as bind_args expands the pk.Peers)."""
+    out = []
+    for p in params:
+        if p.kind == "peers":
+            world = sum(1 for n in bound if n.startswith(p.name + ".p"))
+            out += [f"{p.name}.p{i}" for i in range(world)] + [f"{p.name}.rank"]
+        else:
+            out.append(p.name)
+    return out
 
 
 def _signature(kernel, args, kwargs, grid):
@@ -185,6 +197,10 @@ def _signature(kernel, args, kwargs, grid):
             key.append(t)
         elif isinstance(v, tensor):
             key.append((v.dtype, v.shape, v.stride(), v.device, v.data_ptr() % 16))
+        elif isinstance(v, Peers) and params[i].kind == "peers" and \
+                all(isinstance(x, tensor) for x in v.tensors):
+            key.append((v.rank, tuple((x.dtype, x.shape, x.stride(), x.device,
+                                       x.data_ptr() % 16) for x in v.tensors)))
         else:
             return None
     if consts:
@@ -205,7 +221,9 @@ class _Plan:
         from ..ir import types as T
         from ..ir.abi import FORMAT, offsets
         from .args import memory_span
-        self.names = kernel.param_names
+        self.kernel_names = kernel.param_names
+        self.peers = [i for i, p in enumerate(kernel.params) if p.kind == "peers"]
+        self.names = expanded_names(kernel.params, bound)
         self.grid, self.hip_entry, self.function = grid, hip_entry, function
         self.block, self.shared, self.buf = block, shared, bytes(buf)
         self.params = {p.name: p for p in params}
@@ -255,7 +273,11 @@ class _Plan:
         return True
 
     def __call__(self, args, kwargs, stream) -> bool:
-        vals = list(args) + [kwargs[n] for n in self.names[len(args):]]
+        vals = list(args) + [kwargs[n] for n in self.kernel_names[len(args):]]
+        if self.peers:                    # each pk.Peers as its ranks' tensors and the rank
+            for i in reversed(self.peers):
+                v = vals[i]
+                vals[i:i + 1] = [*v.tensors, v.rank]
         if not self._passes(vals):
             return False
         if self.hip_entry is not None:
