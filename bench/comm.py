@@ -187,6 +187,23 @@ def _worker(rank, world, port, steps, out_path):
                 print(f"{name}: seq {row['ms_seq']:.3f} ms, pykittens "
                       f"{row['ms_pykittens']:.3f} ms, torch fused "
                       f"{row.get('ms_torch_fused', float('nan')):.3f} ms", flush=True)
+    if "variants" in steps:
+        # what each overlap measure buys: the fused kernels with one of them turned off
+        for name, kind, ms, k, n in cases(world):
+            if not name.endswith("M=16384") and not name.endswith("M=4096"):
+                continue
+            x, w = rand(ms, k), rand(n, k, scale=k ** -0.5)
+            if kind == "ag":
+                f = pkc._fused_all_gather_linear
+                variants = {"default": {}, "no proxy fence (unsafe)": {"FENCE": 0}}
+            else:
+                f = pkc._fused_linear_reduce_scatter
+                variants = {"default": {}, "signal at once (DEFER=0)": {"DEFER": 0}}
+            for label, v in variants.items():
+                ms_ = _time(lambda: f(x, w, group, **v))
+                rows.append({"step": "variants", "case": name, "variant": label, "ms": ms_})
+                if rank == 0:
+                    print(f"{name} {label}: {ms_:.3f} ms", flush=True)
     if "profile" in steps:
         # where the host time of a fused call goes (rank 0's cProfile of 20 cached calls)
         import cProfile

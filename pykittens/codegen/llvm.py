@@ -744,7 +744,8 @@ class Renderer:
         self.spin_pause()
         self.ins(f"br label %{head}")
         self.start_block(done)
-        self.after_flag_wait()
+        if op.attrs.get("tma", True):
+            self.after_flag_wait()
 
     def release_add(self, p: Value, v: Value):
         """*p += v atomically, with release ordering at system scope."""
@@ -758,8 +759,8 @@ class Renderer:
         """A short sleep between two polls of a flag."""
 
     def after_flag_wait(self):
-        """What the wave needs after a flag wait besides the acquire (Hopper: the async
-        proxy)."""
+        """What the wave needs after a flag wait besides the acquire before TMA copies may
+        read the published data (Hopper: the async proxy)."""
 
     def r_sload(self, op):
         """One element of a tensor, the same in every lane (0 outside the tensor)."""

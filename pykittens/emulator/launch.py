@@ -31,15 +31,29 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
     check_program_args(prog, bound, kernel)
     arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
     if any(isinstance(v, np.ndarray) and v.size == 0 for v in arrays.values()):
-        return {p.name: np.array(arrays[p.name]) for p in prog.params if p.kind == "gl"}
-    return run_program(prog, arrays, grid)
+        out = {p.name: np.array(arrays[p.name]) for p in prog.params if p.kind == "gl"}
+    else:
+        out = run_program(prog, arrays, grid)
+    return _peers_as_lists(kernel, out)
+
+
+def _peers_as_lists(kernel, out: dict) -> dict:
+    """A pk.peers parameter's arrays also under its own name, as the list of its ranks'
+    (beside `name.p0`, ...)."""
+    for p in kernel.params:
+        if p.kind == "peers":
+            members = sorted((n for n in out if n.startswith(p.name + ".p")),
+                             key=lambda n: int(n[len(p.name) + 2:]))
+            out[p.name] = [out[n] for n in members]
+    return out
 
 
 def emulate_world(launches, *, target: str = "gfx950", resident: int | None = None) -> list:
     """Run several launches at the same time in the emulator, sharing memory: the ranks of
     a group (each rank's launch gets pk.Peers of arrays that every rank shares), or kernels
     on two streams of one GPU. `launches` holds (kernel, args, kwargs) triples, kwargs
-    including `grid` and the compile-time constants, as pk.emulate takes them.
+    including `grid` and the compile-time constants, as pk.emulate takes them (and
+    optionally a fourth item, a label for the launch in error messages).
 
     Each launch starts its workgroups in order, at most `resident` at once (default: the
     target's compute units), and live workgroups of every launch take turns whenever one
@@ -52,10 +66,12 @@ def emulate_world(launches, *, target: str = "gfx950", resident: int | None = No
     runs, shapes = [], []
     for i, item in enumerate(launches):
         try:
-            kernel, args, kwargs = item
+            kernel, args, kwargs, *name = item
+            if len(name) > 1:
+                raise ValueError
         except (TypeError, ValueError):
             raise TypeError(f"launch {i} of pk.emulate_world must be a (kernel, args, kwargs) "
-                            f"triple, got {item!r}") from None
+                            f"triple (or with a label), got {item!r}") from None
         check_kernel(kernel, "pk.emulate_world")
         kwargs = dict(kwargs)
         if "grid" not in kwargs:
@@ -68,19 +84,12 @@ def emulate_world(launches, *, target: str = "gfx950", resident: int | None = No
         arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
         rank = next((v.rank for v in list(args) + list(kwargs.values())
                      if type(v).__name__ == "Peers"), None)
-        label = f"{kernel.name}" + (f" (rank {rank})" if rank is not None else "") + \
-            f" [launch {i}]"
+        label = (str(name[0]) if name else f"{kernel.name}" +
+                 (f" (rank {rank})" if rank is not None else "")) + f" [launch {i}]"
         runs.append((prog, arrays, grid, label))
         shapes.append(kernel)
     res = resident if resident is not None else get_target(target).num_cus
     if not isinstance(res, int) or res < 1:
         raise TypeError(f"resident= must be a positive int (workgroups of one launch running "
                         f"at once), not {res!r}")
-    outs = World(runs, res).run()
-    for kernel, out in zip(shapes, outs):
-        for p in kernel.params:
-            if p.kind == "peers":
-                members = sorted((n for n in out if n.startswith(p.name + ".p")),
-                                 key=lambda n: int(n[len(p.name) + 2:]))
-                out[p.name] = [out[n] for n in members]
-    return outs
+    return [_peers_as_lists(kernel, out) for kernel, out in zip(shapes, World(runs, res).run())]

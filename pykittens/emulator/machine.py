@@ -66,7 +66,7 @@ class _GlobalBuf:
             acc *= d
         self.strides = tuple(reversed(st))
         self.track = track
-        self.released: dict = {}     # flag element -> [(value, what that signal published)]
+        self.released: dict = {}     # flag element -> its signals (World's race checks)
         if track:
             n, i32 = self.flat.size, np.int32        # (times: a workgroup's own clock)
             self.w_unit, self.w_time = np.full(n, -1, i32), np.full(n, -1, i32)
@@ -389,33 +389,57 @@ class _Machine:
     def x_signal(self, w, op):
         buf, off = self._flag(w, op)
         value = np.int32(self.read(w, op, op.srcs[-1]))
+        before = int(buf.flat[off])
         buf.flat[off] = buf.flat[off] + value if op.attrs["add"] else value
         if w.ext is not None:
-            k = self.knowledge(w)
-            history = buf.released.setdefault(off, [])
-            # an atomic add continues the release sequence: an acquire of its result sees
-            # every earlier signal's writes too; a plain store starts a new one
-            if op.attrs["add"] and history:
-                k = np.maximum(k, history[-1][1])
-            history.append((int(buf.flat[off]), k))
+            # per flag element, in the order they ran: (value after, added amount or None
+            # for a plain store, what this signal published, value before)
+            buf.released.setdefault(off, []).append(
+                (int(buf.flat[off]), int(value) if op.attrs["add"] else None,
+                 self.knowledge(w), before))
 
     def _flag_ready(self, w, op) -> bool:
         buf, off = self._flag(w, op)
         return int(buf.flat[off]) >= int(self.read(w, op, op.srcs[-1]))
 
     def _acquire(self, w, op):
-        """The waiting wave sees what the signal that first made the flag reach its value
-        published (the earliest moment the wait could have ended, so a wait for too small
-        a value shows up as a race, whatever order the emulator ran things in)."""
+        """What the waiting wave may assume it sees: the least a GPU guarantees. The flag
+        first reached the value it waits for in some run of atomic adds after the last
+        plain store (a release sequence: the acquire sees every signal of the run that it
+        read). The adds of a run may land in any order, so where each adds 1 and the wait
+        needs n of them, the wave is sure only of what any n of them published: per wave
+        of the world, the n-th smallest of their clocks. So a wait for too small a count,
+        or a plain store per wave, shows up as a race whatever order the emulator ran
+        things in."""
         buf, off = self._flag(w, op)
         want = int(self.read(w, op, op.srcs[-1]))
-        k = next((k for v, k in buf.released.get(off, ()) if v >= want), None)
-        if k is None or w.ext is None:
+        history = buf.released.get(off, ())
+        first = next((i for i, h in enumerate(history) if h[0] >= want), None)
+        if first is None or w.ext is None:
             return
+        start = first
+        while start >= 0 and history[start][1] is not None:
+            start -= 1                               # back to the run's plain store, if any
+        base = history[start] if start >= 0 else None
+        adds = [h for h in history[start + 1:] if h[1] is not None]
+        base_value = base[0] if base is not None else (adds[0][3] if adds else 0)
+        need = want - base_value
+        if need <= 0 and base is None:
+            return                   # the value was there before any signal: nothing seen
+        if need <= 0:
+            k = base[2]
+        elif adds and all(h[1] == 1 for h in adds) and need <= len(adds):
+            clocks = np.stack([h[2] for h in adds])
+            k = np.partition(clocks, need - 1, axis=0)[need - 1]
+            if base is not None:
+                k = np.maximum(k, base[2])
+        else:                      # other amounts: the run as it ran, up to the value
+            k = np.maximum.reduce([h[2] for h in history[start + 1:first + 1]] +
+                                  ([base[2]] if base is not None else []))
         np.maximum(w.ext, k, out=w.ext)
-        base = w.wg.gid * self.ustride
+        mine = w.wg.gid * self.ustride
         vc = w.wg.vc[w.wave]
-        np.maximum(vc, k[base:base + self.p.num_waves], out=vc)
+        np.maximum(vc, k[mine:mine + self.p.num_waves], out=vc)
 
     def x_coord(self, w, op):
         w.regs[op.dst] = self.coords(w, op)

@@ -164,7 +164,7 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
                DT: pk.const = None, OUT: pk.const = None, WORLD: pk.const = None,
                CHUNK: pk.const = 128, BN: pk.const = 256, STAGES: pk.const = 4,
                TMA_STORE: pk.const = 0, MAP: pk.const = "row-major", TMS: pk.const = None,
-               TN: pk.const = None, TARGET: pk.target = None):
+               TN: pk.const = None, FENCE: pk.const = 1, TARGET: pk.target = None):
     """Hopper all-gather + GEMM in one persistent kernel: out (WORLD * Ms x N) =
     gather(x) @ w.T, x this rank's Ms = 128 TMS rows, N = BN TN. `gathered` is this
     rank's buffer of `to` (the same tensor: the TMA copies read it by its own tensor map).
@@ -179,7 +179,7 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
 
     def arrived(i, m0):
         pk.wait_flag(ready.local, (m0 // ms, m0 % ms // CHUNK),
-                     CHUNK // SEND_ROWS * epoch)
+                     CHUNK // SEND_ROWS * epoch, tma=bool(FENCE))
 
     def send(i, n):
         senders = n * pk.num_programs(0)
@@ -196,7 +196,7 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
 
     staged = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
 
-    def store(g, acc, m0, n0, t):
+    def store(g, acc, m0, n0, t, i):
         if TMA_STORE:
             staged[g].store(out, acc, (m0 + 64 * g, n0), use=t)
         else:
@@ -214,23 +214,36 @@ def gemm_rs_ws(x: pk.gl["DT", 2], w: pk.gl["DT", 2], partials: pk.peers["PT", 3,
                DT: pk.const = None, PT: pk.const = None, WORLD: pk.const = None,
                BN: pk.const = 256, STAGES: pk.const = 4, PERSISTENT: pk.const = 1,
                MAP: pk.const = "row-major", TMS: pk.const = None, TN: pk.const = None,
-               TARGET: pk.target = None):
+               DEFER: pk.const = 1, TARGET: pk.target = None):
     """Hopper gemm_rs: gemm_ws blocks of x @ w.T (Ms = 128 TMS rows per rank, N = BN TN),
     the next rank's rows first; each consumer wave stores its 16 rows into the owner's
-    partials[rank] and adds 1 to done[rank, block] there (WS_SIGNALS per block)."""
+    partials[rank] and adds 1 to done[rank, block] there (WS_SIGNALS per block).
+
+    DEFER=1 (persistent): a wave signals a block once it has finished the next block's
+    products, so the release, which waits until the stores have reached the other GPU,
+    finds them landed instead of stalling the wave."""
     me = partials.rank
     ms = TMS * 128
 
     def tile_of(i):
         return _shard_block(i, TMS, TN, me + 1, WORLD, MAP, BN, TARGET)
 
-    def store(g, acc, m0, n0, t):
-        dst, r0 = m0 // ms, m0 % ms + 64 * g + pk.wave_id() % 4 * 16
-        pk.store(partials.peer(dst), acc, (me, r0, n0))
-        pk.signal(done.peer(dst), (me, m0 % ms // 128 * TN + n0 // BN), 1, add=True)
+    def signal(i):
+        m0, n0 = tile_of(i)
+        pk.signal(done.peer(m0 // ms), (me, m0 % ms // 128 * TN + n0 // BN), 1, add=True)
+
+    def store(g, acc, m0, n0, t, i):
+        if DEFER:
+            with pk.if_(t > 0):
+                signal(i - pk.num_programs(0))          # this workgroup's previous block
+        r0 = m0 % ms + 64 * g + pk.wave_id() % 4 * 16
+        pk.store(partials.peer(m0 // ms), acc, (me, r0, n0))
+        if not DEFER:
+            signal(i)
 
     ws_pipeline(x, w, WORLD * TMS * TN, tile_of, store, DT=DT, BN=BN, STAGES=STAGES,
-                PERSISTENT=PERSISTENT, PROMOTE=0)
+                PERSISTENT=PERSISTENT, PROMOTE=0,
+                after_tiles=(lambda g, i: signal(i)) if DEFER else None)
 
 
 @functools.lru_cache(maxsize=256)

@@ -101,7 +101,7 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     of C from registers."""
     out = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
 
-    def store(g, acc, m0, n0, t):
+    def store(g, acc, m0, n0, t, i):
         if TMA_STORE:
             out[g].store(c, acc, (m0 + 64 * g, n0), use=t)
         else:
@@ -112,15 +112,16 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
-                before_loads=None, side_work=None):
+                before_loads=None, side_work=None, after_tiles=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
     copying block i's operands (e.g. to wait until they have arrived); each consumer
-    warpgroup g hands its finished 64 x BN accumulator to `store(g, acc, m0, n0, t)`, t
-    counting this workgroup's blocks. The producer warpgroup's other three waves, idle
-    otherwise, run `side_work(i, 3)` (i = 0, 1, 2) alongside, e.g. moving data between
-    GPUs."""
+    warpgroup g hands its finished 64 x BN accumulator to `store(g, acc, m0, n0, t, i)`,
+    t counting this workgroup's blocks (i = block t's index); persistent, each consumer wave
+    then calls `after_tiles(g, i)` with its last block's index, if it had any. The producer
+    warpgroup's other three waves, idle otherwise, run `side_work(i, 3)` (i = 0, 1, 2)
+    alongside, e.g. moving data between GPUs."""
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
     a_t = pk.st((64, bk), DT, swizzle=8)
     ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t], b=pk.st((BN, bk), DT, swizzle=8))
@@ -160,4 +161,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                         with pk.if_(k > 0):                  # step k - 1's group retired
                             ring.release(k - 1)
                 pk.mma_wait(acc)
-                store(g, acc, m0, n0, t)
+                store(g, acc, m0, n0, t, walk.tile(t))
+            if after_tiles is not None and PERSISTENT:
+                with pk.if_(walk.mine > 0):
+                    after_tiles(g, walk.tile(walk.mine - 1))

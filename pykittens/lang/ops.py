@@ -271,7 +271,7 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None
         tr.emit("load", dst.v, (src.v,) + _coords(coord, 2, "load"), fill=float(fill))
     else:
         raise error(f"load source must be a global tensor parameter or a shared tile, "
-                    f"got {type(src).__name__}")
+                    f"got {type(src).__name__}{_peers_hint(src)}")
     return dst
 
 
@@ -297,7 +297,16 @@ def store(dst, src: Tile, coord=None, end=None) -> None:
         tr.emit("store", dst.v, (src.v,) + _coords(coord, 2, "store"))
     else:
         raise error(f"store destination must be a global tensor or a shared tile, "
-                    f"got {type(dst).__name__}")
+                    f"got {type(dst).__name__}{_peers_hint(dst)}")
+
+
+def _peers_hint(v) -> str:
+    """How to get a tensor out of a pk.peers parameter, when `v` is one."""
+    from .values import PeerTensors
+    if isinstance(v, PeerTensors):
+        return (f" ({v.name} holds one tensor per rank: pick one with {v.name}.local or "
+                f"{v.name}.peer(r))")
+    return ""
 
 
 def atomic_add(dst, src: Tile, coord=None, end=None) -> None:

@@ -157,12 +157,15 @@ def signal(flags, index, value, *, add: bool = False) -> None:
     current().emit("signal", None, _flag("signal", flags, index, value), add=bool(add))
 
 
-def wait_flag(flags, index, value) -> None:
+def wait_flag(flags, index, value, *, tma: bool = True) -> None:
     """Wait until flags[index] >= value (acquire, system scope): afterwards the calling
     wave sees everything the signals that raised it published. Flags only grow: count
     calls (an epoch) rather than resetting them. Every wave that reads the published data
-    waits itself, or is ordered after a wave that did (pk.barrier, an mbarrier)."""
-    current().emit("flag_wait", None, _flag("wait_flag", flags, index, value))
+    waits itself, or is ordered after a wave that did (pk.barrier, an mbarrier).
+    tma=True: TMA copies the wave issues next may read that data (on Hopper a proxy fence
+    follows the wait); tma=False saves the fence where only ordinary loads read it."""
+    current().emit("flag_wait", None, _flag("wait_flag", flags, index, value),
+                   tma=bool(tma))
 
 
 @contextlib.contextmanager

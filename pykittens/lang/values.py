@@ -383,6 +383,10 @@ class PeerTensors:
         """This rank's own tensor."""
         return self.peer(self.rank)
 
+    def __getitem__(self, index):
+        raise error(f"{self.name} holds one tensor per rank: index one of them, e.g. "
+                    f"{self.name}.local[...] or {self.name}.peer(r)[...]")
+
     def __getattr__(self, item):
         if item in ("v", "dim"):
             raise error(f"{self.name} is a pk.peers tensor (one per rank): pick one with "

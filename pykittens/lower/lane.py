@@ -57,8 +57,8 @@ Op kinds (attrs in brackets):
                                      parameters): a tensor operand for the ops above
   signal(gl, *index, value)[add]     lane 0 of the wave: flags[index] = value (add: +=),
                                      release at system scope
-  flag_wait(gl, *index, value)       the wave waits until flags[index] >= value (acquire,
-                                     system scope)
+  flag_wait(gl, *index, value)[tma]  the wave waits until flags[index] >= value (acquire,
+                                     system scope; tma: TMA copies may read what it publishes)
 """
 from __future__ import annotations
 

@@ -707,7 +707,8 @@ class _Lowering:
         self.emit("signal", None, tuple(self.val(s) for s in op.srcs), add=op.attrs["add"])
 
     def op_flag_wait(self, op):
-        self.emit("flag_wait", None, tuple(self.val(s) for s in op.srcs))
+        self.emit("flag_wait", None, tuple(self.val(s) for s in op.srcs),
+                  tma=op.attrs.get("tma", True))
 
     def op_arrive(self, op):
         self.emit("mbar_arrive", None, (), region=self.env[op.srcs[0]])

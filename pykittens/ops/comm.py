@@ -136,7 +136,8 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _fused_all_gather_linear(x, weight, group):
+def _fused_all_gather_linear(x, weight, group, **variant):
+    """The fused path (`variant`: kernel constants to try instead of the defaults)."""
     from ..runtime.launch import launch
     ms, k = x.shape
     n = weight.shape[0]
@@ -149,11 +150,12 @@ def _fused_all_gather_linear(x, weight, group):
     blocks = world * consts["TMS"] * consts["TN"]
     launch(K.ag_gemm_ws, x, st.local("gathered"), st.buf("gathered"), st.buf("ready"),
            weight, out, epoch, grid=(min(blocks, _sm_count(x.device)),), WORLD=world,
-           **consts)
+           **consts, **variant)
     return out
 
 
-def _fused_linear_reduce_scatter(x, weight, group):
+def _fused_linear_reduce_scatter(x, weight, group, **variant):
+    """The fused path (`variant`: gemm_rs_ws constants to try instead of the defaults)."""
     from ..runtime.launch import launch
     m, k = x.shape
     n = weight.shape[0]
@@ -168,7 +170,7 @@ def _fused_linear_reduce_scatter(x, weight, group):
     epoch = st.next_call()
     out = x.new_empty((ms, n))
     launch(K.gemm_rs_ws, x, weight, st.buf("partials"), st.buf("done"), epoch,
-           grid=(min(world * tiles, _sm_count(x.device)),), **consts)
+           grid=(min(world * tiles, _sm_count(x.device)),), **consts, **variant)
     launch(K.rs_reduce, st.buf("partials"), st.buf("done"), out, epoch, grid=(tiles,),
            BM=128, BN=consts["BN"], SIGNALS=K.WS_SIGNALS)
     return out
