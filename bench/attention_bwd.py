@@ -135,9 +135,14 @@ def performance(rows, details):
                         "causal": causal, **res})
 
 
-# schedule variants of the two big passes, timed alone (bench step "passes"); the first of
-# each is the library's default
-MAIN_VARIANTS = ({}, {"DQ_ATOMIC": 1})
+# schedule variants of the two big passes, timed alone (bench step "passes"), over dq="pass"'s
+# launch constants. Main pass: LSE_EARLY loads the next step's LSE and delta right after dK's
+# product is issued (the library's default but for the atomic schedule's causal D=128
+# build); DQ_ATOMIC adds dQ (the library's default on Hopper). DQ_DIAG builds (timing only,
+# their dQ is wrong or absent; add them here to use them) place the time of dQ: 1 leaves out
+# the TMA reductions, 2 the groups' wait for each other's dS, 3 both (docs/PERF.md)
+MAIN_VARIANTS = ({"LSE_EARLY": 0}, {"LSE_EARLY": 1}, {"DQ_ATOMIC": 1, "LSE_EARLY": 0},
+                 {"DQ_ATOMIC": 1, "LSE_EARLY": 1})
 DQ_VARIANTS = ({},)
 PASS_SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1)]
 
@@ -177,16 +182,32 @@ def passes(rows, details):
                 "dq": (q, k, v, do, lse, delta, dq, 1 / m.sqrt(d))}
         gemm = 2 * b * hq * n * n * d / (2 if causal else 1)       # one n x n x d product
         label = f"({b},{hq},{hkv},{n},{d}){' causal' if causal else ''}"
+        first = {}          # the main pass's outputs by its first variant with(out) dQ
         for name, kernel, grid, consts in pass_plans(shape):
             fn = lambda: pk.launch(kernel, *args[name.split()[0]], grid=grid, **consts)  # noqa: E731
             t = graph_time(fn, reps=10)
             products = {"prep": 0, "main": 5 if consts.get("DQ_ATOMIC") else 4,
                         "dq": 3}[name.split()[0]]
             tf = products * gemm / t / 1e12
+            agree = ""
+            if name.startswith("main") and not consts.get("DQ_DIAG"):
+                # one more launch from a zeroed dQ and poisoned dK, dV: each variant computes
+                # what the first of its kind does (up to the order of dQ's additions)
+                dq32.zero_()
+                dk.fill_(float("nan"))
+                dv.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                outs = [dk.float(), dv.float()] + ([dq32.clone()] if consts.get("DQ_ATOMIC")
+                                                   else [])
+                ref = first.setdefault(bool(consts.get("DQ_ATOMIC")), outs)
+                err = max(float((a - b).norm() / b.norm()) if torch.isfinite(a).all()
+                          else math.inf for a, b in zip(outs, ref))
+                agree = f"{'ok' if err < 1e-4 else 'FAIL'} (agrees to {err:.1e})"
             _row(rows, "pass", name, "bf16", label, f"{t * 1e3:.3f} ms",
-                 f"{tf:.0f} TFLOP/s" if products else "")
+                 f"{tf:.0f} TFLOP/s" if products else "", agree)
             details.append({"check": "pass_time", "shape": shape, "pass": name, "s": t,
-                            "tflops": tf})
+                            "tflops": tf, "agreement": agree})
 
 
 def main() -> int:

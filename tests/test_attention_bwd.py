@@ -44,14 +44,15 @@ def reference_grads(q, k, v, do, scale, causal):
             group_sum(p.swapaxes(-1, -2) @ dod))
 
 
-def backward(q, k, v, do, causal, dq_schedule):
-    """The forward and the three backward passes, as ops.attention runs them on CPU."""
+def backward(q, k, v, do, causal, dq_schedule, **over):
+    """The forward and the three backward passes, as ops.attention runs them on CPU (`over`:
+    constants of the main pass, e.g. a schedule variant)."""
     scale, run = 1 / math.sqrt(q.shape[-1]), dict(target="sm_90a")
     grid, consts = attention_fwd_launch({"q": q, "k": k, "v": v}, "sm_90a", CAUSAL=causal)
     fwd = pk.emulate(attention_fwd, q, k, v, np.zeros_like(q),
                      np.zeros(q.shape[:3], np.float32), scale, grid=grid, **run, **consts)
     (pg, pc), (mg, mc), dq_plan = attention_bwd_launch(
-        {"q": q, "k": k}, "sm_90a", dq=dq_schedule, CAUSAL=causal)
+        {"q": q, "k": k}, "sm_90a", dq=dq_schedule, CAUSAL=causal, **over)
     delta = pk.emulate(attention_bwd_prep, fwd["o"], do, np.zeros(q.shape[:3], np.float32),
                        grid=pg, **run, **pc)["delta"]
     nan = lambda x, dt=None: np.full(x.shape, np.nan, dt or x.dtype)  # noqa: E731
@@ -91,6 +92,17 @@ def test_gradients_match_float64(rng, d, causal, shape):
 def test_atomic_dq_schedule(rng, d, causal):
     """dQ added into f32 by the main pass's TMA reductions, f16, a 4:1 group."""
     got, want = backward(*inputs(rng, 1, 4, 1, 150, 180, d, "f16"), causal, "atomic")
+    check(got, want)
+
+
+@pytest.mark.parametrize("early", [0, 1])
+@pytest.mark.parametrize("d,causal", [(128, 0), (64, 1)])
+def test_atomic_dq_schedule_lse_early(rng, d, causal, early):
+    """The main pass with the next step's LSE and delta loaded early (LSE_EARLY, the launch's
+    default but for the atomic causal D=128 build) and at the end of the step; a 2:1 group
+    over several query blocks."""
+    got, want = backward(*inputs(rng, 1, 4, 2, 300, 180, d, "f16"), causal, "atomic",
+                         LSE_EARLY=early)
     check(got, want)
 
 

@@ -46,13 +46,18 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
                   DQ_ATOMIC: pk.const = 1, TARGET: pk.target = None,
-                  MAP: pk.const = "head-first"):
+                  MAP: pk.const = "head-first", DQ_DIAG: pk.const = 0,
+                  LSE_EARLY: pk.const = 0):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
-    Grid and constants: attention_bwd_launch."""
+    Grid and constants: attention_bwd_launch. DQ_DIAG (Hopper, timing only; 0 in every
+    library launch): 1 leaves out dQ's TMA reductions, 2 the consumers' wait for each
+    other's dS (a race: wrong dQ) - variants for bench/attention_bwd.py, to place the time.
+    LSE_EARLY (Hopper): the next step's LSE and delta are loaded right after dK's product is
+    issued rather than at the end of the step (attention_bwd_launch sets it)."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                    DQ_ATOMIC)
+                    DQ_ATOMIC, diag=DQ_DIAG, early=LSE_EARLY)
     elif TARGET in CDNA_TARGETS:
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
                  TARGET)
@@ -73,7 +78,7 @@ def _sequence(q, k, b, cu_q, cu_k):
 
 
 def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                DQ_ATOMIC, cu_q=None, cu_k=None):
+                DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, early=0):
     """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
     (64 per consumer) and then each query block's Q and dO into a ring; two consumer
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
@@ -138,7 +143,8 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                     h, q0 = block(step)
                     for j in pk.static_range(D // 64):
                         pk.wait(dq_ready[j], step % 2)
-                        pk.tma_store(dq, dq_stage[j], (b, h, q0, 64 * j), add=True)
+                        if not diag & 1:
+                            pk.tma_store(dq, dq_stage[j], (b, h, q0, 64 * j), add=True)
                         pk.arrive(dq_free[j])
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=240):
@@ -176,9 +182,13 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                     pk.store(sds[g][step % 2], pk.transpose(ds_t).cast(DT), (0, 16 * w))
                 pk.mma_AB(dk_acc, pk.convert(pk.rt((16, BM), DT, role="a"), ds_t), s.q,
                           in_flight=1)                                  # dK += dS^T Q
+                if early:           # the next step's, their latency under dQ's (or dK's) product
+                    pk.load(lse_q, lse, row_at(hn, qs + qn), fill=math.inf)
+                    pk.load(delta_q, delta, row_at(hn, qs + qn))
                 if DQ_ATOMIC:
                     pk.arrive(ds_ready)
-                    pk.wait(ds_ready, step % 2)
+                    if not diag & 2:
+                        pk.wait(ds_ready, step % 2)
                     for j in pk.static_range(g, D // 64, 2):   # this group's 64 columns of dQ
                         dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
                         pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=1)
@@ -188,8 +198,9 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                         pk.store(dq_stage[j], dq_part * scale, (16 * w, 0))
                         pk.arrive(dq_ready[j])
                 pk.mma_wait(dk_acc)
-                pk.load(lse_q, lse, row_at(hn, qs + qn), fill=math.inf)  # the next step's
-                pk.load(delta_q, delta, row_at(hn, qs + qn))
+                if not early:
+                    pk.load(lse_q, lse, row_at(hn, qs + qn), fill=math.inf)  # the next step's
+                    pk.load(delta_q, delta, row_at(hn, qs + qn))
                 ring.release(step)
             end = (None, ks_ + nk, None) if varlen else None
             pk.store(dk, (dk_acc * scale).cast(DT), at(hk, ks_ + key0), end=end)
@@ -388,9 +399,12 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, **overrides):
     prep = ((-(-nq // 64), hq, b), {"D": d})
     if t.family == "cdna":
         return prep, *cdna_bwd_launch(b, hq, hkv, nq, nk, d, t.name, dq, causal, overrides)
+    # the next step's LSE and delta loaded early: faster on the H200 except where it makes
+    # the atomic schedule's causal D=128 build spill (docs/PERF.md, 2026-12-01 profile)
+    early = int(not (dq == "atomic" and causal and d == 128))
     main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
                                        "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
-                                       **overrides})
+                                       "LSE_EARLY": early, **overrides})
     dq_plan = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
                                          "TARGET": t.name}) if dq == "pass" else None
     return prep, main, dq_plan
