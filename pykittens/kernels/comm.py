@@ -154,7 +154,9 @@ def _shard_block(i, TMS, TN, first_rank, WORLD, MAP, BN, TARGET):
     return src * TMS * 128 + m0, n0
 
 
-SEND_ROWS = 16     # rows a sending wave of ag_gemm_ws moves at a time (each then signals)
+# what a sending wave of ag_gemm_ws moves at a time through its registers (each block then
+# signals): 8 x 32 16-bit elements fit the producer warpgroup's budget without spilling
+SEND_ROWS, SEND_COLS = 8, 32
 
 
 @pk.kernel(num_waves=12)
@@ -189,9 +191,9 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
             r0 = (first + t * senders) * SEND_ROWS
             for d in pk.range(WORLD):
                 dst = (me + d) % WORLD
-                for k in pk.range(_cdiv(K, 64)):
-                    rows = pk.load(pk.rt((SEND_ROWS, 64), DT), x, (r0, k * 64))
-                    pk.store(to.peer(dst), rows, (me * ms + r0, k * 64))
+                for k in pk.range(_cdiv(K, SEND_COLS)):
+                    rows = pk.load(pk.rt((SEND_ROWS, SEND_COLS), DT), x, (r0, k * SEND_COLS))
+                    pk.store(to.peer(dst), rows, (me * ms + r0, k * SEND_COLS))
                 pk.signal(ready.peer(dst), (me, r0 // CHUNK), 1, add=True)
 
     staged = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None

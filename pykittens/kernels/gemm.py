@@ -111,6 +111,11 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                 DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE)
 
 
+# the producer warpgroup's registers when its idle waves have side work: what the register
+# file leaves beside two 232-register consumer warpgroups (65536 - 256 x 232 = 128 x 48)
+PRODUCER_REGS = 48
+
+
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
                 before_loads=None, side_work=None, after_tiles=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
@@ -127,7 +132,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t], b=pk.st((BN, bk), DT, swizzle=8))
     steps = (a.shape[1] + bk - 1) // bk
     walk = pk.tile_walk(tiles, persistent=PERSISTENT)
-    with pk.role(0, 4, regs=40):
+    with pk.role(0, 4, regs=40 if side_work is None else PRODUCER_REGS):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
                 m0, n0 = tile_of(walk.tile(t))

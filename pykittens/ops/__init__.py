@@ -1,5 +1,6 @@
 """pykittens as torch operators: attention, attention_varlen, layer_norm, rms_norm, add_rms_norm, softmax,
-rope, linear and matmul (docs/ops.md).
+rope, linear and matmul; tensor-parallel all_gather_linear and linear_reduce_scatter over a
+torch.distributed group (docs/ops.md).
 
 Each op is a `torch.library.custom_op` with a fake implementation, so it composes with
 torch.compile, and autograd where the op has a backward. CUDA (or ROCm) tensors launch the
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 from .attention import attention
 from .attention_varlen import attention_varlen
+from .comm import all_gather_linear, linear_reduce_scatter
 from .matmul import linear, matmul
 from .norms import add_rms_norm, layer_norm, rms_norm
 from .rope import rope
 from .softmax import softmax
 
-__all__ = ["add_rms_norm", "attention", "attention_varlen", "layer_norm", "linear", "matmul", "rms_norm", "rope",
+__all__ = ["add_rms_norm", "all_gather_linear", "attention", "attention_varlen", "layer_norm", "linear", "linear_reduce_scatter", "matmul", "rms_norm",
+           "rope",
            "softmax"]
