@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import pykittens as pk
+from pykittens.kernels.gemm_cdna import gemm_pingpong
 from pykittens import compiler
 from pykittens.analysis import hsaco
 from pykittens.toolchain import amdgpu
@@ -250,6 +251,7 @@ KERNELS = {
     "pinned_mx": (pinned_mx, {}, ("gfx950",)),
     "pinned_operands": (pinned_operands, {}, CDNA),
     "pinned_branch": (pinned_branch, {}, CDNA),
+    "gemm_pingpong": (gemm_pingpong, {"DT": "bf16", "OUT": "f32"}, CDNA),   # the library's
 }
 CASES = [(name, t) for name, (_, _, ts) in KERNELS.items() for t in ts]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import gemm, gemm_wgmma, gemm_ws
+from .gemm_cdna import gemm_pingpong, gemm_pingpong_launch
 from . import rows
 from .layernorm import layernorm, layernorm_bwd
 from .pipeline import tma_scale, ws_scale
@@ -481,6 +482,14 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                # K = 4096, docs/PERF.md)
                tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_nt_torch,
                targets=("sm_90a",)),          # TMA + warpgroup MMA, warp-specialised: Hopper
+    KernelSpec("gemm_pingpong", gemm_pingpong, _gemm_nt_inputs, _gemm_nt_ref,
+               lambda i, t: gemm_pingpong_launch(i["a"].shape[0], i["b"].shape[0],
+                                                 i["a"].shape[1], t),
+               ("c",), shapes=((256, 256, 64), (300, 520, 72), (100, 70, 40)),
+               gpu_shapes=((8192, 8192, 8192),), dtypes=("bf16", "f16"),
+               compile_consts={"DT": "bf16", "OUT": "f32"},
+               tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_nt_torch,
+               targets=("gfx942", "gfx950")),  # 8-wave ping-pong, MFMA, direct loads: CDNA
     KernelSpec("tma_scale", tma_scale, _ws_inputs, _ws_ref,
                lambda i, t: ((-(-i["x"].shape[0] // 64), -(-i["x"].shape[1] // 64)), {}),
                ("out",), shapes=((64, 64), (100, 136), (130, 72)),
@@ -496,6 +505,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 __all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err",
            "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch",
            "rope_launch",
-           "add_rmsnorm", "column_sum", "gemm", "gemm_wgmma", "gemm_ws", "layernorm",
+           "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch",
+           "gemm_wgmma", "gemm_ws", "layernorm",
            "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope", "scaled_add", "softmax",
            "softmax_bwd", "tma_scale", "ws_scale"]

@@ -5,8 +5,9 @@ the operands' dtype with float32 accumulation; its gradients are gemms of the ot
 
 The kernel: on Hopper `gemm_ws` (warp-specialised wgmma; it reads A as (M, K) and B as
 (N, K), a linear layer's weight as it is) wherever K x element size is a multiple of 16
-bytes (its TMA copies), else the mma.sync `gemm`; on CDNA `gemm` (MFMA; A (M, K), B (K, N)).
-An operand stored the other way is copied transposed (torch) first."""
+bytes (its TMA copies), else the mma.sync `gemm`; on CDNA `gemm_pingpong` (8-wave
+ping-pong MFMA on 256 x 256 blocks; A (M, K), B (N, K) as well). An operand stored the
+other way is copied transposed (torch) first."""
 from __future__ import annotations
 
 import functools
@@ -15,6 +16,7 @@ import torch
 
 from ..kernels import KERNELS, gemm_ws_launch
 from ..kernels.gemm import gemm, gemm_ws
+from ..kernels.gemm_cdna import STEP_K, gemm_pingpong, gemm_pingpong_launch
 from .run import HALVES, check_same, check_tensor, run, target_of
 
 FORMS = ("nn", "nt", "tn")
@@ -35,7 +37,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
         return c.zero_()
     target = target_of(a)
     kernel, grid, consts = _plan(target, m, k, n, a.itemsize)
-    b_rows = B.t() if kernel is gemm_ws else B             # gemm_ws reads B as (N, K)
+    b_rows = B.t() if kernel in (gemm_ws, gemm_pingpong) else B    # these read B as (N, K)
     run(kernel, {"a": A.contiguous(), "b": b_rows.contiguous(), "c": c}, grid, consts,
         ("c",))
     return c
@@ -56,6 +58,8 @@ def _plan(target: str, m: int, k: int, n: int, itemsize: int):
         i = {"a": _Meta((m, k), itemsize), "b": _Meta((n, k), itemsize),
              "c": _Meta((m, n), itemsize)}
         return (gemm_ws, *gemm_ws_launch(i, target))
+    if target in STEP_K:
+        return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize))
     i = {"a": _Meta((m, k), itemsize), "b": _Meta((k, n), itemsize)}
     return (gemm, *KERNELS["gemm"].launch(i, target))
 

@@ -1,0 +1,113 @@
+"""The CDNA library GEMM (gfx942, gfx950): HipKittens' 8-wave ping-pong on 256 x 256 blocks.
+
+C = A @ B.T with A (M, K) and B (N, K) — a linear layer's weight as it is — bf16 or f16,
+f32 accumulation. Each workgroup owns a 256 x 256 block of C: 8 waves, each a 64 x 128
+quadrant (waves 2i, 2i+1 share rows i * 64), its accumulator pinned to a0..a127 so the
+MFMAs read and write it in place. K advances BK at a time through two LDS stages filled by
+direct memory->LDS loads, two steps ahead.
+
+The waves form two groups one barrier phase apart (`pk.pingpong`); a K step is two
+clusters, so that while one group issues its MFMAs at raised priority the other fills the
+stage two steps ahead and reads the next step's operands from LDS:
+
+    compute  acc += A_k B_k^T                (operands in registers)
+    memory   fetch step k + 2 -> stage k % 2 | A_{k+1}, B_{k+1}: LDS -> registers
+
+A stage is refilled only after both groups have read it (one phase apart, a barrier
+between), and read only after both halves of its fetch have landed (each group copies its
+half in its own memory cluster).
+
+The block order is the chiplet-aware mapping the launcher picks with the cache simulator
+(chiplet.auto_mapping over 256 x 256 blocks: XCD chunking with a window)."""
+import pykittens as pk
+
+from .gemm import output_tile
+
+BLOCK = 256           # rows and columns of C per workgroup
+WAVES = 8             # two ping-pong groups of 4
+WAVE_M, WAVE_N = 64, 128
+STORE_N = 32          # columns of C a wave converts and stores at once
+
+
+def _cluster(kind):
+    """A ping-pong cluster whose instructions the compiler keeps between its barriers."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cm():
+        with kind():
+            pk.sched_barrier()
+            yield
+            pk.sched_barrier()
+    return cm()
+
+
+@pk.kernel(num_waves=WAVES)
+def gemm_pingpong(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
+                  DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 0,
+                  PIN: pk.const = "a0", MAP: pk.const = "row-major", TM: pk.const = 0,
+                  TN: pk.const = 0, TARGET: pk.target = None):
+    """C = A @ B.T on 256 x 256 blocks (module docstring); BK = 0: the target's STEP_K."""
+    if TARGET not in STEP_K:
+        raise pk.KernelError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not "
+                             f"{TARGET}; on Hopper use gemm_ws")
+    BK = BK or STEP_K[TARGET]
+    m0, n0 = output_tile(MAP, TM, TN, BLOCK, BLOCK, TARGET)
+    sa = pk.empty(pk.st((BLOCK, BK), DT), count=2)
+    sb = pk.empty(pk.st((BLOCK, BK), DT), count=2)
+    wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
+    ta = pk.empty(pk.rt((WAVE_M, BK), DT, "row", role="a"))
+    tb = pk.empty(pk.rt((WAVE_N, BK), DT, "row", role="b"))
+    acc = pk.zeros(pk.rt((WAVE_M, WAVE_N), pk.f32, role="acc", pin=PIN or None))
+    steps = (a.shape[1] + BK - 1) // BK
+
+    def fetch(k):                       # this wave's share of step k's operands -> LDS
+        pk.load(sa[k % 2], a, (m0, k * BK), direct=True)
+        pk.load(sb[k % 2], b, (n0, k * BK), direct=True)
+
+    def operands(k):                    # this wave's rows of step k: LDS -> registers
+        pk.load(ta, sa[k % 2], (wm * WAVE_M, 0))
+        pk.load(tb, sb[k % 2], (wn * WAVE_N, 0))
+
+    fetch(0)
+    with pk.if_(steps > 1):
+        fetch(1)
+    pk.barrier()
+    operands(0)
+    with pk.pingpong() as pp:
+        for k in pk.range(steps):
+            with _cluster(pp.compute):
+                pk.mma_ABt(acc, ta, tb)
+            with _cluster(pp.memory):
+                with pk.if_(k + 2 < steps):
+                    fetch(k + 2)
+                with pk.if_(k + 1 < steps):
+                    operands(k + 1)
+    for j in pk.static_range(WAVE_N // STORE_N):       # a strip at a time: few registers
+        pk.store(c, pk.subtile(acc, (0, j * STORE_N), (WAVE_M, STORE_N)),
+                 (m0 + wm * WAVE_M, n0 + wn * WAVE_N + j * STORE_N))
+
+
+# K per step: the largest whose code object keeps every value in registers at 2 waves per
+# SIMD (256 VGPRs + AGPRs each, 128 of them the pinned accumulator) with no spills
+# (tests/test_gemm_cdna.py): gfx950 32 (64 would need ~260 registers for its operands);
+# gfx942 16 (its direct loads move dwords, one M0 setup each: 32 spills SGPRs)
+STEP_K = {"gfx950": 32, "gfx942": 16}
+
+
+def gemm_pingpong_launch(m: int, n: int, k: int, target: str, itemsize: int = 2):
+    """(grid, consts) of gemm_pingpong for an (m, k) x (n, k) product on a CDNA target:
+    one workgroup per 256 x 256 block of C, in the cache simulator's order."""
+    from .. import chiplet
+    from ..targets import get
+    t = get(target)
+    if t.name not in STEP_K:
+        raise ValueError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not {target}; on "
+                         "Hopper use gemm_ws")
+    if itemsize != 2:
+        raise ValueError("gemm_pingpong takes bf16 or f16 operands")
+    tm, tn = max(1, -(-m // BLOCK)), max(1, -(-n // BLOCK))
+    op = chiplet.Gemm(tm * BLOCK, tn * BLOCK, max(k, 1), bm=BLOCK, bn=BLOCK, bk=STEP_K[t.name])
+    spec = chiplet.auto_mapping(op, target=t.name).spec
+    return (tm * tn,), {"BK": STEP_K[t.name], "MAP": spec, "TM": tm, "TN": tn,
+                        "TARGET": t.name}

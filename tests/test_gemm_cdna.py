@@ -1,0 +1,184 @@
+"""The CDNA library GEMM, gemm_pingpong (HipKittens' 8-wave ping-pong on 256 x 256 blocks):
+what its code objects hold on gfx942 and gfx950 (pinned AGPR accumulators, MFMAs at
+raised priority inside the main loop, direct memory->LDS loads, two waves per SIMD, no
+spills), that the emulator catches the schedule's hazards when planted, and that
+pykittens.ops takes it on CDNA. Its results against float64 in both emulators are the
+library-wide tests' (test_kernels, isa/test_isa_kernels)."""
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pykittens as pk
+from pykittens import compiler
+from pykittens.analysis import hsaco
+from pykittens.emulator.machine import Race
+from pykittens.kernels.gemm import output_tile
+from pykittens.kernels.gemm_cdna import (STEP_K, WAVE_M, WAVE_N, gemm_pingpong,
+                                         gemm_pingpong_launch)
+from pykittens.toolchain import amdgpu
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+CDNA = ("gfx942", "gfx950")
+# the MFMA each chip's bf16 32x32 tiles take
+MFMA = {"gfx942": "v_mfma_f32_32x32x8_bf16", "gfx950": "v_mfma_f32_32x32x16_bf16"}
+
+
+@pytest.fixture(scope="module", params=CDNA)
+def built(request):
+    target = request.param
+    _, consts = gemm_pingpong_launch(8192, 8192, 8192, target)
+    obj = compiler.code_object(gemm_pingpong, target, DT="bf16", OUT="bf16", **consts)
+    rep = hsaco.report(obj, target, num_waves=8)
+    insts, labels = hsaco.instructions(amdgpu.disassemble(obj, target), rep["kernel"])
+    return target, rep, insts, hsaco.main_loop(insts, labels)
+
+
+def test_no_spills_and_two_waves_per_simd(built):
+    target, rep, _, _ = built
+    assert rep["scratch_bytes"] == 0 and (rep["vgpr_spill"], rep["sgpr_spill"]) == (0, 0), rep
+    # 8 waves, two per SIMD: each keeps to half of the 512 unified registers
+    assert rep["agpr"] == 128 and rep["vgpr"] + rep["agpr"] <= 256, rep
+    assert rep["occupancy_limits"]["registers"] >= 2, rep
+    # two stages of 256 x BK blocks of A and B
+    assert rep["lds_bytes"] == 2 * 2 * 256 * STEP_K[target] * 2, rep
+
+
+def test_main_loop_issues_the_mfmas_on_the_pinned_accumulator(built):
+    target, rep, insts, loop = built
+    body = [f"{op} {arg}" for op, arg in loop.instructions(insts)]
+    mfma = [t for t in body if t.startswith("v_mfma")]
+    # one wave's 64 x 128 quadrant: 8 tiles of 32 x 32, BK / (K of one MFMA) deep
+    per_mfma_k = {"gfx942": 8, "gfx950": 16}[target]
+    assert len(mfma) == 8 * STEP_K[target] // per_mfma_k == rep["loop_mfma"], mfma
+    assert all(t.startswith(MFMA[target]) for t in mfma), mfma
+    # every MFMA accumulates in place on a0..a127 (the pinned tile), 16 AGPRs each
+    tiles = {re.match(r"\S+ (a\[\d+:\d+\]),.*, (a\[\d+:\d+\])$", t).groups() for t in mfma}
+    assert all(d == c for d, c in tiles), tiles
+    assert sorted(int(d[2:].split(":")[0]) for d, _ in tiles) == list(range(0, 128, 16))
+    # and the accumulator never leaves its AGPRs inside the loop
+    assert not [t for t in body if t.startswith("v_accvgpr")]
+
+
+def test_main_loop_is_a_ping_pong(built):
+    target, rep, insts, loop = built
+    body = [op for op, _ in loop.instructions(insts)]
+    assert "s_setprio" in body and body.count("s_barrier") >= 2, body
+    # raised priority around the MFMAs, back to 0 before the memory cluster
+    prio = [arg for op, arg in loop.instructions(insts) if op == "s_setprio"]
+    assert {"1", "0"} <= set(prio), prio
+    # the next steps' operands arrive by direct memory->LDS loads (the element-by-element
+    # path beside them takes a window that crosses the tensor's edge) and LDS reads
+    args = [arg for op, arg in loop.instructions(insts) if op.startswith("buffer_load")]
+    assert any(a.rstrip().endswith(" lds") for a in args), args
+    assert any(op.startswith("ds_read") for op in body), body
+
+
+def test_mfma_share_of_the_executed_loop(built):
+    """The executed loop's instruction mix, as the report gives it (the small example GEMM's
+    MFMAs were about 5% of it)."""
+    target, rep, _, _ = built
+    mix = rep["loop_executed"]
+    assert mix["mfma"] / mix["total"] >= 0.09, mix
+
+
+# ---- planted schedule bugs: the emulator reports them -------------------------------------------
+
+def _variant(fetch_ahead=2, first_barrier=True):
+    """gemm_pingpong with its fetch distance or its prologue barrier changed."""
+    @pk.kernel(num_waves=8)
+    def gemm_variant(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
+                     DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 32,
+                     TARGET: pk.target = None):
+        m0, n0 = output_tile("row-major", 0, 0, 256, 256, TARGET)
+        sa = pk.empty(pk.st((256, BK), DT), count=2)
+        sb = pk.empty(pk.st((256, BK), DT), count=2)
+        wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
+        ta = pk.empty(pk.rt((WAVE_M, BK), DT, "row", role="a"))
+        tb = pk.empty(pk.rt((WAVE_N, BK), DT, "row", role="b"))
+        acc = pk.zeros(pk.rt((WAVE_M, WAVE_N), pk.f32, role="acc"))
+        steps = (a.shape[1] + BK - 1) // BK
+
+        def fetch(k):
+            pk.load(sa[k % 2], a, (m0, k * BK), direct=True)
+            pk.load(sb[k % 2], b, (n0, k * BK), direct=True)
+
+        def operands(k):
+            pk.load(ta, sa[k % 2], (wm * WAVE_M, 0))
+            pk.load(tb, sb[k % 2], (wn * WAVE_N, 0))
+
+        fetch(0)
+        with pk.if_(steps > 1):
+            fetch(1)
+        if first_barrier:
+            pk.barrier()
+        operands(0)
+        with pk.pingpong() as pp:
+            for k in pk.range(steps):
+                with pp.compute():
+                    pk.mma_ABt(acc, ta, tb)
+                with pp.memory():
+                    with pk.if_(k + fetch_ahead < steps):
+                        fetch(k + fetch_ahead)
+                    with pk.if_(k + 1 < steps):
+                        operands(k + 1)
+        pk.store(c, acc, (m0 + wm * WAVE_M, n0 + wn * WAVE_N))
+    return gemm_variant
+
+
+def _run(kernel, target="gfx950"):
+    rng = np.random.default_rng(3)
+    bf = ml_dtypes.bfloat16
+    a = rng.standard_normal((256, 160)).astype(bf)
+    b = rng.standard_normal((256, 160)).astype(bf)
+    out = pk.emulate(kernel, a, b, np.zeros((256, 256), np.float32), grid=1, target=target)
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    return np.linalg.norm(out["c"] - want) / np.linalg.norm(want)
+
+
+def test_the_variant_unchanged_is_right():
+    assert _run(_variant()) < 1e-6
+
+
+def test_refilling_the_stage_being_read_is_a_race():
+    """Fetch one step ahead: the next step's copy lands in the stage the other group is
+    still reading."""
+    with pytest.raises(Race):
+        _run(_variant(fetch_ahead=1))
+
+
+def test_reading_before_the_copies_land_is_a_race():
+    with pytest.raises(Race):
+        _run(_variant(first_barrier=False))
+
+
+# ---- from torch ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", CDNA)
+def test_ops_linear_runs_it_on_cdna(target, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import sys
+
+    import pykittens.ops as pko
+    from pykittens.ops import run as ops_run
+    ops_matmul = sys.modules["pykittens.ops.matmul"]
+    monkeypatch.setattr(ops_run, "EMULATE_TARGET", target)
+    assert ops_matmul._plan(target, 70, 96, 130, 2)[0] is gemm_pingpong
+    x = torch.randn(70, 96, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(130, 96) / 10).to(torch.bfloat16).requires_grad_()
+    y = pko.linear(x, w)
+    y.float().square().sum().backward()
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    (x64 @ w64.T).square().sum().backward()
+    for got, want in ((y, x64 @ w64.T), (x.grad, x64.grad), (w.grad, w64.grad)):
+        want = want.detach()
+        assert float((got.double() - want).norm() / want.norm()) < 1e-2
+
+
+def test_hopper_is_refused_with_the_kernel_to_use():
+    with pytest.raises(ValueError, match="on Hopper use gemm_ws"):
+        gemm_pingpong_launch(256, 256, 64, "sm_90a")
+    with pytest.raises(pk.KernelError, match="on Hopper use gemm_ws"):
+        compiler.tile_ir(gemm_pingpong, "sm_90a", DT="bf16", OUT="f32")
