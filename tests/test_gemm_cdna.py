@@ -15,7 +15,7 @@ from pykittens import compiler
 from pykittens.analysis import hsaco
 from pykittens.emulator.machine import Race
 from pykittens.kernels.gemm import output_tile
-from pykittens.kernels.gemm_cdna import (STEP_K, WAVE_M, WAVE_N, gemm_pingpong,
+from pykittens.kernels.gemm_cdna import (STEP_BYTES, WAVE_M, WAVE_N, gemm_pingpong,
                                          gemm_pingpong_launch)
 from pykittens.toolchain import amdgpu
 
@@ -43,7 +43,7 @@ def test_no_spills_and_two_waves_per_simd(built):
     assert rep["agpr"] == 128 and rep["vgpr"] + rep["agpr"] <= 256, rep
     assert rep["occupancy_limits"]["registers"] >= 2, rep
     # two stages of 256 x BK blocks of A and B
-    assert rep["lds_bytes"] == 2 * 2 * 256 * STEP_K[target] * 2, rep
+    assert rep["lds_bytes"] == 2 * 2 * 256 * STEP_BYTES[target], rep
 
 
 def test_main_loop_issues_the_mfmas_on_the_pinned_accumulator(built):
@@ -52,7 +52,7 @@ def test_main_loop_issues_the_mfmas_on_the_pinned_accumulator(built):
     mfma = [t for t in body if t.startswith("v_mfma")]
     # one wave's 64 x 128 quadrant: 8 tiles of 32 x 32, BK / (K of one MFMA) deep
     per_mfma_k = {"gfx942": 8, "gfx950": 16}[target]
-    assert len(mfma) == 8 * STEP_K[target] // per_mfma_k == rep["loop_mfma"], mfma
+    assert len(mfma) == 8 * STEP_BYTES[target] // 2 // per_mfma_k == rep["loop_mfma"], mfma
     assert all(t.startswith(MFMA[target]) for t in mfma), mfma
     # every MFMA accumulates in place on a0..a127 (the pinned tile), 16 AGPRs each
     tiles = {re.match(r"\S+ (a\[\d+:\d+\]),.*, (a\[\d+:\d+\])$", t).groups() for t in mfma}
@@ -182,3 +182,35 @@ def test_hopper_is_refused_with_the_kernel_to_use():
         gemm_pingpong_launch(256, 256, 64, "sm_90a")
     with pytest.raises(pk.KernelError, match="on Hopper use gemm_ws"):
         compiler.tile_ir(gemm_pingpong, "sm_90a", DT="bf16", OUT="f32")
+
+
+# ---- fp8: the same schedule, twice the K per step ------------------------------------------------
+
+FP8 = {"gfx942": ("e4m3fnuz", ml_dtypes.float8_e4m3fnuz), "gfx950": ("e4m3", ml_dtypes.float8_e4m3fn)}
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_fp8_in_both_emulators(target):
+    name, npdt = FP8[target]
+    rng = np.random.default_rng(5)
+    m, n, k = 260, 300, 136                       # ragged: blocks and steps cross the edges
+    a = (rng.standard_normal((m, k)) * 2).astype(npdt)
+    b = (rng.standard_normal((n, k)) * 2).astype(npdt)
+    grid, consts = gemm_pingpong_launch(m, n, k, target, itemsize=1)
+    assert consts["BK"] == STEP_BYTES[target]
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    for isa in (False, True):
+        got = pk.emulate(gemm_pingpong, a, b, np.full((m, n), np.nan, np.float32), grid=grid,
+                         target=target, isa=isa, **consts)["c"]
+        # fp8 products are exact in f32: only the f32 sums' rounding
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, (isa, target)
+
+
+@pytest.mark.parametrize("target", CDNA)
+def test_fp8_build_has_no_spills(target):
+    name, _ = FP8[target]
+    _, consts = gemm_pingpong_launch(8192, 8192, 8192, target, itemsize=1)
+    obj = compiler.code_object(gemm_pingpong, target, DT=name, OUT="bf16", **consts)
+    rep = hsaco.report(obj, target, num_waves=8)
+    assert rep["scratch_bytes"] == 0 and (rep["vgpr_spill"], rep["sgpr_spill"]) == (0, 0), rep
+    assert rep["vgpr"] + rep["agpr"] <= 256 and rep["loop_executed"]["mfma"] > 0, rep

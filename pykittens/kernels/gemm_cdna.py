@@ -1,7 +1,7 @@
 """The CDNA library GEMM (gfx942, gfx950): HipKittens' 8-wave ping-pong on 256 x 256 blocks.
 
-C = A @ B.T with A (M, K) and B (N, K) — a linear layer's weight as it is — bf16 or f16,
-f32 accumulation. Each workgroup owns a 256 x 256 block of C: 8 waves, each a 64 x 128
+C = A @ B.T with A (M, K) and B (N, K) — a linear layer's weight as it is — bf16, f16 or
+fp8 (FNUZ on gfx942, OCP on gfx950), f32 accumulation. Each workgroup owns a 256 x 256 block of C: 8 waves, each a 64 x 128
 quadrant (waves 2i, 2i+1 share rows i * 64), its accumulator pinned to a0..a127 so the
 MFMAs read and write it in place. K advances BK at a time through two LDS stages filled by
 direct memory->LDS loads, two steps ahead.
@@ -47,11 +47,12 @@ def gemm_pingpong(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                   DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 0,
                   PIN: pk.const = "a0", MAP: pk.const = "row-major", TM: pk.const = 0,
                   TN: pk.const = 0, TARGET: pk.target = None):
-    """C = A @ B.T on 256 x 256 blocks (module docstring); BK = 0: the target's STEP_K."""
-    if TARGET not in STEP_K:
+    """C = A @ B.T on 256 x 256 blocks (module docstring); BK = 0: the target's STEP_BYTES
+    of each row."""
+    if TARGET not in STEP_BYTES:
         raise pk.KernelError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not "
                              f"{TARGET}; on Hopper use gemm_ws")
-    BK = BK or STEP_K[TARGET]
+    BK = BK or STEP_BYTES[TARGET] // pk.dtype_of(DT).bytes
     m0, n0 = output_tile(MAP, TM, TN, BLOCK, BLOCK, TARGET)
     sa = pk.empty(pk.st((BLOCK, BK), DT), count=2)
     sb = pk.empty(pk.st((BLOCK, BK), DT), count=2)
@@ -88,11 +89,12 @@ def gemm_pingpong(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                  (m0 + wm * WAVE_M, n0 + wn * WAVE_N + j * STORE_N))
 
 
-# K per step: the largest whose code object keeps every value in registers at 2 waves per
-# SIMD (256 VGPRs + AGPRs each, 128 of them the pinned accumulator) with no spills
-# (tests/test_gemm_cdna.py): gfx950 32 (64 would need ~260 registers for its operands);
-# gfx942 16 (its direct loads move dwords, one M0 setup each: 32 spills SGPRs)
-STEP_K = {"gfx950": 32, "gfx942": 16}
+# Bytes of K per step (K = 32 bf16 or 64 fp8 on gfx950): the most whose code object keeps
+# every value in registers at 2 waves per SIMD (256 VGPRs + AGPRs each, 128 of them the
+# pinned accumulator) with no spills (tests/test_gemm_cdna.py): gfx950 64 (128 would need
+# ~260 registers for its operands); gfx942 32 (its direct loads move dwords, one M0 setup
+# each: 64 spills SGPRs)
+STEP_BYTES = {"gfx950": 64, "gfx942": 32}
 
 
 def gemm_pingpong_launch(m: int, n: int, k: int, target: str, itemsize: int = 2):
@@ -101,13 +103,14 @@ def gemm_pingpong_launch(m: int, n: int, k: int, target: str, itemsize: int = 2)
     from .. import chiplet
     from ..targets import get
     t = get(target)
-    if t.name not in STEP_K:
+    if t.name not in STEP_BYTES:
         raise ValueError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not {target}; on "
                          "Hopper use gemm_ws")
-    if itemsize != 2:
-        raise ValueError("gemm_pingpong takes bf16 or f16 operands")
+    if itemsize not in (1, 2):
+        raise ValueError("gemm_pingpong takes bf16, f16 or fp8 operands")
+    bk = STEP_BYTES[t.name] // itemsize
     tm, tn = max(1, -(-m // BLOCK)), max(1, -(-n // BLOCK))
-    op = chiplet.Gemm(tm * BLOCK, tn * BLOCK, max(k, 1), bm=BLOCK, bn=BLOCK, bk=STEP_K[t.name])
+    op = chiplet.Gemm(tm * BLOCK, tn * BLOCK, max(k, 1), bm=BLOCK, bn=BLOCK, bk=bk,
+                      dtype="bf16" if itemsize == 2 else "e4m3")
     spec = chiplet.auto_mapping(op, target=t.name).spec
-    return (tm * tn,), {"BK": STEP_K[t.name], "MAP": spec, "TM": tm, "TN": tn,
-                        "TARGET": t.name}
+    return (tm * tn,), {"BK": bk, "MAP": spec, "TM": tm, "TN": tn, "TARGET": t.name}

@@ -16,7 +16,7 @@ import torch
 
 from ..kernels import KERNELS, gemm_ws_launch
 from ..kernels.gemm import gemm, gemm_ws
-from ..kernels.gemm_cdna import STEP_K, gemm_pingpong, gemm_pingpong_launch
+from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
 from .run import HALVES, check_same, check_tensor, run, target_of
 
 FORMS = ("nn", "nt", "tn")
@@ -58,7 +58,7 @@ def _plan(target: str, m: int, k: int, n: int, itemsize: int):
         i = {"a": _Meta((m, k), itemsize), "b": _Meta((n, k), itemsize),
              "c": _Meta((m, n), itemsize)}
         return (gemm_ws, *gemm_ws_launch(i, target))
-    if target in STEP_K:
+    if target in STEP_BYTES:
         return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize))
     i = {"a": _Meta((m, k), itemsize), "b": _Meta((k, n), itemsize)}
     return (gemm, *KERNELS["gemm"].launch(i, target))
