@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gemm import gemm, gemm_wgmma, gemm_ws
-from .gemm_cdna import gemm_pingpong, gemm_pingpong_launch
+from .gemm_cdna import gemm_pingpong, gemm_pingpong_launch, gemm_pingpong_mx
 from . import rows
 from .layernorm import layernorm, layernorm_bwd
 from .pipeline import tma_scale, ws_scale
@@ -505,7 +505,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 __all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err",
            "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch",
            "rope_launch",
-           "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch",
+           "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx",
            "gemm_wgmma", "gemm_ws", "layernorm",
            "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope", "scaled_add", "softmax",
            "softmax_bwd", "tma_scale", "ws_scale"]

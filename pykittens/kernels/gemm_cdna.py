@@ -49,16 +49,38 @@ def gemm_pingpong(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                   TN: pk.const = 0, TARGET: pk.target = None):
     """C = A @ B.T on 256 x 256 blocks (module docstring); BK = 0: the target's STEP_BYTES
     of each row."""
+    _pingpong(a, b, c, None, None, DT, BK, PIN, MAP, TM, TN, TARGET)
+
+
+@pk.kernel(num_waves=WAVES)
+def gemm_pingpong_mx(a: pk.gl["DT", 2], b: pk.gl["DT", 2], scale_a: pk.gl[pk.e8m0, 2],
+                     scale_b: pk.gl[pk.e8m0, 2], c: pk.gl["OUT", 2],
+                     DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 0,
+                     PIN: pk.const = "a0", MAP: pk.const = "row-major", TM: pk.const = 0,
+                     TN: pk.const = 0, TARGET: pk.target = None):
+    """gfx950, MXFP8: C = (A 2^(scale_a - 127)) @ (B 2^(scale_b - 127)).T, every 32 elements
+    of a row of A and of B along K sharing one E8M0 scale: scale_a (M, K / 32) and scale_b
+    (K / 32, N), the layout the block-scaled MFMA reads B's scales in. The schedule is
+    gemm_pingpong's; each wave reads its rows' scales of the next step from memory in the
+    memory cluster."""
+    _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET)
+
+
+def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
     if TARGET not in STEP_BYTES:
         raise pk.KernelError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not "
                              f"{TARGET}; on Hopper use gemm_ws")
+    mx = scale_a is not None
     BK = BK or STEP_BYTES[TARGET] // pk.dtype_of(DT).bytes
     m0, n0 = output_tile(MAP, TM, TN, BLOCK, BLOCK, TARGET)
     sa = pk.empty(pk.st((BLOCK, BK), DT), count=2)
     sb = pk.empty(pk.st((BLOCK, BK), DT), count=2)
     wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
-    ta = pk.empty(pk.rt((WAVE_M, BK), DT, "row", role="a"))
-    tb = pk.empty(pk.rt((WAVE_N, BK), DT, "row", role="b"))
+    ta = pk.empty(pk.rt((WAVE_M, BK), DT, "row", role="a", scaled=mx))
+    tb = pk.empty(pk.rt((WAVE_N, BK), DT, "row", role="b", scaled=mx))
+    if mx:
+        ea = pk.empty(pk.rt((WAVE_M, BK // 32), pk.e8m0, role="a_scale"))
+        eb = pk.empty(pk.rt((BK // 32, WAVE_N), pk.e8m0, role="b_scale"))
     acc = pk.zeros(pk.rt((WAVE_M, WAVE_N), pk.f32, role="acc", pin=PIN or None))
     steps = (a.shape[1] + BK - 1) // BK
 
@@ -69,6 +91,9 @@ def gemm_pingpong(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     def operands(k):                    # this wave's rows of step k: LDS -> registers
         pk.load(ta, sa[k % 2], (wm * WAVE_M, 0))
         pk.load(tb, sb[k % 2], (wn * WAVE_N, 0))
+        if mx:                          # and their scales, from memory
+            pk.load(ea, scale_a, (m0 + wm * WAVE_M, k * (BK // 32)))
+            pk.load(eb, scale_b, (k * (BK // 32), n0 + wn * WAVE_N))
 
     fetch(0)
     with pk.if_(steps > 1):
@@ -78,7 +103,10 @@ def gemm_pingpong(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     with pk.pingpong() as pp:
         for k in pk.range(steps):
             with _cluster(pp.compute):
-                pk.mma_ABt(acc, ta, tb)
+                if mx:
+                    pk.mma_ABt(acc, ta, tb, scale_a=ea, scale_b=eb)
+                else:
+                    pk.mma_ABt(acc, ta, tb)
             with _cluster(pp.memory):
                 with pk.if_(k + 2 < steps):
                     fetch(k + 2)
