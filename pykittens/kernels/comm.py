@@ -24,7 +24,7 @@ import functools
 
 import pykittens as pk
 
-from .gemm import output_tile, ws_pipeline
+from .gemm import output_tile, ws_pipeline, ws_store
 
 WAVES = 4          # waves of the portable kernels; each signals once per flag
 
@@ -196,16 +196,9 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
                     pk.store(to.peer(dst), rows, (me * ms + r0, k * SEND_COLS))
                 pk.signal(ready.peer(dst), (me, r0 // CHUNK), 1, add=True)
 
-    staged = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
-
-    def store(g, acc, m0, n0, t, i):
-        if TMA_STORE:
-            staged[g].store(out, acc, (m0 + 64 * g, n0), use=t)
-        else:
-            pk.store(out, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
-
     ws_pipeline(gathered, w, WORLD * TMS * TN,
-                lambda i: _shard_block(i, TMS, TN, me, WORLD, MAP, BN, TARGET), store,
+                lambda i: _shard_block(i, TMS, TN, me, WORLD, MAP, BN, TARGET),
+                ws_store(out, OUT, BN, TMA_STORE),
                 DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=1, PROMOTE=0, before_loads=arrived,
                 side_work=send)
 

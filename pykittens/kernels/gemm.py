@@ -99,16 +99,23 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
     of C from registers."""
-    out = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
+    ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
+                ws_store(c, OUT, BN, TMA_STORE),
+                DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE)
+
+
+def ws_store(c, OUT, BN, TMA_STORE):
+    """ws_pipeline's `store` that writes each consumer warpgroup's 64 x BN block into C:
+    through shared memory and the TMA unit (TMA_STORE, 16-bit C), or every wave its 16 rows
+    from registers. Allocates the staging tiles, so call it once, before ws_pipeline."""
+    staged = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
 
     def store(g, acc, m0, n0, t, i):
         if TMA_STORE:
-            out[g].store(c, acc, (m0 + 64 * g, n0), use=t)
+            staged[g].store(c, acc, (m0 + 64 * g, n0), use=t)
         else:
             pk.store(c, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
-
-    ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i), store,
-                DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE)
+    return store
 
 
 # the producer warpgroup's registers when its idle waves have side work: what the register

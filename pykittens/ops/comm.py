@@ -223,40 +223,29 @@ def _use_fused(op, x, weight, group, rows, fused) -> bool:
     return why is None
 
 
-class _AllGatherLinear(torch.autograd.Function):
+class _TPLinear(torch.autograd.Function):
+    """all_gather_linear (gather=True) or linear_reduce_scatter: the backward of each is the
+    other with the weight transposed — d(gather x) = g @ W, each rank its rows summed over
+    ranks; dx of the reduce-scatter, every rank's rows of g times W — and the weight's
+    gradient takes every rank's rows of x or of g."""
+
     @staticmethod
-    def forward(ctx, x, weight, group, fused):
-        ctx.group, ctx.fused = group, None if fused else fused    # backward: where it can
+    def forward(ctx, x, weight, group, fused, gather):
+        ctx.group, ctx.gather = group, gather
+        ctx.fused = None if fused else fused           # the backward: fused where it can
         ctx.save_for_backward(x, weight)
-        return _ag_forward(x, weight, group, fused)
+        return (_ag_forward if gather else _rs_forward)(x, weight, group, fused)
 
     @staticmethod
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
         dx = dw = None
-        if ctx.needs_input_grad[0]:       # d(gather x) = g @ W, each rank its rows, summed
-            dx = _rs_forward(g.contiguous(), weight.t().contiguous(), ctx.group, ctx.fused)
+        if ctx.needs_input_grad[0]:
+            other = _rs_forward if ctx.gather else _ag_forward
+            dx = other(g.contiguous(), weight.t().contiguous(), ctx.group, ctx.fused)
         if ctx.needs_input_grad[1]:
-            dw = g.t() @ _gather(x, ctx.group)
-        return dx, dw, None, None
-
-
-class _LinearReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, group, fused):
-        ctx.group, ctx.fused = group, None if fused else fused    # backward: where it can
-        ctx.save_for_backward(x, weight)
-        return _rs_forward(x, weight, group, fused)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, weight = ctx.saved_tensors
-        dx = dw = None
-        if ctx.needs_input_grad[0]:       # every rank's rows of g, times W
-            dx = _ag_forward(g.contiguous(), weight.t().contiguous(), ctx.group, ctx.fused)
-        if ctx.needs_input_grad[1]:
-            dw = _gather(g, ctx.group).t() @ x
-        return dx, dw, None, None
+            dw = g.t() @ _gather(x, ctx.group) if ctx.gather else _gather(g, ctx.group).t() @ x
+        return dx, dw, None, None, None
 
 
 def all_gather_linear(x: torch.Tensor, weight: torch.Tensor, group=None, *,
@@ -265,7 +254,7 @@ def all_gather_linear(x: torch.Tensor, weight: torch.Tensor, group=None, *,
     (world * Ms, N), rows in rank order. fused: None (fused where possible), True (fused
     or an error saying why not), False (torch.distributed all-gather, then the product)."""
     group = _check("all_gather_linear", x, weight, group)
-    return _AllGatherLinear.apply(x, weight, group, fused)
+    return _TPLinear.apply(x, weight, group, fused, True)
 
 
 def linear_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *,
@@ -274,4 +263,4 @@ def linear_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *,
     rank's slice of the inner dim, weight (N, K) the matching slice; returns
     (M / world, N), the rank's M / world rows in rank order. fused as all_gather_linear."""
     group = _check("linear_reduce_scatter", x, weight, group)
-    return _LinearReduceScatter.apply(x, weight, group, fused)
+    return _TPLinear.apply(x, weight, group, fused, False)
