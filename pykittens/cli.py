@@ -1,4 +1,4 @@
-"""The `pykittens` command: demo, compile, emulate, chiplet, bench."""
+"""The `pykittens` command: demo, compile, emulate, model, chiplet, bench."""
 from __future__ import annotations
 
 import argparse
@@ -185,6 +185,46 @@ def cmd_bench(a) -> int:
     return ops.main(a.families, a.out, quick=a.quick, dtypes=a.dtype, reps=a.reps)
 
 
+def library_plan(kernel_name, target, m, n, k, dtype, out_dtype):
+    """How the library launches an (m, k) x (n, k) GEMM: the analysis.model.Launch of
+    gemm_ws / gemm_pingpong / gemm, from the kernels' own launch rules."""
+    from . import kernels as K
+    from .analysis.model import Launch
+    from .ir.types import dtype_of
+
+    class _Meta:                          # what the launch rules read of an operand
+        def __init__(self, shape, itemsize):
+            self.shape, self.itemsize = shape, itemsize
+    esz, osz = dtype_of(dtype).bytes, dtype_of(out_dtype).bytes
+    if kernel_name == "gemm_ws":
+        grid, consts = K.gemm_ws_launch({"a": _Meta((m, k), esz), "b": _Meta((n, k), esz),
+                                         "c": _Meta((m, n), osz)}, target)
+        return Launch(K.gemm_ws, grid, consts, 128, consts["BN"], 128 // esz, grid[0])
+    if kernel_name == "gemm_pingpong":
+        grid, consts = K.gemm_pingpong_launch(m, n, k, target, esz)
+        return Launch(K.gemm_pingpong, grid, consts, 256, 256, consts["BK"])
+    if kernel_name == "gemm":
+        grid, consts = K.KERNELS["gemm"].launch({"a": _Meta((m, k), esz),
+                                                 "b": _Meta((k, n), esz)}, target)
+        d = K.gemm.const_defaults
+        return Launch(K.gemm, grid, consts, d["BM"], d["BN"], d["BK"])
+    raise CliError(f"no launch plan for {kernel_name!r}")
+
+
+def cmd_model(a) -> int:
+    from .analysis import model as perf
+    if a.kernel not in perf.MODELED:
+        raise CliError(f"no performance model for {a.kernel!r}: use one of "
+                       f"{', '.join(perf.MODELED)}")
+    try:
+        res = perf.model(a.kernel, a.target, a.shape, a.dtype, plan=library_plan,
+                         chip=a.chip)
+    except (ValueError, KeyError) as e:
+        raise CliError(str(e).strip("'\"")) from None
+    print(json.dumps(res, indent=2, default=str) if a.json else perf.format_table(res))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage mistakes as one line on stderr (exit status 2), not a usage block."""
 
@@ -217,6 +257,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--isa", action="store_true", help="compile for the target and run the "
                    "code object on the instruction-level emulator (gfx942, gfx950)")
     e.set_defaults(fn=cmd_emulate)
+    mo = sub.add_parser("model", help="modeled time and TFLOP/s of a library GEMM, read "
+                        "from its code object's main loop (docs/PERF.md compares it with "
+                        "measurements)")
+    mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950) or gemm "
+                    "(gfx942, gfx950)")
+    mo.add_argument("--target", required=True, choices=TARGETS)
+    mo.add_argument("--shape", type=int, nargs=3, required=True, metavar=("M", "N", "K"))
+    mo.add_argument("--dtype", default="bf16", help="operand type: bf16, f16, e4m3 or e5m2 "
+                    "(default: %(default)s)")
+    mo.add_argument("--chip", default=None, help="which chip of the target (default: its "
+                    "newest: MI325X, MI355X, H200)")
+    mo.add_argument("--json", action="store_true")
+    mo.set_defaults(fn=cmd_model)
     from .bench.ops import FAMILY_NAMES
     b = sub.add_parser("bench", help="time pykittens.ops against torch (eager, compile, "
                        "cuBLAS/cuDNN) and QuACK on this GPU: JSON, Markdown and a PNG chart "

@@ -162,6 +162,19 @@ class Target:
     # Byte offset of the first kernel parameter in the constant bank where over-aligned
     # parameters (Hopper's 64-byte tensor maps) are aligned by absolute offset (0: none)
     param_bank_base: int = 0
+    # Throughput facts for the performance model (analysis/model.py), each (name, value,
+    # source): clocks per chip, bytes per clock of LDS / shared memory and the memory path,
+    # issue rates, published matrix peaks. Defined and cited in the chip's file.
+    perf_facts: tuple[tuple[str, float, str], ...] = ()
+
+    def fact(self, name: str) -> tuple[float, str]:
+        """(value, source) of a performance fact; KeyError naming the ones there are."""
+        for n, v, src in self.perf_facts:
+            if n == name:
+                return v, src
+        raise KeyError(f"{self.name} has no performance fact {name!r}; it has "
+                       f"{', '.join(n for n, _, _ in self.perf_facts) or 'none'} "
+                       "(add it, cited, to its file in pykittens/targets)")
 
     @property
     def num_cus(self) -> int:

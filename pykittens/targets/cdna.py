@@ -43,6 +43,52 @@ BUFFER_RSRC_WORD3 = 0x00020000
 DPP_QUAD_PERM_XOR = {1: 0b10_11_00_01, 2: 0b01_00_11_10}
 
 
+# ---- throughput facts for the performance model (analysis/model.py), shared by CDNA3/4 ----
+# An MFMA pass occupies the SIMD's matrix core for 4 cycles (CDNA3 / CDNA4 ISA guides ch. 7;
+# the AMD Matrix Instruction Calculator's "Execution cycles" = passes x 4, e.g.
+# v_mfma_f32_32x32x8_bf16: 8 passes, 32 cycles).
+MFMA_PASS_CYCLES = 4
+# A SIMD gets an issue slot every 4 clocks and a wave issues at most one instruction per
+# slot (AMD "Graphics Cores Next" architecture white paper, "Compute Unit": the sequencer
+# issues to each SIMD every 4 cycles, one instruction per wave; CDNA keeps the 16-lane SIMD
+# that runs a wave64 VALU op in 4 cycles, CDNA3 white paper "Compute Unit").
+ISSUE_CYCLES_PER_INSTRUCTION = 4
+# LDS: 32 banks of one dword each per clock (CDNA3 ISA guide, "Local Data Share"; ROCm
+# Compute Profiler's soc_gfx942.py / soc_gfx950.py: lds_banks_per_cu = 32, its LDS
+# speed-of-light counting 4 bytes per bank per cycle) -> 128 bytes per clock per CU.
+LDS_BYTES_PER_CLK = 32 * 4
+# Vector L1 (TCP): one 64-byte request per clock per CU (ROCm Compute Profiler, "vL1D
+# speed-of-light": peak = $cu_per_gpu x 64 B x $max_sclk).
+VMEM_BYTES_PER_CLK = 64
+# L2: 16 channels per XCD, each 128 bytes per clock (AMD CDNA3 white paper, "Cache
+# hierarchy": 4 MiB L2 per XCD in 16 channels of 256 KiB, 128 B/clk each; ROCm Compute
+# Profiler soc_gfx950.py: l2_banks = 16) -> 2048 bytes per clock per XCD.
+L2_BYTES_PER_CLK_PER_XCD = 16 * 128
+_SHARED_SRC = {
+    "mfma_pass_cycles": "CDNA3/CDNA4 ISA guides ch. 7; AMD Matrix Instruction Calculator "
+                        "(cycles = passes x 4)",
+    "issue_cycles_per_instruction": "AMD GCN architecture white paper, 'Compute Unit': an "
+                                    "issue slot per SIMD every 4 clocks, one instruction per "
+                                    "wave",
+    "lds_bytes_per_clk": "CDNA3 ISA guide 'Local Data Share' (32 dword banks); ROCm Compute "
+                         "Profiler soc_gfx9xx lds_banks_per_cu = 32",
+    "vmem_bytes_per_clk": "ROCm Compute Profiler vL1D speed-of-light: 64 B per clock per CU",
+    "l2_bytes_per_clk_per_xcd": "AMD CDNA3 white paper: 16 L2 channels per XCD x 128 B/clk",
+}
+
+
+def perf_facts(clock_by_chip) -> tuple:
+    """The shared CDNA facts plus each chip's peak engine clock, as Target.perf_facts rows.
+    `clock_by_chip`: ((chip, Hz, source), ...)."""
+    shared = (("mfma_pass_cycles", MFMA_PASS_CYCLES),
+              ("issue_cycles_per_instruction", ISSUE_CYCLES_PER_INSTRUCTION),
+              ("lds_bytes_per_clk", LDS_BYTES_PER_CLK),
+              ("vmem_bytes_per_clk", VMEM_BYTES_PER_CLK),
+              ("l2_bytes_per_clk_per_xcd", L2_BYTES_PER_CLK_PER_XCD))
+    return tuple((n, v, _SHARED_SRC[n]) for n, v in shared) + tuple(
+        (f"clock_hz/{chip}", hz, src) for chip, hz, src in clock_by_chip)
+
+
 def ds_swizzle_xor(mask: int) -> int:
     """ds_swizzle offset in bit mode (CDNA3 ISA, DS_SWIZZLE_B32): and_mask=0x1f, or_mask=0,
     xor_mask=mask; each lane reads lane ((lane & and) | or) ^ xor within its 32-lane half."""

@@ -34,6 +34,11 @@ TARGET = Target(
     lds_granule=cdna.LDS_GRANULE,
     sgprs_per_simd=cdna.SGPRS_PER_SIMD, sgpr_granule=cdna.SGPR_GRANULE,
     min_free_vgprs=cdna.MIN_FREE_VGPRS, sched_classes=tuple(cdna.SCHED_MASK.items()),
+    # Peak engine clock 2100 MHz on both chips (AMD Instinct MI300X and MI325X data sheets;
+    # MI300X: 1307.4 dense FP16/BF16 TFLOPS = 304 CUs x 2048 flops/clk x 2.1 GHz)
+    perf_facts=cdna.perf_facts((
+        ("MI300X", 2.1e9, "AMD Instinct MI300X data sheet: peak engine clock 2100 MHz"),
+        ("MI325X", 2.1e9, "AMD Instinct MI325X data sheet: peak engine clock 2100 MHz"))),
     mma=(
         _mfma("v_mfma_f32_32x32x8_bf16", 32, 32, 8, "bf16", "llvm.amdgcn.mfma.f32.32x32x8bf16.1k"),
         _mfma("v_mfma_f32_16x16x16_bf16", 16, 16, 16, "bf16", "llvm.amdgcn.mfma.f32.16x16x16bf16.1k"),

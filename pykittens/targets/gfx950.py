@@ -45,6 +45,11 @@ TARGET = Target(
     lds_granule=320 * 4,
     sgprs_per_simd=cdna.SGPRS_PER_SIMD, sgpr_granule=cdna.SGPR_GRANULE,
     min_free_vgprs=cdna.MIN_FREE_VGPRS, sched_classes=tuple(cdna.SCHED_MASK.items()),
+    # Peak engine clock (AMD Instinct MI350X / MI355X data sheets: 2200 / 2400 MHz; MI355X
+    # 2.5 dense FP16/BF16 PFLOPS = 256 CUs x 4096 flops/clk x 2.4 GHz)
+    perf_facts=cdna.perf_facts((
+        ("MI350X", 2.2e9, "AMD Instinct MI350X data sheet: peak engine clock 2200 MHz"),
+        ("MI355X", 2.4e9, "AMD Instinct MI355X data sheet: peak engine clock 2400 MHz"))),
     mma=(
         _mfma("v_mfma_f32_32x32x16_bf16", 32, 32, 16, "bf16", "llvm.amdgcn.mfma.f32.32x32x16.bf16"),
         _mfma("v_mfma_f32_16x16x32_bf16", 16, 16, 32, "bf16", "llvm.amdgcn.mfma.f32.16x16x32.bf16"),

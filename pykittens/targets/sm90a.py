@@ -27,6 +27,37 @@ WGMMA_SWIZZLE_128B = 1            # matrix-descriptor layout type (PTX ISA 8.x, 
 # in [0, 2 * t] ns): a pykittens choice, short against a cross-GPU round trip (microseconds)
 FLAG_POLL_SLEEP_NS = 64
 
+# ---- throughput facts for the performance model (analysis/model.py) ----
+# Dense tensor-core peaks of H100 SXM5 and H200 SXM (NVIDIA H100 Tensor Core GPU
+# Architecture white paper, table "NVIDIA H100 vs A100": 989.4 BF16 / 1978.9 FP8 dense
+# TFLOPS; NVIDIA H200 data sheet: 1,979 BF16 / 3,958 FP8 TFLOPS "with sparsity", half of
+# it dense), at the 1830 MHz boost clock these peaks are computed for (989.4e12 / (132 SMs
+# x 1.83e9) = 4096 flops per SM per clock; nvidia-smi reports a 1980 MHz maximum SM clock).
+TENSOR_CLOCK_HZ = 1.83e9
+DENSE_BF16_FLOPS = 989.4e12
+DENSE_FP8_FLOPS = 1978.9e12
+# Shared memory: 32 banks, each 32 bits per clock (CUDA C++ Programming Guide, compute
+# capabilities, "Shared Memory" of 5.x, which 9.0 keeps) -> 128 bytes per clock per SM.
+SMEM_BYTES_PER_CLK = 32 * 4
+# Each of the 4 SM sub-partitions has one warp scheduler dispatching one warp instruction
+# per clock (H100 white paper, "H100 SM architecture": "warp scheduler (32 thread/clk)").
+ISSUE_PER_CLK = 1
+_WP = "NVIDIA H100 Tensor Core GPU Architecture white paper"
+PERF_FACTS = (
+    ("clock_hz/H100", TENSOR_CLOCK_HZ, f"{_WP}: the boost clock of its dense tensor peaks"),
+    ("clock_hz/H200", TENSOR_CLOCK_HZ, "NVIDIA H200 data sheet: the same 989 dense BF16 "
+                                       "TFLOPS over 132 SMs as H100 SXM5 (1830 MHz)"),
+    ("dense_bf16_flops", DENSE_BF16_FLOPS, f"{_WP}, H100 SXM5 peak dense BF16 (= H200 data "
+                                           "sheet, 1,979 with sparsity / 2)"),
+    ("dense_fp8_flops", DENSE_FP8_FLOPS, f"{_WP}, H100 SXM5 peak dense FP8 (= H200 data "
+                                         "sheet, 3,958 with sparsity / 2)"),
+    ("smem_bytes_per_clk", SMEM_BYTES_PER_CLK, "CUDA C++ Programming Guide, 'Shared Memory': "
+                                               "32 banks x 32 bits per clock"),
+    ("issue_per_clk_per_subpartition", ISSUE_PER_CLK, f"{_WP}: one warp scheduler and "
+                                                      "dispatch unit (32 thread/clk) per SM "
+                                                      "sub-partition"),
+)
+
 # Lane bits 0-1 are threadID_in_group, bits 2-4 groupID (rows of A and C, columns of B).
 _TG = lambda stride: [(1, stride), (1, 2 * stride)]            # noqa: E731  (cols)
 _GROUP_ROWS = [(0, 1), (0, 2), (0, 4)]
@@ -102,4 +133,5 @@ TARGET = Target(
          _mma("e4m3", 32, "e4m3"), _mma("e5m2", 32, "e5m2")),
     dispatch_round_robin=False, l2_partitions=2,
     param_bank_base=PARAM_BANK_BASE,
+    perf_facts=PERF_FACTS,
 )

@@ -1,0 +1,404 @@
+"""A performance model of the library GEMMs read from their compiled code objects.
+
+`model(kernel, target, shape, dtype)` compiles the kernel as its launcher would for that
+shape, reads the executed main loop of the code object (CDNA: the interior path of the
+hsaco's main loop, instruction by instruction; Hopper: the SASS of the innermost wgmma
+loops), and counts, per compute unit (CU / SM) and per main-loop iteration (one K step of
+every workgroup resident on it), the cycles each resource needs:
+
+- matrix: MFMA passes x cycles per pass (CDNA) / wgmma FLOPs over the tensor cores' FLOPs
+  per SM per clock, from NVIDIA's published dense peak (Hopper);
+- issue: instructions a wave / warp issues per iteration at the target's issue rate;
+- lds: bytes read and written in LDS / shared memory over its bytes per clock;
+- vmem, l2 (CDNA): bytes of the vector memory instructions over the vL1D and the CU's
+  share of its XCD's L2;
+- dram: the launch's HBM bytes from the cache simulator for the launch's grid mapping, over
+  the data-sheet bandwidth, spread over the busiest CU's iterations.
+
+Time = the largest of them x the busiest CU's iterations / clock: the resources are assumed
+to overlap completely (CDNA: the 8-wave ping-pong runs one group's MFMA cluster beside the
+other group's memory cluster; Hopper: the producer warp's TMA copies run beside the consumer
+warpgroups' wgmmas). Every hardware number comes from `Target.fact` (pykittens/targets,
+cited there); nothing is fitted to a measurement (docs/PERF.md compares with the H200)."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .. import targets
+
+# kernel -> targets it is modelled on
+MODELED = {"gemm_ws": ("sm_90a",), "gemm_pingpong": ("gfx942", "gfx950"),
+           "gemm": ("gfx942", "gfx950")}
+_FP8 = {"e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the library launches one shape: the kernel, its grid and constants, the output
+    block (bm x bn), the K step (bk) and, for a persistent launch, its workgroups.
+
+    The plan comes from the caller (`plan=` of `model`; the library's is
+    `pykittens.cli.library_plan`): the launch rules live in pykittens.kernels, which sits
+    above this package (runtime reads analysis; kernels reach the runtime through the
+    emulator), so analysis may not import them (docs/architecture.md, tests/test_layering)."""
+    kernel: object
+    grid: tuple
+    consts: dict
+    bm: int
+    bn: int
+    bk: int
+    persistent: int | None = None
+
+
+def _itemsize(dtype: str) -> int:
+    from ..ir.types import dtype_of
+    return dtype_of(dtype).bytes
+
+
+def _compile(kernel, t, consts):
+    """(lane program, code object): the stages of pykittens.compiler, which imports this
+    package and so cannot be imported from it. Code objects come from the disk cache."""
+    from ..codegen import render
+    from ..lang.kernel import require_kernel
+    from ..lower import lower
+    prog = lower(require_kernel(kernel, "modelling").specialize_for(t, **consts), t)
+    ir = render(prog, 16)
+    if t.family == "cdna":
+        from ..toolchain import amdgpu
+        return prog, amdgpu.compile_ir(ir, t.name)
+    from ..toolchain import nvptx
+    return prog, nvptx.compile_ir(ir, t.name)
+
+
+# ---------------------------------------------------------------------------- CDNA
+
+def _lane_bytes(mnemonic: str) -> int:
+    """Bytes one lane moves with a vector-memory or LDS instruction, from its mnemonic
+    (CDNA3/4 ISA: buffer_load_dwordx4 16, ds_read_b128 16, ds_read2_b64 2 x 8,
+    ds_read_b64_tr_b16 8, buffer_load_ubyte 1)."""
+    m = mnemonic
+    if "dwordx" in m:
+        return 4 * int(re.search(r"dwordx(\d)", m).group(1))
+    if re.search(r"_(u|s)byte|_byte", m):
+        return 1
+    if re.search(r"_(u)?short", m):
+        return 2
+    if "dword" in m:
+        return 4
+    b = re.search(r"_b(\d+)", m)
+    bits = int(b.group(1)) if b else 32
+    return bits // 8 * (2 if re.match(r"ds_(read|write)2", m) else 1)
+
+
+def _cdna_loop(kernel, t, consts):
+    """The report and the executed main-loop instructions (mnemonic, operands) of one wave."""
+    from ..toolchain import amdgpu
+    from . import hsaco
+    prog, obj = _compile(kernel, t, consts)
+    rep = hsaco.report(obj, t.name, num_waves=prog.num_waves)
+    asm = amdgpu.disassemble(obj, t.name)
+    insts, labels = hsaco.instructions(asm, rep["kernel"])
+    main = hsaco.main_loop(insts, labels)
+    if main is None:
+        raise ValueError(f"{rep['kernel']} on {t.name} has no main loop to model")
+    lines = hsaco.line_of_addresses(obj, hsaco.addresses(asm, rep["kernel"]))
+    path = [insts[i] for i in hsaco.interior_path(insts, labels, main, lines)]
+    return rep, path
+
+
+def _cdna_cycles(t, rep, path, consts_used):
+    from . import hsaco
+    pass_cyc = _fact(t, "mfma_pass_cycles", consts_used)
+    issue = _fact(t, "issue_cycles_per_instruction", consts_used)
+    lds_bw = _fact(t, "lds_bytes_per_clk", consts_used)
+    vmem_bw = _fact(t, "vmem_bytes_per_clk", consts_used)
+    l2_bw = _fact(t, "l2_bytes_per_clk_per_xcd", consts_used) / t.cus_per_xcd
+    wave = t.wave_size
+    passes = {ins.name: ins.passes for ins in t.mma}
+    mfma_cyc = lds_bytes = vmem_bytes = 0
+    n_mfma = 0
+    for op, args in path:
+        cls = hsaco.classify(op)
+        if cls == "mfma":
+            if op not in passes:
+                raise ValueError(f"{op} is not in {t.name}'s MFMA table (targets); add its "
+                                 "passes there to model it")
+            mfma_cyc += passes[op] * pass_cyc
+            n_mfma += 1
+        elif cls == "vmem":
+            nbytes = _lane_bytes(op) * wave
+            vmem_bytes += nbytes
+            if re.search(r"\blds\b", args):          # direct global -> LDS load
+                lds_bytes += nbytes
+        elif cls == "ds":
+            lds_bytes += _lane_bytes(op) * wave
+    waves_wg = rep["num_waves"]
+    simd_waves = rep["occupancy_waves_per_simd"]
+    wgs = max(simd_waves * t.simds_per_cu // waves_wg, 1)
+    waves_cu = wgs * waves_wg
+    per_simd = math.ceil(waves_cu / t.simds_per_cu)
+    others = len(path) - n_mfma
+    cycles = {
+        # the SIMD's matrix core runs the MFMAs of all its waves one after another
+        "matrix": per_simd * mfma_cyc,
+        # a wave issues its own instructions in order: its MFMAs (each holds the matrix
+        # core for its cycles) and every other instruction, one per issue slot
+        "issue": mfma_cyc + others * issue,
+        "lds": waves_cu * lds_bytes / lds_bw,
+        "vmem": waves_cu * vmem_bytes / vmem_bw,
+        "l2": waves_cu * vmem_bytes / l2_bw,
+    }
+    detail = {"waves_per_cu": waves_cu, "workgroups_per_cu": wgs, "mfma_per_wave": n_mfma,
+              "instructions_per_wave": len(path),
+              "lds_bytes_per_wave": lds_bytes, "vmem_bytes_per_wave": vmem_bytes}
+    return cycles, wgs, detail
+
+
+# ---------------------------------------------------------------------------- Hopper
+
+_SHAPE = re.compile(r"^[HQIB]GMMA\.(\d+)x(\d+)x(\d+)")
+
+
+def _hopper_loops(kernel, t, consts):
+    """(report, [(instructions, [(m, n, k, a_in_smem)])] of each innermost wgmma loop)."""
+    from . import cubin
+    from .cfg import natural_loops
+    prog, res = _compile(kernel, t, consts)
+    rep = cubin.report(res)
+    rep["smem_bytes"] = (rep.get("smem_bytes") or 0) + prog.lds_bytes   # dynamic smem
+    sass, why = cubin.disassemble(res["cubin"]) if res.get("cubin") else (None, "no cubin")
+    if sass is None:
+        raise ValueError(f"the Hopper model reads the SASS: {why}")
+    instrs, labels = cubin.parse_sass(sass)[rep["kernel"]]
+    blocks, succs = cubin.cfg(instrs, labels)
+    loops = natural_loops(succs)
+
+    def wg(body):
+        return [instrs[i] for b in body for i in blocks[b] if instrs[i].op in cubin.WGMMA_OPS]
+    with_mma = {h: body for h, body in loops.items() if wg(body)}
+    inner = [h for h, body in with_mma.items()
+             if not any(o != h and with_mma[o] < body for o in with_mma)]
+    out = []
+    for h in sorted(inner):
+        shapes = []
+        for ins in wg(with_mma[h]):
+            mm = _SHAPE.match(ins.opcode)
+            ops = [o.strip() for o in ins.operands.split(",")]
+            shapes.append((*map(int, mm.groups()), len(ops) > 1 and ops[1].startswith("gdesc")))
+        out.append((sum(len(blocks[b]) for b in with_mma[h]), shapes))
+    if not out:
+        raise ValueError(f"{rep['kernel']} has no wgmma loop to model")
+    return rep, out
+
+
+def _hopper_cycles(t, dtype, loops, bm, bn, bk, consts_used):
+    esz = _itemsize(dtype)
+    peak_name = "dense_fp8_flops" if dtype in _FP8 else "dense_bf16_flops"
+    peak = _fact(t, peak_name, consts_used)
+    clock = consts_used["clock_hz"][0]
+    per_sm = peak / (t.num_cus * clock)            # tensor FLOPs per SM per clock
+    consts_used["tensor_flops_per_clk_per_sm"] = (
+        per_sm, f"{peak_name} / (SMs x clock): {peak:.4g} / ({t.num_cus} x {clock:.4g})")
+    smem_bw = _fact(t, "smem_bytes_per_clk", consts_used)
+    issue = _fact(t, "issue_per_clk_per_subpartition", consts_used)
+    flops = sum(2 * m * n * k for _, shapes in loops for m, n, k, _ in shapes)
+    reads = sum(((m * k) if a_smem else 0) * esz + n * k * esz
+                for _, shapes in loops for m, n, k, a_smem in shapes)
+    fills = (bm + bn) * bk * esz                     # one K step's TMA copies into smem
+    # each consumer warpgroup (one loop copy each) has one warp per sub-partition
+    warp_instr = sum(n for n, _ in loops)
+    cycles = {"matrix": flops / per_sm, "issue": warp_instr / issue,
+              "lds": (reads + fills) / smem_bw}
+    detail = {"wgmma_loops": len(loops), "wgmma_per_loop": [len(s) for _, s in loops],
+              "wgmma_shape": "x".join(map(str, loops[0][1][0][:3])),
+              "instructions_per_loop": [n for n, _ in loops],
+              "smem_bytes_per_iteration": reads + fills}
+    return cycles, detail
+
+
+# ---------------------------------------------------------------------------- model
+
+def _fact(t, name, used):
+    v, src = t.fact(name)
+    used[name] = (v, src)
+    return v
+
+
+def matrix_peak_flops(target, dtype="bf16", chip=None) -> float:
+    """The target's dense matrix peak in FLOP/s for `dtype` (CDNA: its fastest MFMA for the
+    type at the chip's clock; Hopper: NVIDIA's published dense peak)."""
+    t = targets.get(target)
+    chip = chip or t.chips[-1]
+    clock = t.fact(f"clock_hz/{chip}")[0]
+    if t.family == "hopper":
+        return t.fact("dense_fp8_flops" if dtype in _FP8 else "dense_bf16_flops")[0]
+    ab = _operand_type(t, dtype)
+    rate = max(2 * i.m * i.n * i.k / (i.passes * t.fact("mfma_pass_cycles")[0])
+               for i in t.mma if i.ab_dtype == ab and i.passes and not i.scaled)
+    return rate * t.simds_per_cu * t.num_cus * clock
+
+
+def _operand_type(t, dtype):
+    """fp8 names the target's own flavour: e4m3 on gfx942 is e4m3fnuz."""
+    if t.fp8_flavor == "fnuz" and dtype in ("e4m3", "e5m2"):
+        return dtype + "fnuz"
+    return dtype
+
+
+def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
+          chip: str | None = None, out_dtype: str | None = None, **overrides) -> dict:
+    """Modeled time and TFLOP/s of one library GEMM launch (module docstring). `shape` is
+    (M, N, K) of C[M, N] = A[M, K] B^T; `plan(kernel_name, target, m, n, k, dtype,
+    out_dtype) -> Launch` says how the library launches it (`pykittens.cli.library_plan`;
+    `Launch` says why it is passed in); `chip` one of the target's chips (default its last:
+    MI325X, MI355X, H200); `out_dtype` C's type (default: the operands' for 16-bit types,
+    bf16 for fp8); `overrides` replace launch constants (e.g. BK=16) to ask "what if"."""
+    if plan is None:
+        raise ValueError("model() needs plan=, the library's launch rules: pass "
+                         "pykittens.cli.library_plan (or run `pykittens model`)")
+    if kernel_name not in MODELED:
+        raise ValueError(f"no performance model for {kernel_name!r}; modelled kernels: "
+                         f"{', '.join(MODELED)}")
+    t = targets.get(target)
+    if t.name not in MODELED[kernel_name]:
+        raise ValueError(f"{kernel_name} is modelled on {', '.join(MODELED[kernel_name])}, not "
+                         f"{t.name}; pick --target {MODELED[kernel_name][0]}"
+                         + ("" if t.family == "cdna" else
+                            " (on sm_90a model gemm_ws: mma.sync's rate is not a sourced "
+                            "fact)"))
+    m, n, k = (int(x) for x in shape)
+    if min(m, n, k) < 1:
+        raise ValueError(f"shape sizes must be >= 1, got {m} {n} {k}")
+    chip = chip or t.chips[-1]
+    if chip not in t.chips:
+        raise ValueError(f"{t.name} is {' or '.join(t.chips)}, not {chip}")
+    dtype = _operand_type(t, dtype)
+    if dtype not in t.dtypes or dtype in ("f32", "i32", "e8m0"):
+        raise ValueError(f"{kernel_name} on {t.name} takes bf16, f16 or fp8 operands, "
+                         f"not {dtype}")
+    out = out_dtype or ("bf16" if dtype in _FP8 else dtype)
+    if kernel_name == "gemm":
+        out = out_dtype or "f32"                  # its library spec's output
+    used: dict = {}
+    clock = _fact(t, f"clock_hz/{chip}", used)
+    used["clock_hz"] = used.pop(f"clock_hz/{chip}")
+    lp = plan(kernel_name, t.name, m, n, k, dtype, out)
+    kernel, grid, consts = lp.kernel, lp.grid, lp.consts
+    bm, bn, bk, persistent = lp.bm, lp.bn, lp.bk, lp.persistent
+    fixed = {"DT", "OUT", "MAP", "TM", "TN", "TARGET", "BM", "BN", "PERSISTENT"}
+    bad = sorted(set(overrides) & fixed | set(overrides) - set(kernel.const_names))
+    if bad:
+        free = sorted(set(kernel.const_names) - fixed)
+        raise ValueError(f"cannot override {', '.join(bad)} of {kernel_name}: the tile grid "
+                         f"and types follow the shape and --dtype; overridable: "
+                         f"{', '.join(free) or 'none'}")
+    consts = {**consts, "DT": dtype, "OUT": out, **overrides}
+    bn = consts.get("BN", bn)
+    bk = consts.get("BK", bk) or bk
+    assumptions = [
+        "resources overlap completely: time = the busiest resource's cycles per iteration "
+        "x the busiest CU's iterations / clock",
+        f"the clock is the chip's peak engine / boost clock ({clock / 1e9:.2f} GHz) "
+        "throughout, no throttling",
+        "prologue, epilogue (C stores) and pipeline fill are not counted, except C's bytes "
+        "in dram",
+        "latencies (s_waitcnt / mbarrier waits) are hidden by the schedule",
+    ]
+    if t.family == "cdna":
+        rep, path = _cdna_loop(kernel, t, consts)
+        cycles, wgs, detail = _cdna_cycles(t, rep, path, used)
+        slots = t.num_cus * wgs
+        tiles = grid[0] if len(grid) == 1 else math.prod(grid)
+        steps = math.ceil(k / bk)
+        iters = math.ceil(tiles / slots) * steps
+        assumptions += [
+            "every wave of a workgroup runs the main loop's interior path once per K step "
+            "(loop_executed of the code object)",
+            "8-wave ping-pong (gemm_pingpong): one group's MFMA cluster runs beside the other "
+            "group's memory cluster, so the matrix core, LDS, vL1D and L2 overlap",
+            "issue: a wave issues its MFMAs (holding the matrix core their passes x 4 cycles) "
+            "and its other instructions one per 4-clock issue slot, in order",
+            "vmem/l2 count the vector-memory bytes of the loop; direct-to-LDS loads count in "
+            "lds too; LDS bank conflicts are not modelled",
+        ]
+        if t.name == "gfx950":
+            assumptions.append("gfx950's LDS and vL1D bytes per clock are taken as CDNA3's "
+                               "(the profiler configs list the same 32 LDS banks); the CDNA4 "
+                               "white paper's wider LDS reads are not sourced here")
+    else:
+        rep, loops = _hopper_loops(kernel, t, consts)
+        cycles, detail = _hopper_cycles(t, dtype, loops, bm, bn, bk, used)
+        tiles = consts["TM"] * consts["TN"]
+        slots = persistent or t.num_cus
+        iters = math.ceil(tiles / slots) * math.ceil(k / bk)
+        assumptions += [
+            "one workgroup per SM (persistent, grid = min(tiles, SMs)); the busiest walks "
+            "ceil(tiles / grid) blocks",
+            "wgmma reads both operands from shared memory through its 128 B/clk banks, each "
+            "consumer warpgroup its own A and all of B; the producer's TMA fills count too",
+            "issue: each consumer warpgroup puts one warp on every SM sub-partition; a warp "
+            "issues its loop's SASS one instruction per clock; the producer warp's loop is "
+            "not counted",
+            "tensor FLOPs per SM per clock = the published dense peak / (SMs x clock)",
+        ]
+    dram_bytes = _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, consts["MAP"], persistent)
+    hbm = dict(t.hbm_bytes_per_s_by_chip).get(chip, t.hbm_bytes_per_s)
+    used["hbm_bytes_per_s"] = (hbm, f"targets/{t.name}: {chip} data sheet peak memory bandwidth")
+    cycles["dram"] = dram_bytes / hbm * clock / iters
+    bound = max(cycles, key=cycles.get)
+    time_s = cycles[bound] * iters / clock
+    flops = 2.0 * m * n * k
+    # the matrix work of one iteration on one CU: every resident block's K step
+    per_iter = 2.0 * bm * bn * bk * (wgs if t.family == "cdna" else 1)
+    return {
+        "kernel": kernel_name, "target": t.name, "chip": chip, "shape": [m, n, k],
+        "dtype": dtype, "out_dtype": out,
+        "modeled_tflops": flops / time_s / 1e12,
+        "bound": bound,
+        # resources within 5% of the bound one: the model cannot tell them apart
+        "near_bound": [r for r, c in cycles.items() if r != bound and c >= 0.95 * cycles[bound]],
+        "cycles": {r: round(c, 1) for r, c in cycles.items()},
+        "time_s": time_s,
+        "iterations_per_cu": iters,
+        "matrix_flops_per_clk": per_iter / cycles["matrix"],
+        "tiles": tiles, "grid": list(grid), "block": [bm, bn, bk],
+        "dram_bytes": dram_bytes,
+        "matrix_peak_tflops": matrix_peak_flops(t, dtype, chip) / 1e12,
+        "code_object": {**detail, "registers": rep.get("unified_vgpr", rep.get("registers")),
+                        "lds_bytes": rep.get("lds_bytes", rep.get("smem_bytes")),
+                        "loop_executed": rep.get("loop_executed")},
+        "assumptions": assumptions,
+        "constants": used,
+    }
+
+
+def _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, spec, persistent) -> int:
+    """HBM bytes of the launch: the cache simulator replaying the launch's mapping."""
+    from .. import chiplet
+    tm, tn = math.ceil(m / bm), math.ceil(n / bn)
+    op = chiplet.Gemm(tm * bm, tn * bn, k, bm=bm, bn=bn, bk=bk, dtype=dtype, out_dtype=out)
+    mapping = chiplet.parse_mapping(spec, op, t.name)
+    return chiplet.simulate(op, mapping, t.name, persistent=persistent).hbm_bytes
+
+
+def format_table(res: dict) -> str:
+    """The model as a short table: the resources per iteration and CU, the bound one marked."""
+    lines = [f"{res['kernel']} on {res['target']} ({res['chip']}), {res['dtype']} -> "
+             f"{res['out_dtype']}, M N K = {' '.join(map(str, res['shape']))}",
+             f"modeled {res['modeled_tflops']:.0f} TFLOP/s ({res['time_s'] * 1e3:.3f} ms), "
+             f"bound by {res['bound']}"
+             + (f" (within 5%: {', '.join(res['near_bound'])})" if res["near_bound"] else "")
+             + f"; matrix peak {res['matrix_peak_tflops']:.0f}",
+             f"{'resource':10s} {'cycles/iteration/CU':>20s}"]
+    for r, c in res["cycles"].items():
+        lines.append(f"{r:10s} {c:20.1f}{'  <- bound' if r == res['bound'] else ''}")
+    lines.append(f"iterations on the busiest CU: {res['iterations_per_cu']}; tiles "
+                 f"{res['tiles']}, block {'x'.join(map(str, res['block']))}; DRAM "
+                 f"{res['dram_bytes'] / 1e9:.3f} GB")
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in res["assumptions"]]
+    lines.append("constants:")
+    lines += [f"  {name} = {v:g}  ({src})" for name, (v, src) in res["constants"].items()]
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""The performance model (`pykittens model`, analysis/model.py): the CLI and its JSON, and
+invariants that a wrong reading of the code objects or a wrong constant would break."""
+import json
+import re
+
+import pytest
+
+from pykittens.analysis.model import matrix_peak_flops, model as _model
+from pykittens.cli import library_plan, main
+
+from conftest import needs_amd_llvm, needs_sass
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+KEYS = ("modeled_tflops", "bound", "cycles", "time_s", "assumptions", "constants")
+
+
+def model(*args, **kw):
+    return _model(*args, plan=library_plan, **kw)
+
+
+@pytest.fixture(scope="module")
+def cdna():
+    """The CDNA models the tests share (each compiles once)."""
+    return {(t, d): model("gemm_pingpong", t, (8192, 8192, 8192), d)
+            for t, d in (("gfx950", "bf16"), ("gfx950", "e4m3"), ("gfx942", "bf16"))}
+
+
+@needs_amd_llvm
+def test_cli_json_has_the_keys(capsys):
+    assert main(["model", "gemm_pingpong", "--target", "gfx950", "--shape", "4096", "4096",
+                 "4096", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    for key in KEYS:
+        assert key in res
+    assert set(res["cycles"]) >= {"matrix", "issue", "lds", "dram"}
+    assert res["bound"] in res["cycles"]
+    for name, (value, source) in res["constants"].items():
+        assert value > 0 and source, name          # every constant says where it is from
+
+
+@needs_amd_llvm
+def test_cli_table(capsys):
+    assert main(["model", "gemm_pingpong", "--target", "gfx942", "--shape", "512", "512",
+                 "1024"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"modeled \d+ TFLOP/s", out) and "<- bound" in out and "assumptions" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["model", "softmax", "--target", "gfx950", "--shape", "1", "2", "3"], "no performance model"),
+    (["model", "gemm_ws", "--target", "gfx950", "--shape", "64", "64", "64"], "pick --target sm_90a"),
+    (["model", "gemm_pingpong", "--target", "sm_90a", "--shape", "64", "64", "64"],
+     "pick --target gfx942"),
+])
+def test_cli_errors_name_the_fix(argv, needle, capsys):
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_model_without_a_plan_says_what_to_pass():
+    with pytest.raises(ValueError, match="library_plan"):
+        _model("gemm_ws", "sm_90a", (128, 128, 128))
+
+
+@needs_amd_llvm
+def test_never_above_the_matrix_peak(cdna):
+    for (t, d), res in cdna.items():
+        peak = matrix_peak_flops(t, d) / 1e12
+        assert 0 < res["modeled_tflops"] <= peak * (1 + 1e-9), (t, d)
+        assert res["matrix_peak_tflops"] == pytest.approx(peak)
+
+
+@needs_amd_llvm
+def test_fp8_doubles_the_matrix_rate_on_gfx950(cdna):
+    bf16, fp8 = cdna["gfx950", "bf16"], cdna["gfx950", "e4m3"]
+    assert fp8["matrix_flops_per_clk"] / bf16["matrix_flops_per_clk"] == pytest.approx(2, rel=0.05)
+    # and the MI355X data sheet's dense peaks: 2.5 PFLOP/s bf16, 5.0 fp8
+    assert matrix_peak_flops("gfx950", "e4m3") == pytest.approx(2 * matrix_peak_flops("gfx950"))
+
+
+@needs_amd_llvm
+def test_a_bigger_k_step_never_lowers_compute_cycles():
+    small = model("gemm_pingpong", "gfx950", (2048, 2048, 2048), BK=16)
+    big = model("gemm_pingpong", "gfx950", (2048, 2048, 2048), BK=32)
+    assert big["cycles"]["matrix"] >= small["cycles"]["matrix"] > 0
+    assert big["code_object"]["mfma_per_wave"] >= small["code_object"]["mfma_per_wave"]
+    # the matrix core's rate does not depend on how the loop is cut
+    assert big["matrix_flops_per_clk"] == pytest.approx(small["matrix_flops_per_clk"])
+
+
+@needs_amd_llvm
+def test_more_mfmas_never_lower_compute_cycles():
+    """The cycle count over an executed path, with its MFMAs repeated."""
+    from pykittens import targets
+    from pykittens.analysis import model as m
+    t = targets.get("gfx950")
+    lp = library_plan("gemm_pingpong", "gfx950", 1024, 1024, 1024, "bf16", "bf16")
+    rep, path = m._cdna_loop(lp.kernel, t, {**lp.consts, "DT": "bf16", "OUT": "bf16"})
+    base, _, _ = m._cdna_cycles(t, rep, path, {})
+    more, _, _ = m._cdna_cycles(t, rep, path + [p for p in path if p[0].startswith("v_mfma")], {})
+    assert more["matrix"] == 2 * base["matrix"] and more["issue"] > base["issue"]
+
+
+@needs_amd_llvm
+def test_a_thin_long_product_is_memory_bound():
+    """M = 64 (one row of 256-row blocks), N, K large: every byte of B read once for little
+    work, so DRAM, not the matrix core, bounds it."""
+    res = model("gemm_pingpong", "gfx950", (64, 65536, 8192))
+    assert res["bound"] == "dram"
+    assert res["cycles"]["dram"] > res["cycles"]["matrix"]
+
+
+@needs_sass
+def test_hopper_gemm_ws_reads_the_wgmma_loop():
+    res = model("gemm_ws", "sm_90a", (4096, 4096, 4096))
+    assert res["code_object"]["wgmma_shape"] == "64x256x16"
+    assert res["modeled_tflops"] <= matrix_peak_flops("sm_90a") / 1e12
+    assert model("gemm_ws", "sm_90a", (128, 65536, 8192))["bound"] == "dram"
+
+
+@needs_amd_llvm
+def test_deterministic(cdna):
+    again = model("gemm_pingpong", "gfx950", (8192, 8192, 8192), "bf16")
+    assert json.dumps(again, sort_keys=True, default=str) == \
+        json.dumps(cdna["gfx950", "bf16"], sort_keys=True, default=str)
