@@ -20,9 +20,11 @@ Each MFMA cluster carries the other block's softmax for the scheduler to interle
 places the arithmetic; it may move some of it to where its result is read). The last
 iteration's S_{j+1} is of a block past the end, which the mask removes entirely.
 
-The grid is one-dimensional and head-first (chiplet.attention_head_first): all workgroups
-that read one KV head are consecutive logical ids, chunked onto one XCD so its L2 holds that
-head's K and V; the prologue decodes (batch, head, q block) from the launch index.
+The grid is one-dimensional and head-first (chiplet.attention_head_first, the NUMA study's
+swizzled head-first) by default: all workgroups that read one KV head are consecutive
+logical ids, chunked onto one XCD so its L2 holds that head's K and V; the prologue decodes
+(batch, head, q block) from the launch index. MAP picks another of the study's orders
+(MAPS, chiplet.mapping.attention_order).
 
 PIN="a0" places O^T on a0.. for the whole kernel (MFMAs as inline asm on the pinned range);
 its rescale then goes through v_accvgpr_read/write every block, about twice the VALU work of
@@ -43,16 +45,17 @@ BLOCK_Q = ROWS * WAVES
 
 
 def cdna_grid(pid, batch, heads, q_blocks, group, num_xcds, MAP="head-first"):
-    """(batch, head, q block) of launch index `pid` (a traced scalar or a numpy array):
-    `head-first` is chiplet.attention_head_first (runs of group * q_blocks ids, every
-    workgroup of one KV head, per XCD), `naive` the q block fastest, then head, then batch."""
-    lid = pid
-    if MAP == "head-first":
-        lid = chip.xcd_chunk(pid, batch * heads * q_blocks, num_xcds, group * q_blocks)
-    elif MAP != "naive":
-        raise pk.KernelError(f"attention on CDNA maps its grid 'head-first' or 'naive', "
+    """(batch, head, q block) of launch index `pid` (a traced scalar or a numpy array) under
+    the grid order MAP, one of MAPS: the NUMA study's four attention orders
+    (chiplet.mapping.attention_order: naive-block-first, naive-head-first,
+    swizzled-block-first, swizzled-head-first) or their aliases. `head-first` (the default)
+    is chiplet.attention_head_first, the paper's swizzled head-first (runs of group *
+    q_blocks ids, every workgroup of one KV head, per XCD); `naive` (naive head-first) the q
+    block fastest, then head, then batch; `block-first` the head fastest."""
+    if MAP not in MAPS:
+        raise pk.KernelError(f"attention on CDNA maps its grid in one of {MAPS}, "
                              f"not {MAP!r}")
-    return chip.split(lid, (batch, heads, q_blocks))
+    return chip.attention_coords(MAP, pid, batch, heads, q_blocks, group, num_xcds)
 
 
 def _clamp(x, n):
@@ -262,7 +265,9 @@ def cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, cu_q=
 
 
 CDNA_TARGETS = ("gfx942", "gfx950")
-MAPS = ("head-first", "naive")
+MAPS = ("head-first", "naive") + tuple(
+    m for m in chip.ATTENTION_ORDERS + tuple(chip.ATTENTION_ALIASES)
+    if m not in ("head-first", "naive"))
 
 
 # Keys per block: the largest whose code object keeps every value in registers (no scratch,
@@ -274,7 +279,8 @@ BLOCK_KEYS = {("gfx950", 64): 64, ("gfx950", 128): 32, ("gfx942", 64): 32, ("gfx
 
 def cdna_launch(batch, heads, nq, d, target, CAUSAL=0, **overrides):
     """(grid, consts) of attention_fwd on a CDNA target: 8 waves, BLOCK_KEYS keys per
-    block, a flat grid of batch * heads * ceil(nq / 256) workgroups in head-first order."""
+    block, a flat grid of batch * heads * ceil(nq / 256) workgroups in head-first order
+    (MAP=... one of MAPS for another order)."""
     consts = {"D": d, "CAUSAL": int(CAUSAL), "BN": BLOCK_KEYS[target, d], "MAP": "head-first",
               "PIN": "", "num_waves": WAVES, "TARGET": target, **overrides}
     if consts["MAP"] not in MAPS:
