@@ -18,6 +18,7 @@ through both: the backward of one is the other with the weight transposed.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -90,8 +91,10 @@ class _Symmetric:
     def __init__(self, group, shapes: dict, device):
         symm = _symmetric()
         name = group.group_name
-        if hasattr(symm, "enable_symm_mem_for_group"):
-            symm.enable_symm_mem_for_group(name)
+        if hasattr(symm, "enable_symm_mem_for_group"):   # needed by older torch;
+            with warnings.catch_warnings():                # later ones: a no-op that warns
+                warnings.simplefilter("ignore", FutureWarning)
+                symm.enable_symm_mem_for_group(name)
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.peers, self.handles = {}, []
         for key, (shape, dtype) in shapes.items():
