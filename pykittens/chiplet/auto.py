@@ -12,7 +12,8 @@ from .ops import Attention, Gemm
 from .sim import Machine, SimResult, Timing, simulate
 
 GEMM_SPECS = "row-major, grouped:W=<window>, xcd:W=<window>,C=<chunk>, auto"
-ATTENTION_SPECS = "naive, head-first, head-first:C=<chunk>, auto"
+ATTENTION_SPECS = ("naive, head-first, head-first:C=<chunk>, naive-block-first (block-first), "
+                   "naive-head-first, swizzled-block-first, swizzled-head-first, auto")
 MODEL_VERSION = "1"       # bump when the simulator's results change, to retire disk entries
 HBM_TOLERANCE = 0.01      # candidates within 1% of the least HBM traffic count as tied
 
@@ -81,6 +82,8 @@ def parse_mapping(spec: str, op, target="gfx950", **auto_kwargs) -> M.Mapping:
         if name == "head-first":
             p = _params(spec, text, ("C",), "head-first:C=16")
             return M.attention_head_first(b, h, qb, op.group, t.num_xcds, p.get("C"))
+        if name in M.ATTENTION_ORDERS + tuple(M.ATTENTION_ALIASES) and not text:
+            return M.attention_order(name, b, h, qb, op.group, t.num_xcds)
         raise ValueError(f"unknown attention mapping {spec!r}; choose one of {ATTENTION_SPECS}")
     raise TypeError(f"expected a Gemm or Attention op, got {type(op).__name__}")
 
@@ -107,6 +110,8 @@ def candidates(op, target="gfx950", wgs_per_cu: int = 1) -> list[M.Mapping]:
         if t.num_xcds > 1:
             run = op.group * qb
             out.append(M.attention_head_first(b, h, qb, op.group, t.num_xcds))
+            out += [M.attention_order(o, b, h, qb, op.group, t.num_xcds)     # the study's
+                    for o in ("naive-block-first", "swizzled-block-first")]  # other two
             for c in sorted({max(1, run // 2), 2 * run, per_xcd}):
                 if c != run:
                     out.append(M.attention_head_first(b, h, qb, op.group, t.num_xcds, c))

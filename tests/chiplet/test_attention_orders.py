@@ -155,3 +155,19 @@ def test_attention_fwd_with_each_order_matches_float64(order, rng):
                      **consts)
     want_o, want_lse = reference(q, k, v, scale, 1)
     check(got["o"].astype(np.float64), got["lse"], want_o, want_lse)
+
+
+def test_the_orders_by_name_in_specs_and_candidates():
+    """parse_mapping takes every order and alias; auto_mapping simulates the study's
+    block-first orders beside naive and head-first."""
+    from pykittens.chiplet import auto
+    op = chiplet.Attention(1, 32, 8192, 128, kv_heads=8)
+    for name in M.ATTENTION_ORDERS + tuple(M.ATTENTION_ALIASES):
+        m = auto.parse_mapping(name, op, "gfx942")
+        want = M.attention_order(name, *op.grid, op.group, 8)
+        pid = np.arange(op.grid[0] * op.grid[1] * op.grid[2])
+        assert all(np.array_equal(x, y) for x, y in zip(m(pid), want(pid))), name
+    specs = {c.spec for c in auto.candidates(op, "gfx942")}
+    assert {"naive-block-first", "swizzled-block-first", "head-first", "naive"} <= specs, specs
+    with pytest.raises(ValueError, match="swizzled-head-first"):
+        auto.parse_mapping("diagonal", op, "gfx942")
