@@ -18,6 +18,10 @@ def test_demo_quick_runs_every_section(capsys):
             assert any(line.startswith(name) and target in line and " ok " in line
                        for line in out.splitlines()), (name, target)
     assert "2. Code objects" in out and "Chiplet" in out
+    comm = out[out.index("4. Tile-level communication"):]
+    assert sum(line.startswith("all-gather + GEMM") and line.rstrip().endswith("ok")
+               for line in comm.splitlines()) == 3
+    assert "(the GEMM waits for nothing): reported: race on global tensor" in comm
 
 
 @pytest.mark.parametrize("stage,needle", [("tile", "kernel softmax("), ("lane", "lane_program"),
