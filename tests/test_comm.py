@@ -150,9 +150,7 @@ def test_hopper_all_gather_gemm(world, ms, k, n, out_dtype, grid):
 
 def test_hopper_gemm_reduce_scatter():
     world, ms, k, n = 2, 256, 128, 512
-    consts = comm.ws_plan(ms, k, n, 2)
-    consts.pop("TMA_STORE")                   # as the op: the blocks go to peers' memory
-    consts["STAGES"] = 4
+    consts = comm.ws_plan(ms, k, n, 2, staged_c=False)   # the blocks go to peers' memory
     tiles = consts["TMS"] * consts["TN"]
     grid = 5
     assert grid < world * tiles
@@ -721,9 +719,7 @@ def test_portable_comm_kernels_compile_for_cdna_without_spills(kernel, consts, t
 def test_hopper_comm_kernels_have_no_spills(kernel, extra):
     """The library builds the ops launch (ws_plan's constants at a Llama-70B TP=2 shape)."""
     from pykittens import compiler
-    consts = dict(comm.ws_plan(2048, 8192, 8192, 2), DT="bf16", WORLD=2, **extra)
-    if kernel is comm.gemm_rs_ws:
-        consts.pop("TMA_STORE")
-        consts["STAGES"] = 4
+    consts = dict(comm.ws_plan(2048, 8192, 8192, 2, staged_c=kernel is comm.ag_gemm_ws),
+                  DT="bf16", WORLD=2, **extra)
     rep = compiler.report(kernel, "sm_90a", **consts)
     assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep

@@ -241,12 +241,25 @@ def gemm_rs_ws(x: pk.gl["DT", 2], w: pk.gl["DT", 2], partials: pk.peers["PT", 3,
                 after_tiles=(lambda g, i: signal(i)) if DEFER else None)
 
 
+def ws_plan(ms: int, k: int, n: int, itemsize: int, staged_c: bool = True,
+            target: str = "sm_90a") -> dict:
+    """Constants of ag_gemm_ws (staged_c: C may leave through shared memory and TMA) or
+    gemm_rs_ws (staged_c=False: its blocks go to other GPUs' memory from registers) for Ms
+    rows per rank (a multiple of 128), K and N (a multiple of 128): 128 x BN blocks, each
+    shard's in the order the cache simulator picks for an Ms x N x K product
+    (chiplet.auto_mapping), and the shared-memory split gemm_ws makes (3 ring stages beside
+    a staged 16-bit C of 256-wide blocks). A new dict each call."""
+    return dict(_ws_plan(ms, k, n, itemsize, staged_c, target))
+
+
+def ws_grid(consts: dict, world: int, target: str = "sm_90a") -> tuple[int]:
+    """The persistent grid of ws_plan's kernels: at most one workgroup per SM."""
+    from ..targets import get
+    return (min(world * consts["TMS"] * consts["TN"], get(target).num_cus),)
+
+
 @functools.lru_cache(maxsize=256)
-def ws_plan(ms: int, k: int, n: int, itemsize: int, target: str = "sm_90a") -> dict:
-    """Constants of ag_gemm_ws / gemm_rs_ws for Ms rows per rank (a multiple of 128), K and
-    N (a multiple of 128): 128 x BN blocks, each shard's in the order the cache simulator
-    picks for an Ms x N x K product (chiplet.auto_mapping), and the shared-memory split
-    gemm_ws makes (3 ring stages beside a staged 16-bit C of 256-wide blocks)."""
+def _ws_plan(ms, k, n, itemsize, staged_c, target) -> tuple:
     from .. import chiplet
     from ..targets import get
     if ms % 128 or n % 128:
@@ -255,10 +268,12 @@ def ws_plan(ms: int, k: int, n: int, itemsize: int, target: str = "sm_90a") -> d
     bn = 256 if n % 256 == 0 else 128
     op = chiplet.Gemm(ms, n, max(k, 1), bm=128, bn=bn, bk=64)
     spec = chiplet.auto_mapping(op, target=target).spec
-    tma_store = int(itemsize == 2)
-    return {"TMS": ms // 128, "TN": n // bn, "BN": bn, "MAP": spec,
-            "TARGET": get(target).name, "STAGES": 3 if tma_store and bn == 256 else 4,
-            "TMA_STORE": tma_store}
+    consts = {"TMS": ms // 128, "TN": n // bn, "BN": bn, "MAP": spec,
+              "TARGET": get(target).name, "STAGES": 4}
+    if staged_c:
+        tma_store = int(itemsize == 2)
+        consts.update(TMA_STORE=tma_store, STAGES=3 if tma_store and bn == 256 else 4)
+    return tuple(consts.items())
 
 
 def ag_plan(ms: int, k: int, n: int, world: int, CHUNK: int = 128, BM: int = 64,

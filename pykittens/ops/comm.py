@@ -135,10 +135,6 @@ def _state(kind, group, shapes, device) -> _Symmetric:
     return st
 
 
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _fused_all_gather_linear(x, weight, group, **variant):
     """The fused path (`variant`: kernel constants to try instead of the defaults)."""
     from ..runtime.launch import launch
@@ -150,10 +146,9 @@ def _fused_all_gather_linear(x, weight, group, **variant):
                               "ready": ((world, ms // 128), torch.int32)}, x.device)
     epoch = st.next_call()
     out = x.new_empty((world * ms, n))
-    blocks = world * consts["TMS"] * consts["TN"]
     launch(K.ag_gemm_ws, x, st.local("gathered"), st.buf("gathered"), st.buf("ready"),
-           weight, out, epoch, grid=(min(blocks, _sm_count(x.device)),), WORLD=world,
-           **consts, **variant)
+           weight, out, epoch, grid=K.ws_grid(consts, world), WORLD=world, **consts,
+           **variant)
     return out
 
 
@@ -164,16 +159,14 @@ def _fused_linear_reduce_scatter(x, weight, group, **variant):
     n = weight.shape[0]
     world = dist.get_world_size(group)
     ms = m // world
-    consts = dict(K.ws_plan(ms, k, n, x.element_size()))
-    consts.pop("TMA_STORE")                     # the blocks go to other GPUs' memory
-    consts["STAGES"] = 4
+    consts = K.ws_plan(ms, k, n, x.element_size(), staged_c=False)
     tiles = consts["TMS"] * consts["TN"]
     st = _state("rs", group, {"partials": ((world, ms, n), x.dtype),
                               "done": ((world, tiles), torch.int32)}, x.device)
     epoch = st.next_call()
     out = x.new_empty((ms, n))
     launch(K.gemm_rs_ws, x, weight, st.buf("partials"), st.buf("done"), epoch,
-           grid=(min(world * tiles, _sm_count(x.device)),), **consts, **variant)
+           grid=K.ws_grid(consts, world), **consts, **variant)
     launch(K.rs_reduce, st.buf("partials"), st.buf("done"), out, epoch, grid=(tiles,),
            BM=128, BN=consts["BN"], SIGNALS=K.WS_SIGNALS)
     return out
