@@ -31,7 +31,6 @@ its rescale then goes through v_accvgpr_read/write every block, about twice the 
 leaving O^T to LLVM's allocator, so it is off by default (docs/targets/cdna.md)."""
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pykittens as pk
@@ -162,16 +161,6 @@ def sequences(q, k, MAP, TARGET, cu_q=None, cu_k=None, rows=BLOCK_Q, keys=False,
     return _Packed(q, k, cu_q, cu_k, MAP, TARGET, keys, clamp)
 
 
-@contextlib.contextmanager
-def _cluster(kind):
-    """A ping-pong cluster (pp.memory or pp.compute) whose instructions the compiler keeps
-    between its barriers, as HipKittens does with sched_barrier(0)."""
-    with kind():
-        pk.sched_barrier()
-        yield
-        pk.sched_barrier()
-
-
 def _xcds(TARGET):
     from pykittens.targets import get
     return get(TARGET).num_xcds
@@ -238,22 +227,22 @@ def cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, cu_q=
     softmax(0)
     pk.load(kt, ks[1], (0, 0))
     pk.barrier()
-    with pk.pingpong() as pp:
+    with pk.pingpong(fence=True) as pp:
         for j in pk.range(blocks):
-            with _cluster(pp.compute):
+            with pp.compute():
                 pk.mma_ABt(s, kt, qt, c=0)                # S_{j+1}, under block j's
                 ot *= alpha                               # softmax end
                 l_.set(l_ * alpha)
                 pk.col_sum(p, into=l_)
                 pk.convert(pt, p)
-            with _cluster(pp.memory):
+            with pp.memory():
                 with pk.if_(j + 3 < blocks):
                     fetch(ks, k, j + 3)
                 pk.load(vt, vs[j % 2], (0, 0))
-            with _cluster(pp.compute):
+            with pp.compute():
                 pk.mma_AtB(ot, vt, pt)                    # O += V_j^T P_j^T, under
                 softmax(j + 1)                            # block j+1's softmax
-            with _cluster(pp.memory):
+            with pp.memory():
                 with pk.if_(j + 2 < blocks):
                     fetch(vs, v, j + 2)
                 pk.load(kt, ks[j % 2], (0, 0))

@@ -29,19 +29,6 @@ WAVE_M, WAVE_N = 64, 128
 STORE_N = 32          # columns of C a wave converts and stores at once
 
 
-def _cluster(kind):
-    """A ping-pong cluster whose instructions the compiler keeps between its barriers."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def cm():
-        with kind():
-            pk.sched_barrier()
-            yield
-            pk.sched_barrier()
-    return cm()
-
-
 @pk.kernel(num_waves=WAVES)
 def gemm_pingpong(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                   DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 0,
@@ -100,14 +87,14 @@ def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
         fetch(1)
     pk.barrier()
     operands(0)
-    with pk.pingpong() as pp:
+    with pk.pingpong(fence=True) as pp:
         for k in pk.range(steps):
-            with _cluster(pp.compute):
+            with pp.compute():
                 if mx:
                     pk.mma_ABt(acc, ta, tb, scale_a=ea, scale_b=eb)
                 else:
                     pk.mma_ABt(acc, ta, tb)
-            with _cluster(pp.memory):
+            with pp.memory():
                 with pk.if_(k + 2 < steps):
                     fetch(k + 2)
                 with pk.if_(k + 1 < steps):

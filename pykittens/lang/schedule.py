@@ -71,35 +71,47 @@ class PingPong:
                 with pp.compute():  ...mma...
 
     Group 1 passes one extra barrier before the loop and group 0 one after it, so both pass
-    the same number of barriers (the emulator checks this)."""
+    the same number of barriers (the emulator checks this). fence=True also puts a
+    sched_barrier at each end of every cluster, so the compiler keeps a cluster's
+    instructions between its barriers (HipKittens' sched_barrier(0))."""
 
-    def __init__(self, priority: int = 1):
+    def __init__(self, priority: int = 1, fence: bool = False):
         tr = current()
         if tr.num_waves % 2:
             raise error(f"ping-pong needs an even number of waves (two groups); this kernel "
                         f"has num_waves={tr.num_waves}")
         self.group_size = tr.num_waves // 2
-        self.priority = priority
+        self.priority, self.fence = priority, fence
         self.group = ops.wave_id() // self.group_size
+
+    @contextlib.contextmanager
+    def _fenced(self):
+        if self.fence:
+            sched_barrier()
+        yield
+        if self.fence:
+            sched_barrier()
 
     @contextlib.contextmanager
     def memory(self):
         """Memory cluster: base priority, then a barrier hands the phase over."""
-        yield
+        with self._fenced():
+            yield
         ops.barrier()
 
     @contextlib.contextmanager
     def compute(self):
         """Compute cluster: raised priority while it issues, then a barrier."""
         ops.setprio(self.priority)
-        yield
+        with self._fenced():
+            yield
         ops.setprio(0)
         ops.barrier()
 
 
 @contextlib.contextmanager
-def pingpong(priority: int = 1):
-    pp = PingPong(priority)
+def pingpong(priority: int = 1, fence: bool = False):
+    pp = PingPong(priority, fence)
     with ops.if_(pp.group == 1):
         ops.barrier()                       # group 1 starts one phase behind
     yield pp
