@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..lang.kernel import Peers, peer_members
 from ..lower import lower
 from ..runtime.args import bind_args, check_grid, check_kernel, check_program_args
 from .machine import World, run_program
@@ -25,11 +26,7 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
     if isa:
         from ..isa import emulate as isa_emulate
         return isa_emulate(kernel, *args, grid=grid, target=target, **kwargs)
-    bound, consts = bind_args(kernel, args, kwargs)
-    grid = check_grid(grid, kernel)
-    prog = lower(kernel.specialize_for(target, **consts), target)
-    check_program_args(prog, bound, kernel)
-    arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
+    prog, arrays, grid = _prepare(kernel, args, kwargs, grid, target, "pk.emulate")
     if any(isinstance(v, np.ndarray) and v.size == 0 for v in arrays.values()):
         out = {p.name: np.array(arrays[p.name]) for p in prog.params if p.kind == "gl"}
     else:
@@ -37,14 +34,23 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
     return _peers_as_lists(kernel, out)
 
 
+def _prepare(kernel, args, kwargs, grid, target, what):
+    """(lane program, arguments as arrays and numbers, grid) of one launch, checked by the
+    rules a GPU launch applies."""
+    bound, consts = bind_args(kernel, tuple(args), kwargs, what=what)
+    grid = check_grid(grid, kernel)
+    prog = lower(kernel.specialize_for(target, **consts), target)
+    check_program_args(prog, bound, kernel)
+    arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
+    return prog, arrays, grid
+
+
 def _peers_as_lists(kernel, out: dict) -> dict:
     """A pk.peers parameter's arrays also under its own name, as the list of its ranks'
     (beside `name.p0`, ...)."""
     for p in kernel.params:
         if p.kind == "peers":
-            members = sorted((n for n in out if n.startswith(p.name + ".p")),
-                             key=lambda n: int(n[len(p.name) + 2:]))
-            out[p.name] = [out[n] for n in members]
+            out[p.name] = [out[n] for n in peer_members(p.name, out)]
     return out
 
 
@@ -77,13 +83,10 @@ def emulate_world(launches, *, target: str = "gfx950", resident: int | None = No
         if "grid" not in kwargs:
             raise TypeError(f"launch {i} ({kernel.name}) of pk.emulate_world needs grid= in "
                             "its kwargs")
-        grid = check_grid(kwargs.pop("grid"), kernel)
-        bound, consts = bind_args(kernel, tuple(args), kwargs, what="pk.emulate_world")
-        prog = lower(kernel.specialize_for(target, **consts), target)
-        check_program_args(prog, bound, kernel)
-        arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
+        grid = kwargs.pop("grid")
+        prog, arrays, grid = _prepare(kernel, args, kwargs, grid, target, "pk.emulate_world")
         rank = next((v.rank for v in list(args) + list(kwargs.values())
-                     if type(v).__name__ == "Peers"), None)
+                     if isinstance(v, Peers)), None)
         label = (str(name[0]) if name else f"{kernel.name}" +
                  (f" (rank {rank})" if rank is not None else "")) + f" [launch {i}]"
         runs.append((prog, arrays, grid, label))

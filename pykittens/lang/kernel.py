@@ -295,6 +295,15 @@ def peer_params(p: Param) -> list[Param]:
         [Param(f"{p.name}.rank", "scalar", T.ScalarType(T.i32))]
 
 
+def peer_members(name: str, names) -> list[str]:
+    """The per-rank ABI names of pk.peers parameter `name` (`name.p0`, ...) that `names`
+    (bound arguments, an emulation's results) holds, in rank order."""
+    out = []
+    while f"{name}.p{len(out)}" in names:
+        out.append(f"{name}.p{len(out)}")
+    return out
+
+
 def _static_dim(k: Kernel, param: str, name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise KernelError(f"const {name}={value!r} gives a dim of {param!r}: it must be a "

@@ -386,11 +386,12 @@ def remote_peers(bound: dict) -> set:
     """Names, in bound arguments, of other ranks' tensors of pk.Peers arguments (expanded
     as `x.p<i>` beside `x.rank`): they live on other GPUs, mapped into this one's memory,
     so they are exempt from the one-device rule."""
+    from ..lang.kernel import peer_members
     out = set()
-    for n, v in bound.items():
-        base = n[:-len(".rank")]
-        if n.endswith(".rank") and f"{base}.p0" in bound:
-            out |= {m for m in bound if m.startswith(base + ".p") and m != f"{base}.p{v}"}
+    for n, rank in bound.items():
+        if n.endswith(".rank"):
+            members = peer_members(n[:-len(".rank")], bound)
+            out |= {m for i, m in enumerate(members) if i != rank}
     return out
 
 

@@ -23,7 +23,7 @@ import sys
 import threading
 
 from ..ir.errors import KernelError
-from ..lang.kernel import Peers
+from ..lang.kernel import Peers, peer_members
 from .args import (_F32_MAX, I32_MAX, bind_args, check_grid, check_kernel, check_program_args,
                    fail, remote_peers)
 
@@ -102,12 +102,12 @@ def _checked_launch(kernel, args, kwargs, grid, stream):
                           kernel.name)
     # other ranks' tensors of a pk.Peers live on their GPUs, mapped into this one's memory
     remote = remote_peers(bound)
-    devices = sorted({str(v.device) for n, v in bound.items()
-                      if hasattr(v, "data_ptr") and n not in remote})
+    local = [v for n, v in bound.items() if hasattr(v, "data_ptr") and n not in remote]
+    devices = sorted({str(v.device) for v in local})
     if len(devices) > 1:
         raise fail(f"the tensors are on different GPUs ({', '.join(devices)}); put them on "
                    "one", kernel)
-    dev = next(v.device for n, v in bound.items() if hasattr(v, "data_ptr") and n not in remote)
+    dev = local[0].device
     if any(t.numel() == 0 for t in tensors):
         return None                                       # nothing to compute
     index = dev.index if dev.index is not None else 0
@@ -151,8 +151,7 @@ def expanded_names(params, bound) -> list[str]:
     out = []
     for p in params:
         if p.kind == "peers":
-            world = sum(1 for n in bound if n.startswith(p.name + ".p"))
-            out += [f"{p.name}.p{i}" for i in range(world)] + [f"{p.name}.rank"]
+            out += peer_members(p.name, bound) + [f"{p.name}.rank"]
         else:
             out.append(p.name)
     return out
