@@ -52,8 +52,8 @@ class Deadlock(EmulatorError):
 
 class _GlobalBuf:
     """A global tensor (C order copy). `track`: the kernel writes it, so every access
-    records who made it (unit = workgroup index * waves + wave) and when (the workgroup's
-    clock), for the race checks."""
+    records who made it (a unit: a wave of the world, _Machine._unit) and when (its
+    workgroup's clock), for the race checks."""
 
     def __init__(self, name, arr: np.ndarray, gt: T.GlobalType, track: bool = False):
         self.name = name
@@ -89,9 +89,8 @@ class _Workgroup:
     past visible to the waves that wait on it. An access by one wave to bytes another wave
     touched at a time the first has not seen is a race."""
 
-    def __init__(self, nbytes, num_waves, index=0, gid=None):
-        self.index = index                       # linear workgroup index in the grid
-        self.gid = index if gid is None else gid     # ... among all launches of a world
+    def __init__(self, nbytes, num_waves, gid):
+        self.gid = gid                           # index among all launches' workgroups
         self.waves: list = []
         n = max(nbytes, 1)
         self.lds = np.zeros(n, np.uint8)
@@ -138,20 +137,19 @@ class _Wave:
         # what this wave has seen of other workgroups' global accesses, per unit (a wave of
         # any launch in the world): the time of that unit's workgroup clock; only kept
         # where flags can order workgroups (World.sync)
-        self.ext = None if m.world is None or not m.world.sync else \
-            np.full(m.world.units, -1, np.int64)
+        self.ext = np.full(m.world.units, -1, np.int64) if m.world.sync else None
 
 
 class _Machine:
-    """One launch: a lane program over a grid. In a world of several launches (ranks,
-    streams), `gid_base` numbers its workgroups after the earlier launches' and units
-    (waves) are numbered world-wide with `world.ustride` per workgroup."""
+    """One launch of a World (a single launch is a world of one): a lane program over a
+    grid. `gid_base` numbers its workgroups after the earlier launches', and units (waves)
+    are numbered world-wide with `world.ustride` per workgroup."""
 
-    def __init__(self, prog: LaneProgram, bufs: dict, scalars: dict, grid, world=None,
+    def __init__(self, prog: LaneProgram, bufs: dict, scalars: dict, grid, world: "World",
                  gid_base: int = 0, label: str = ""):
         self.p, self.bufs, self.scalars, self.grid = prog, bufs, scalars, grid
         self.world, self.gid_base, self.label = world, gid_base, label
-        self.ustride = world.ustride if world is not None else prog.num_waves
+        self.ustride = world.ustride
         self.W = prog.wave_size
         self._coord_cache: dict = {}
         self.lds_written = _lds_written_ranges(prog)
@@ -177,19 +175,14 @@ class _Machine:
         return (other_wg & (times > w.ext[np.where(known, units, 0)])) | mine
 
     def _who(self, unit: int) -> str:
-        if self.world is not None:
-            return self.world.who(int(unit))
-        nw = self.ustride
-        g, wave = divmod(int(unit), nw)
-        gx, gy = self.grid[0], self.grid[1]
-        return f"workgroup {(g % gx, g // gx % gy, g // (gx * gy))}, wave {wave}"
+        return self.world.who(int(unit))
 
     def _global_race(self, w, op, buf, offs, bad, other_units, what, other_did):
         i = int(np.argmax(bad))
         elem = tuple(int(c) for c in np.unravel_index(int(offs[i]), buf.shape))
         u = int(other_units[i])
         who = self._who(u) if u >= 0 and u != self._unit(w) else "another workgroup"
-        if self.world is not None and self.world.sync:
+        if self.world.sync:
             raise self.fail(Race, w, op, f"race on global tensor {buf.label()}: {what} element "
                             f"{elem}, which {who} {other_did} with no flag ordering the two: "
                             "the reader (or second writer) must pk.wait_flag on a flag that "
@@ -812,7 +805,7 @@ class _Machine:
         no flag to wait for is a deadlock, reported with what each wave waits for."""
         gx, gy = self.grid[0], self.grid[1]
         index = pid[0] + gx * (pid[1] + gy * pid[2])
-        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves, index, self.gid_base + index)
+        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves, self.gid_base + index)
         waves = [_Wave(self, wg, pid, i) for i in range(self.p.num_waves)]
         wg.waves = waves
         gens = {w: self.run_block(w, self.p.body) for w in waves}
