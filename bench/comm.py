@@ -128,40 +128,32 @@ def _worker(rank, world, port, steps, out_path):
     if "performance" in steps:
         for name, kind, ms, k, n in cases(world):
             x, w = rand(ms, k), rand(n, k, scale=k ** -0.5)
+            linear = torch.nn.functional.linear
             if kind == "ag":
                 full = torch.empty(world * ms, k, device="cuda", dtype=x.dtype)
-
-                def seq():
-                    dist.all_gather_into_tensor(full, x, group=group)
-                    return torch.nn.functional.linear(full, w)
-
-                def pk_fused():
-                    return pkc.all_gather_linear(x, w, group, fused=True)
+                gemm_in, flops = full, 2 * world * ms * k * n
 
                 def coll():
                     dist.all_gather_into_tensor(full, x, group=group)
 
-                gemm = (lambda: torch.nn.functional.linear(full, w))
-                pk_gemm = (lambda: pko.linear(full, w))
-                flops = 2 * world * ms * k * n
+                def seq():
+                    coll()
+                    return linear(full, w)
             else:
                 part = torch.empty(ms // world, n, device="cuda", dtype=x.dtype)
-                y = torch.nn.functional.linear(x, w)
-
-                def seq():
-                    dist.reduce_scatter_tensor(part, torch.nn.functional.linear(x, w),
-                                               group=group)
-                    return part
-
-                def pk_fused():
-                    return pkc.linear_reduce_scatter(x, w, group, fused=True)
+                y = linear(x, w)
+                gemm_in, flops = x, 2 * ms * k * n
 
                 def coll():
                     dist.reduce_scatter_tensor(part, y, group=group)
 
-                gemm = (lambda: torch.nn.functional.linear(x, w))
-                pk_gemm = (lambda: pko.linear(x, w))
-                flops = 2 * ms * k * n
+                def seq():
+                    dist.reduce_scatter_tensor(part, linear(x, w), group=group)
+                    return part
+            op = pkc.all_gather_linear if kind == "ag" else pkc.linear_reduce_scatter
+            pk_fused = (lambda: op(x, w, group, fused=True))
+            gemm = (lambda: linear(gemm_in, w))
+            pk_gemm = (lambda: pko.linear(gemm_in, w))
             err = _rel(pk_fused(), seq())
             row = {"step": "performance", "case": name, "kind": kind, "x": [ms, k],
                    "w": [n, k], "rel_err": err, "ok": err < 2e-2}
