@@ -191,21 +191,18 @@ def library_plan(kernel_name, target, m, n, k, dtype, out_dtype):
     from . import kernels as K
     from .analysis.model import Launch
     from .ir.types import dtype_of
-
-    class _Meta:                          # what the launch rules read of an operand
-        def __init__(self, shape, itemsize):
-            self.shape, self.itemsize = shape, itemsize
     esz, osz = dtype_of(dtype).bytes, dtype_of(out_dtype).bytes
     if kernel_name == "gemm_ws":
-        grid, consts = K.gemm_ws_launch({"a": _Meta((m, k), esz), "b": _Meta((n, k), esz),
-                                         "c": _Meta((m, n), osz)}, target)
+        grid, consts = K.gemm_ws_launch({"a": K.Operand((m, k), esz),
+                                         "b": K.Operand((n, k), esz),
+                                         "c": K.Operand((m, n), osz)}, target)
         return Launch(K.gemm_ws, grid, consts, 128, consts["BN"], 128 // esz, grid[0])
     if kernel_name == "gemm_pingpong":
         grid, consts = K.gemm_pingpong_launch(m, n, k, target, esz)
         return Launch(K.gemm_pingpong, grid, consts, 256, 256, consts["BK"])
     if kernel_name == "gemm":
-        grid, consts = K.KERNELS["gemm"].launch({"a": _Meta((m, k), esz),
-                                                 "b": _Meta((k, n), esz)}, target)
+        grid, consts = K.KERNELS["gemm"].launch({"a": K.Operand((m, k), esz),
+                                                 "b": K.Operand((k, n), esz)}, target)
         d = K.gemm.const_defaults
         return Launch(K.gemm, grid, consts, d["BM"], d["BN"], d["BK"])
     raise CliError(f"no launch plan for {kernel_name!r}")

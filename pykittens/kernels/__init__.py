@@ -349,6 +349,14 @@ def _gemm_nt_torch(t):
     return {"c": t["a"] @ t["b"].T}
 
 
+class Operand:
+    """What the GEMM launch rules read of an operand, for planning without a tensor: its
+    shape and element size."""
+
+    def __init__(self, shape, itemsize):
+        self.shape, self.itemsize = shape, itemsize
+
+
 def gemm_ws_launch(i, target, promote: bool | None = None):
     """(grid, consts) of gemm_ws for inputs `i`: persistent (one workgroup per SM walks the
     blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
@@ -502,8 +510,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                targets=("sm_90a",)),          # mbarriers and warp roles: Hopper
 )}
 
-__all__ = ["KERNELS", "KernelSpec", "check", "gemm_ws_launch", "ln_tma_consts", "rel_err",
-           "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch",
+__all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_launch", "ln_tma_consts",
+           "rel_err", "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch",
            "rope_launch",
            "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx",
            "gemm_wgmma", "gemm_ws", "layernorm",

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from ..kernels import KERNELS, gemm_ws_launch
+from ..kernels import KERNELS, Operand, gemm_ws_launch
 from ..kernels.gemm import gemm, gemm_ws
 from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
 from .run import HALVES, check_same, check_tensor, run, target_of
@@ -43,24 +43,17 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
     return c
 
 
-class _Meta:
-    """What the GEMM launch rules read of an operand: its shape and element size."""
-
-    def __init__(self, shape, itemsize):
-        self.shape, self.itemsize = shape, itemsize
-
-
 @functools.lru_cache(maxsize=1024)
 def _plan(target: str, m: int, k: int, n: int, itemsize: int):
     """(kernel, grid, consts) of an (m, k) x (k, n) product with a C of the operands' type,
     decided once per shape (the launch rules consult the cache simulator's choice)."""
     if uses_gemm_ws(target, k, itemsize):
-        i = {"a": _Meta((m, k), itemsize), "b": _Meta((n, k), itemsize),
-             "c": _Meta((m, n), itemsize)}
+        i = {"a": Operand((m, k), itemsize), "b": Operand((n, k), itemsize),
+             "c": Operand((m, n), itemsize)}
         return (gemm_ws, *gemm_ws_launch(i, target))
     if target in STEP_BYTES:
         return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize))
-    i = {"a": _Meta((m, k), itemsize), "b": _Meta((k, n), itemsize)}
+    i = {"a": Operand((m, k), itemsize), "b": Operand((k, n), itemsize)}
     return (gemm, *KERNELS["gemm"].launch(i, target))
 
 
