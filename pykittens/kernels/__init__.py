@@ -511,9 +511,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_launch", "ln_tma_consts",
-           "rel_err", "row_launch", "stats_launch", "ln_launch", "ln_grad_launch", "rms_grad_launch",
-           "rope_launch",
-           "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx",
-           "gemm_wgmma", "gemm_ws", "layernorm",
-           "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope", "scaled_add", "softmax",
-           "softmax_bwd", "tma_scale", "ws_scale"]
+           "rel_err", "row_launch", "stats_launch", "ln_launch", "ln_grad_launch",
+           "rms_grad_launch", "rope_launch", "add_rmsnorm", "column_sum", "gemm",
+           "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
+           "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",
+           "scaled_add", "softmax", "softmax_bwd", "tma_scale", "ws_scale"]
