@@ -155,3 +155,35 @@ def test_direct_load_errors():
 
     with pytest.raises(pk.KernelError, match="direct=True applies to global -> shared loads"):
         bad.specialize()
+
+
+def test_programs_per_cu_caps_registers():
+    """pk.programs_per_cu(n) asks the compiler for n resident workgroups per SM / CU: PTX
+    carries .minnctapersm n (ptxas then keeps a lane within 64K / (n x threads) registers),
+    AMDGPU the waves per SIMD that n workgroups put there; without it, neither."""
+    from pykittens.kernels.rows import staged_plan
+    from pykittens.kernels.rmsnorm import rmsnorm_bwd
+    _, consts = staged_plan(16384, 8192, "sm_90a", 2, 2, waves=8, programs=2)
+    ptx = compiler.emit(rmsnorm_bwd, "sm_90a", "asm", DT=pk.bf16, RESIDUAL=0, **consts)
+    assert re.search(r"\.minnctapersm 2\b", ptx)
+    uncapped = {**consts, "PROGRAMS": 0}
+    assert ".minnctapersm" not in compiler.emit(rmsnorm_bwd, "sm_90a", "asm", DT=pk.bf16,
+                                                RESIDUAL=0, **uncapped)
+    rep = compiler.report(rmsnorm_bwd, "sm_90a", DT=pk.bf16, RESIDUAL=0, **consts)
+    if rep.get("registers") is not None:          # ptxas installed: the cap holds
+        assert rep["registers"] <= 65536 // (2 * 8 * 32)
+
+    @pk.kernel(num_waves=4)
+    def capped(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):
+        pk.programs_per_cu(3)
+        pk.store(out, pk.load(pk.rt((16, 64), pk.f32), x, (0, 0)), (0, 0))
+
+    assert '"amdgpu-waves-per-eu"="3"' in compiler.llvm_ir(capped, "gfx942")
+
+    @pk.kernel(num_waves=4)
+    def in_a_loop(x: pk.gl[pk.f32, 2]):
+        for _ in pk.range(2):
+            pk.programs_per_cu(2)
+
+    with pytest.raises(pk.KernelError, match="top level"):
+        compiler.llvm_ir(in_a_loop, "sm_90a")

@@ -93,6 +93,76 @@ def test_launch_rule_covers_256_to_65536_columns():
         rows.walk_plan(8, 65536, "sm_90a", 16, parts=2)
 
 
+STAGED = ("layernorm_bwd", "rmsnorm_bwd", "layernorm", "rmsnorm", "add_rmsnorm")
+
+
+@pytest.mark.parametrize("name", STAGED)
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_staged_walk(name, dtype):
+    """Rows staged in shared memory by the TMA unit (rows.Feed, STAGES >= 2) on sm_90a: 3
+    workgroups walk 19 ragged rows of 2104 columns (not a multiple of the 256-column box:
+    the boxes past the row read as zero), two and three stages deep, against float64. The
+    emulator checks every stage's TMA copy against the waves' reads of it (races)."""
+    nt = {"add_rmsnorm": 2, "layernorm_bwd": 2, "rmsnorm_bwd": 3}.get(name, 1)
+    for stages in (2, 3):
+        _, consts = rows.staged_plan(19, 2104, "sm_90a", 2 if dtype == "bf16" else 4, nt,
+                                     waves=4, stages=stages, programs=1)
+        if name == "rmsnorm_bwd":
+            consts["RESIDUAL"] = 1
+        spec, errs = run_spec(name, (19, 2104), dtype, "sm_90a", consts, (3,))
+        for out, e in errs.items():
+            assert e["rel_err"] <= spec.tolerance(dtype), (stages, out, e)
+
+
+def test_staged_plan():
+    """Only Hopper, only rows of at least 2048 columns and whole 16-byte rows, only stages
+    that fit; workgroups per SM within STAGED_WARPS and the shared-memory budget."""
+    assert rows.staged_plan(16384, 8192, "gfx950", 2, 2) is None
+    assert rows.staged_plan(16384, 1024, "sm_90a", 2, 2) is None
+    assert rows.staged_plan(16384, 4100, "sm_90a", 2, 2) is None     # 8200-byte rows
+    assert rows.staged_plan(16384, 65536, "sm_90a", 2, 2) is None    # 512 KiB a stage
+    for n, sums in ((4096, 1), (8192, 1), (12288, 1), (8192, 2), (6000, 2)):
+        (grid,), c = rows.staged_plan(16384, n, "sm_90a", 2, 2, sums)
+        assert c["N_MAX"] >= n and c["N_MAX"] % (c["num_waves"] * rows.STAGE_COLS) == 0
+        assert c["PROGRAMS"] * c["num_waves"] <= max(c["num_waves"],
+                                                     rows.STAGED_WARPS[sums])
+        assert c["STAGES"] * 2 * c["N_MAX"] * 2 * c["PROGRAMS"] <= 2 * rows.STAGE_BUDGET
+        assert grid == 132 * c["PROGRAMS"]
+    assert rows.staged_plan(5, 8192, "sm_90a", 2, 2)[0] == (5,)       # no idle workgroups
+
+
+def test_ops_stage_only_tma_ready_backward_inputs():
+    """The backward launch rules stage x and dy only where the TMA unit can copy them
+    (16-byte aligned rows), and never the forward passes."""
+    from pykittens.kernels import ln_grad_launch, rms_grad_launch, row_launch
+    x = np.zeros((64, 4096), np.float16)
+    assert rms_grad_launch({"x": x, "dy": x}, "sm_90a", residual=False)[1].get("STAGES")
+    assert ln_grad_launch({"x": x, "dy": x}, "sm_90a")[1].get("STAGES")
+    assert not row_launch({"x": x}, "sm_90a")[1].get("STAGES")
+    assert not rms_grad_launch({"x": x, "dy": x}, "gfx950", residual=False)[1].get("STAGES")
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(64 * 4096 + 1, dtype=torch.float16)[1:].view(64, 4096)   # 2 bytes off
+    assert not ln_grad_launch({"x": t, "dy": t}, "sm_90a")[1].get("STAGES")
+
+
+def test_layernorm_of_rows_with_a_large_mean():
+    """Statistics from sums of deviations from the row's first element: rows whose mean is
+    1000 standard deviations keep their variance (x^2's mean less the squared mean would
+    lose it to f32 rounding); every schedule against float64."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((19, 700)) + 1000).astype(np.float32)
+    x64 = x.astype(np.float64)
+    mu, var = x64.mean(1), x64.var(1)
+    for sched in list(SCHEDULES) + ["tma"]:
+        per, consts = SCHEDULES.get(sched, (4, {"TMA": 1, "N_MAX": 1024, "CHUNK": 256}))
+        got = pk.emulate(layernorm, x, np.zeros(1, np.float32), np.zeros(1, np.float32),
+                         np.full_like(x, np.nan), np.zeros((2, 19), np.float32), 1e-5,
+                         grid=-(-19 // per), target="sm_90a", WEIGHT=0, BIAS=0, STATS=1,
+                         **consts)
+        assert rel_err(got["stats"][1], 1 / np.sqrt(var + 1e-5)) < 1e-4, sched
+        assert rel_err(got["stats"][0], mu) < 1e-6, sched
+
+
 @pytest.mark.parametrize("sched", list(SCHEDULES) + ["tma"])
 def test_layernorm_without_weight_or_bias_and_its_statistics(sched):
     rng = np.random.default_rng(4)

@@ -32,6 +32,11 @@ class AMDGPURenderer(Renderer):
         cap = self._vgpr_cap(pins)
         if cap is not None:
             extra += f' "amdgpu-num-vgpr"="{cap}"'
+        if self.p.programs_per_cu:
+            # waves per SIMD (EU) that n workgroups put there: LLVM sizes registers to fit
+            t = self.p.target
+            per_eu = -(-self.p.programs_per_cu * self.p.num_waves // t.simds_per_cu)
+            extra += f' "amdgpu-waves-per-eu"="{min(per_eu, t.max_waves_per_simd)}"'
         attrs = (f'attributes #0 = {{ "amdgpu-flat-work-group-size"="{threads},{threads}" '
                  f'"target-cpu"="{self.p.target.name}" "uniform-work-group-size"="true"{extra} }}')
         return attrs + "\n\n" + self._line_table_metadata()

@@ -28,6 +28,8 @@ class NVPTXRenderer(Renderer):
         if self._uses("setmaxnreg"):
             # setmaxnreg needs a register cap at entry: what fits the whole block on one SM
             extra = f' "nvvm.maxnreg"="{self.register_cap()}" "nvvm.minctasm"="1"'
+        elif self.p.programs_per_cu:
+            extra = f' "nvvm.minctasm"="{self.p.programs_per_cu}"'
         return f'attributes #0 = {{ "nvvm.maxntid"="{threads},1,1"{extra} }}'
 
     def function_header(self, args):

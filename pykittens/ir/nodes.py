@@ -78,6 +78,7 @@ class KernelIR:
     body: Block
     loc: Loc | None = None
     target: str | None = None     # the target a pk.target constant named when traced
+    programs_per_cu: int = 0      # workgroups built to fit one CU / SM (0: the compiler's)
 
 
 def walk(block: Block):

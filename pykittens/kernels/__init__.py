@@ -89,10 +89,22 @@ def ln_tma_consts(n: int) -> dict:
 
 def row_launch(i, target, x="x", row_bytes=None, loop=rows.LOOP):
     """(grid, consts) of a row kernel (rows.plan) over the rows of input `x`; row_bytes
-    defaults to x's element size (a forward pass holding x)."""
+    defaults to x's element size (a forward pass holding x). Forward passes keep to the
+    register schedules: on the H200 the staged walk was slower for every norm forward at
+    every measured shape (bench/rows_staged.py, docs/PERF.md)."""
     m, n = i[x].shape
     per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]), loop=loop)
     return (max(1, -(-m // per)),), consts
+
+
+def _staged(i, target, names, sums: int):
+    """rows.staged_plan of a backward pass staging the inputs `names` of i and holding
+    `sums` per-column sums (None where it does not apply, or an input is not aligned for
+    the TMA unit)."""
+    if not rows.STAGED or not all(rows.tma_ready(i[k]) for k in names):
+        return None
+    m, n = i["x"].shape
+    return rows.staged_plan(m, n, target, rows.itemsize(i["x"]), len(names), sums=sums)
 
 
 def ln_launch(i, target):
@@ -214,9 +226,10 @@ def rms_grad_launch(i, target, residual=True, dw=True):
     partial sums, where given); residual: ds is added (add_rmsnorm's gradient); dw: the
     weight's gradient is summed."""
     m, n = i["x"].shape
-    held = 3 if residual else 2                     # x, dy (, ds) held in their dtype
-    grid, consts = rows.walk_plan(m, n, target, held * rows.itemsize(i["x"]) + 4 * dw,
-                                  parts=i["dw_part"].shape[0] if "dw_part" in i else None)
+    inputs = ("x", "dy", "ds") if residual else ("x", "dy")
+    grid, consts = rows.walk_plan(m, n, target, len(inputs) * rows.itemsize(i["x"]) + 4 * dw,
+                                  parts=i["dw_part"].shape[0] if "dw_part" in i else None,
+                                  staged=_staged(i, target, inputs, int(dw)))
     return grid, {**consts, "RESIDUAL": int(residual)}
 
 
@@ -244,7 +257,8 @@ def ln_grad_launch(i, target, dw=True, db=True):
     summed."""
     m, n = i["x"].shape
     return rows.walk_plan(m, n, target, 2 * rows.itemsize(i["x"]) + 4 * (dw + db),
-                          parts=i["part"].shape[0] if "part" in i else None)
+                          parts=i["part"].shape[0] if "part" in i else None,
+                          staged=_staged(i, target, ("x", "dy"), dw + db))
 
 
 # ---- softmax_bwd, column_sum -------------------------------------------------------------------

@@ -12,35 +12,39 @@ Schedules, chosen by compile-time constants:
 """
 import pykittens as pk
 
-from .rows import ColumnSums, Rows
+from .rows import ColumnSums, Feed, Rows
 
 
-def _normalize(rows, xb, w, b, out, stats, eps, WEIGHT, BIAS, STATS):
-    """Rows whose block j (an f32 tile) is `xb(j)`: two passes over the blocks give the mean
-    and the centred sum of squares, a third writes the output."""
-    total = pk.zeros(rows.row)
+def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS):
+    """Rows of x whose block j (an f32 tile) is `xb(j)`, one row per wave: one pass over the
+    blocks sums d = x - k and d^2 for a shift k, the row's first element (so a large mean
+    does not cancel: the sums are of deviations from a value of the row), giving the mean
+    k + sum(d) / n and the variance sum(d^2) / n - (sum(d) / n)^2 with one reduction of
+    the waves' sums; a second pass writes the output (times block j of the weight wv(j),
+    plus the bias bv(j), each where given)."""
+    k = pk.load(rows.row, x, (rows.r0, 0))
+    s, q = pk.zeros(rows.row), pk.zeros(rows.row)
     for j in rows.blocks():
-        pk.row_sum(xb(j), into=total)
-    mean = rows.total(total) / rows.n
-    sq = pk.zeros(rows.row)
-    for j in rows.blocks():
-        d = rows.mask(xb(j) - mean, j)
-        pk.row_sum(d * d, into=sq)
-    rstd = pk.rsqrt(rows.total(sq) / rows.n + eps)
+        d = rows.mask(xb(j) - k, j)
+        pk.row_sum(d, into=s)
+        pk.row_sum(d * d, into=q)
+    shift = rows.total(s) / rows.n
+    var = pk.max(rows.total(q) / rows.n - shift * shift, 0.0)
+    mean, rstd = k + shift, pk.rsqrt(var + eps)
     _store_stats(rows, stats, mean, rstd, STATS)
     for j in rows.blocks():
-        _store_affine(rows, out, lambda: (xb(j) - mean) * rstd, w, b, j, WEIGHT, BIAS)
+        _store_affine(rows, out, lambda: (xb(j) - mean) * rstd, wv, bv, j)
 
 
-def _store_affine(rows, out, normed, w, b, j, WEIGHT, BIAS):
-    """Block j of out = normed() * w + b (each where present); w and b are loaded first, so
-    their loads are in flight during the math."""
-    gamma = rows.vec(w, j) if WEIGHT else None
-    beta = rows.vec(b, j) if BIAS else None
+def _store_affine(rows, out, normed, wv, bv, j):
+    """Block j of out = normed() * wv(j) + bv(j) (each where given); w and b are read
+    first, so their loads are in flight during the math."""
+    gamma = wv(j) if wv is not None else None
+    beta = bv(j) if bv is not None else None
     y = normed()
-    if WEIGHT:
+    if gamma is not None:
         y = y * gamma
-    if BIAS:
+    if beta is not None:
         y = y + beta
     rows.store(out, y, j)
 
@@ -57,13 +61,17 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
               DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
               RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
               TMA: pk.const = 0, PREFETCH: pk.const = 0, SPLIT: pk.const = 0,
-              WEIGHT: pk.const = 1, BIAS: pk.const = 1, STATS: pk.const = 0):
+              WEIGHT: pk.const = 1, BIAS: pk.const = 1, STATS: pk.const = 0,
+              STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
     """out = (x - mean) / sqrt(var + eps) * w + b per row (w, b: WEIGHT, BIAS); with STATS
     also stats[0] = mean and stats[1] = rstd = 1 / sqrt(var + eps), a column per row."""
-    affine = dict(WEIGHT=WEIGHT, BIAS=BIAS, STATS=STATS)
     if SPLIT or RESIDENT:
         rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
-        _normalize(rows, rows.hold(x), w, b, out, stats, eps, **affine)
+        feed = Feed(rows, [x], STAGES=STAGES, PROGRAMS=PROGRAMS)
+        wv, bv = rows.vecs(w, WEIGHT, held=bool(STAGES)),\
+            rows.vecs(b, BIAS, held=bool(STAGES))
+        for (xb,), _ in feed.walk(loop=bool(STAGES)):
+            _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS)
         return
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
@@ -81,14 +89,16 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
                 pk.tma_load(staged, x, (r_first, j * CHUNK), landed, rows=nw, at=j * nw)
         pk.wait(landed, 0)
         wave = pk.wave_id()
-        _normalize(rows, lambda j: pk.load(rows.block, staged, (j * nw + wave, 0)), w, b,
-                   out, stats, eps, **affine)
+        wv, bv = rows.vecs(w, WEIGHT, held=False), rows.vecs(b, BIAS, held=False)
+        _normalize(rows, x, lambda j: pk.load(rows.block, staged, (j * nw + wave, 0)), wv, bv,
+                   out, stats, eps, STATS)
         return
 
     # Statistics in one pass over column blocks: each block's mean and centred sum of
     # squares, merged into the running ones (Chan et al.'s parallel update), so no large
     # mean ever cancels; then one more pass writes the output (mostly from L2).
     rows = Rows(x, 0, 0, ROWS, COLS, N_MAX, CHUNK)
+    wv, bv = rows.vecs(w, WEIGHT), rows.vecs(b, BIAS)
     m_rows, n = rows.m, rows.n
     r0, tile = rows.r0, rows.block
 
@@ -122,43 +132,42 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
     nxt = pk.load(tile, x, (r0, 0)) if PREFETCH else None
     for j in pk.range(rows.nblocks):
         t = block_at(j * COLS, nxt)
-        _store_affine(rows, out, lambda: (t - mu) * inv, w, b, j, WEIGHT, BIAS)
+        _store_affine(rows, out, lambda: (t - mu) * inv, wv, bv, j)
 
 
-def norm_backward(rows, x, dy, wv, stats, dx, dws, dbs, CENTER, extra=None):
-    """The gradients of a LayerNorm (CENTER=1) or RMSNorm (CENTER=0) over the rows a wave
-    holds: with xhat = (x - mean) * rstd (RMSNorm: x * rstd) and g = dy * w,
+def norm_backward(rows, xb, dyb, wv, mu, rs, dx, dws, dbs, extra=None):
+    """The gradients of a LayerNorm (mu given) or RMSNorm (mu None) over the rows a wave
+    holds, whose block j of x and dy is xb(j) / dyb(j): with xhat = (x - mu) * rs (RMSNorm:
+    x * rs) and g = dy * w,
 
-        dx = rstd * (g - mean(g) - xhat * mean(g * xhat))     (RMSNorm: no mean(g) term)
+        dx = rs * (g - mean(g) - xhat * mean(g * xhat))     (RMSNorm: no mean(g) term)
 
-    plus `extra` (the gradient of a residual sum the forward also returned), and the
+    plus extra(j) (the gradient of a residual sum the forward also returned), and the
     per-column contributions dy * xhat and dy added into `dws` / `dbs` (ColumnSums or
-    None). `wv(j)` is block j of the weight (rows.vecs), None without one; `stats` holds
-    the forward's mean and rstd per row (rows 0 and 1), or rstd alone (a 1-D tensor) for
-    RMSNorm. Padding reads as zero in x and dy, so it adds nothing to any sum."""
-    xb, dyb = rows.hold(x), rows.hold(dy)
-    mu = pk.load(rows.row, stats, (0, rows.r0)) if CENTER else None
-    rs = pk.load(rows.row, stats, (1, rows.r0) if CENTER else (rows.r0,))
+    None). `wv(j)` is block j of the weight (rows.vecs), None without one; mu and rs the
+    forward's mean and rstd per row. Padding reads as zero in x and dy, so it adds nothing
+    to any sum."""
+    center = mu is not None
 
     def xhat(j):
-        return (xb(j) - mu) * rs if CENTER else xb(j) * rs
+        return (xb(j) - mu) * rs if center else xb(j) * rs
 
     def g(j):
         return dyb(j) * wv(j) if wv is not None else dyb(j)
 
     gx = pk.zeros(rows.row)
-    gs = pk.zeros(rows.row) if CENTER else None
+    gs = pk.zeros(rows.row) if center else None
     for j in rows.blocks():
         gj = g(j)
         pk.row_sum(gj * xhat(j), into=gx)
-        if CENTER:
+        if center:
             pk.row_sum(gj, into=gs)
     c = rows.total(gx) / rows.n
-    a = rows.total(gs) / rows.n if CENTER else None
+    a = rows.total(gs) / rows.n if center else None
     for j in rows.blocks():
         xh = xhat(j)
         d = g(j) - xh * c
-        if CENTER:
+        if center:
             d = d - a
         d = d * rs
         if extra is not None:
@@ -176,20 +185,22 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                   DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
                   RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
                   SPLIT: pk.const = 0, WEIGHT: pk.const = 1, DW: pk.const = 1,
-                  DB: pk.const = 1):
+                  DB: pk.const = 1, STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
     """dx of layernorm (stats from its STATS=1 run), and per-workgroup partial column sums
     of dy * xhat (DW: dweight) and of dy (DB: dbias) side by side in `part` for
     rows.column_sum: dweight's in columns 0..n-1, dbias's after them (from column 0 when
     DW=0), so `part` has (DW + DB) * n columns. Workgroups walk the rows in steps of the grid
     (rows.Rows.steps), so `part` has one row per workgroup (per wave when the rows are
-    looped: rows.ColumnSums.partial_rows)."""
+    looped: rows.ColumnSums.partial_rows); STAGES >= 2 stages x and dy in shared memory
+    (rows.Feed)."""
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
     dws = ColumnSums(rows, part) if DW else None
     dbs = ColumnSums(rows, part, first=rows.n if DW else 0) if DB else None
-    wv = rows.vecs(w) if WEIGHT else None
-    for i in pk.range(rows.steps()):
-        rows.step(i)
-        norm_backward(rows, x, dy, wv, stats, dx, dws, dbs, 1)
+    wv = rows.vecs(w, WEIGHT)
+    feed = Feed(rows, [x, dy], per_row=[(stats, 0), (stats, 1)], STAGES=STAGES,
+                PROGRAMS=PROGRAMS)
+    for (xb, dyb), (mu, rs) in feed.walk():
+        norm_backward(rows, xb, dyb, wv, mu, rs, dx, dws, dbs)
     for sums in (dws, dbs):
         if sums is not None:
             sums.finish()

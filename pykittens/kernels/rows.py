@@ -11,6 +11,7 @@ schedule is a set of compile-time constants that `plan` picks per shape:
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -61,17 +62,73 @@ def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SH
     return WAVES * loop["ROWS"], dict(loop)
 
 
+STAGED = True              # take the staged walk where it applies (False: the register
+                           # schedules everywhere, e.g. to compare them)
+STAGE_COLS = 256            # a TMA box's row (at most 256 elements): the staged CHUNK
+STAGE_WAVE_COLS = 1024      # columns of a staged row per wave (4 boxes)
+STAGED_MIN_COLS = 2048      # shorter rows stay in registers (one wave or a few hold them)
+STAGE_BUDGET = 200 * 1024   # shared memory per SM that the stages of its workgroups take
+STAGED_PROGRAMS = 3         # at most this many walking workgroups per SM
+# warps per SM a staged walk is built for, by the per-column sums it holds: more warps
+# leave each lane fewer registers (pk.programs_per_cu), and a kernel that must spill to fit
+# runs at a fraction of the speed (measured on the H200: bench/rows_staged.py)
+STAGED_WARPS = {0: 16, 1: 16, 2: 12}
+
+
+def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: int = 1,
+                waves: int | None = None, stages: int | None = None,
+                programs: int | None = None):
+    """(grid, consts) of the staged walk of a backward row kernel (Feed with STAGES >= 2:
+    `tensors` inputs of `itemsize` bytes per element copied into shared memory by the TMA
+    unit, STAGES - 1 steps ahead; `sums` per-column sums held), or None where it does not
+    apply: not Hopper, rows shorter than STAGED_MIN_COLS, rows whose bytes are not a
+    multiple of 16 (TMA strides), or stages that do not fit. A workgroup takes one row per
+    step, STAGE_WAVE_COLS columns per wave (4 to the target's most waves), two stages; as
+    many workgroups per SM as STAGED_WARPS and the shared-memory budget allow (at most
+    STAGED_PROGRAMS), each built to fit (PROGRAMS: its registers capped). waves / stages /
+    programs override the choice (sweeps)."""
+    from ..targets import get
+    t = get(target)
+    if t.family != "hopper" or n < STAGED_MIN_COLS or (n * itemsize) % 16:
+        return None
+    nw = waves or min(max(4, -(-n // STAGE_WAVE_COLS)), t.max_waves_per_workgroup)
+    n_max = -(-n // (nw * STAGE_COLS)) * nw * STAGE_COLS
+    stage = tensors * n_max * itemsize
+    stages = stages or 2
+    if stages * stage > STAGE_BUDGET:
+        return None
+    warps = STAGED_WARPS[min(sums, 2)]
+    programs = programs or max(1, min(STAGED_PROGRAMS, STAGE_BUDGET // (stages * stage),
+                                      warps // nw))
+    return (max(1, min(m, t.num_cus * programs)),), {
+        "SPLIT": 1, "ROWS": 1, "N_MAX": n_max, "CHUNK": STAGE_COLS, "num_waves": nw,
+        "STAGES": stages, "PROGRAMS": programs}
+
+
+def tma_ready(t) -> bool:
+    """A tensor the TMA unit can copy rows of: 16-byte aligned start and row stride (an
+    emulated array always)."""
+    if not hasattr(t, "data_ptr"):
+        return True
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
 BWD_PROGRAMS_PER_CU = 2         # workgroups per CU / SM walking the rows of a backward pass
 
 
-def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = None):
+def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = None,
+              staged=None):
     """(grid, consts) of a backward row kernel whose workgroups walk the rows
-    (Rows.steps) adding per-column partial sums (ColumnSums): at most BWD_PROGRAMS_PER_CU
-    workgroups per CU / SM, so the partial sums stay small beside x, and at most as many as
-    `parts` rows of partial sums hold (ColumnSums.partial_rows)."""
+    (Rows.steps) adding per-column partial sums (ColumnSums): the staged walk `staged`
+    (a staged_plan) where given, else at most BWD_PROGRAMS_PER_CU workgroups per CU / SM,
+    so the partial sums stay small beside x; and at most as many as `parts` rows of partial
+    sums hold (ColumnSums.partial_rows)."""
     from ..targets import get
-    per, consts = plan(m, n, target, row_bytes)
-    grid = min(max(1, -(-m // per)), get(target).num_cus * BWD_PROGRAMS_PER_CU)
+    if staged is not None:
+        (grid,), consts = staged
+    else:
+        per, consts = plan(m, n, target, row_bytes)
+        grid = min(max(1, -(-m // per)), get(target).num_cus * BWD_PROGRAMS_PER_CU)
     if parts is not None:
         per_program = ColumnSums.partial_rows(1, consts)
         if parts < per_program:
@@ -132,7 +189,8 @@ class Rows:
         return pk.num_programs(0) * self.per_program
 
     def step(self, i):
-        self.r0 = self.first + i * self.stride()
+        self.r0 = self.first if isinstance(i, int) and i == 0 else \
+            self.first + i * self.stride()
 
     def at(self, j):
         return (self.r0, self.col_of(j))
@@ -164,10 +222,14 @@ class Rows:
         """Block j's columns of the 1-D tensor w, as an f32 column vector."""
         return pk.load(self.col, w, (self.col_of(j),))
 
-    def vecs(self, w):
-        """vec(w, j) as a function of j: for held rows, every block's read now (once, e.g.
-        before a loop over row groups); otherwise each call reads its block."""
-        if not self.held:
+    def vecs(self, w, present=True, held=None):
+        """vec(w, j) as a function of j, or None where w is absent (`present` false). Held
+        (the default for held rows; e.g. across a walk over many row groups): every
+        block's read now, once; otherwise each call reads its block (from cache after the
+        first workgroup)."""
+        if not present:
+            return None
+        if not (self.held if held is None else held):
             return lambda j: self.vec(w, j)
         held = [self.vec(w, j) for j in range(self.nblocks)]
         return lambda j: held[j]
@@ -194,6 +256,98 @@ class Rows:
 
     def peak(self, v):
         return pk.workgroup_max(v) if self.split else v
+
+
+class Feed:
+    """What a kernel whose workgroups walk the rows (Rows.steps) reads at each step: row
+    blocks of its 2-D inputs (`tensors`) and per-row values of others (`per_row`: pairs
+    (tensor, index): row r's value is tensor[r], or tensor[index, r] for a 2-D one, e.g.
+    a norm's statistics). `step(i)` moves the rows to step i and returns (one block
+    function j -> f32 tile per 2-D input, one row vector per per-row input).
+
+    Per-row values are loaded a step early into registers carried around the loop, so no
+    step waits for them. With STAGES >= 2 (split rows, Hopper) the TMA unit copies the rows
+    of the next STAGES - 1 steps into shared memory (a pk.Ring), each wave its own share in
+    CHUNK-wide boxes, and the waves read their blocks from there: the next steps' loads are
+    in flight while this one computes, and hold no registers. Otherwise each step reads
+    its blocks as rows.hold does. PROGRAMS > 0 builds the kernel for that many workgroups
+    per SM (pk.programs_per_cu: the registers of each capped to fit)."""
+
+    def __init__(self, rows: Rows, tensors, per_row=(), STAGES: int = 0, PROGRAMS: int = 0):
+        self.rows, self.tensors, self.ring, self.loop = rows, list(tensors), None, True
+        if PROGRAMS:
+            pk.programs_per_cu(PROGRAMS)
+        self.per_row = [(t, at, pk.load(rows.row, t, self._coord(at, rows.r0)))
+                        for t, at in per_row]
+        if STAGES >= 2:
+            if not rows.split:
+                raise ValueError("STAGES >= 2 stages split rows (SPLIT=1) in shared memory")
+            boxes = rows.nblocks * pk.num_waves()        # CHUNK-wide boxes per row
+            # (a shared tile has a power of 2 or a multiple of 8 rows)
+            tile_rows = boxes if boxes & (boxes - 1) == 0 else -(-boxes // 8) * 8
+            self.ring = pk.Ring(STAGES, fill=len(self.tensors) * boxes,
+                                drain=pk.num_waves(),
+                                **{f"t{k}": pk.st((tile_rows, rows.cols), t.dtype)
+                                   for k, t in enumerate(self.tensors)})
+            self.ahead = STAGES - 1
+            for k in pk.static_range(self.ahead):
+                with pk.if_(k < rows.steps()):
+                    self._issue(k)
+
+    @staticmethod
+    def _coord(at, r):
+        return (r,) if at is None else (at, r)
+
+    def _box(self, j):
+        """The row of a stage's tile holding this wave's block j."""
+        return pk.wave_id() * self.rows.nblocks + j
+
+    def _issue(self, step):
+        """This wave's boxes of the rows of `step` into their stage (free once every wave
+        released its use STAGES steps earlier)."""
+        rows = self.rows
+        stage = self.ring.acquire(step)
+        r = rows.first + step * rows.stride()
+        for k, t in enumerate(self.tensors):
+            for j in pk.static_range(rows.nblocks):
+                pk.tma_load(getattr(stage, f"t{k}"), t, (r, rows.col_of(j)), stage.full,
+                            rows=1, at=self._box(j))
+
+    def step(self, i):
+        rows = self.rows
+        rows.step(i)
+        values = []
+        if not self.loop:                               # the only step: nothing ahead
+            return [rows.hold(t) for t in self.tensors], [a for _, _, a in self.per_row]
+        for t, at, ahead in self.per_row:
+            now = pk.empty(rows.row)
+            now.set(ahead)
+            pk.load(ahead, t, self._coord(at, rows.r0 + rows.stride()))
+            values.append(now)
+        if self.ring is None:
+            return [rows.hold(t) for t in self.tensors], values
+        with pk.if_(i > 0):
+            self.ring.release(i - 1)                    # this wave has read the last step
+        with pk.if_(i + self.ahead < rows.steps()):
+            self._issue(i + self.ahead)
+        stage = self.ring.wait(i)
+        blocks = [functools.partial(self._read, getattr(stage, f"t{k}"))
+                  for k in range(len(self.tensors))]
+        return blocks, values
+
+    def walk(self, loop: bool = True):
+        """`for blocks, values in feed.walk():` the steps of the walk (a pk.range loop),
+        each as step(i) returns them; loop=False where the grid covers every row group
+        (one step, no loop: nothing is held across steps or loaded for a next one)."""
+        self.loop = loop or self.ring is not None
+        if not self.loop:
+            yield self.step(0)
+            return
+        for i in pk.range(self.rows.steps()):
+            yield self.step(i)
+
+    def _read(self, tile, j):
+        return pk.load(self.rows.block, tile, (self._box(j), 0))
 
 
 class ColumnSums:

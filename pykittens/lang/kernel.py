@@ -250,7 +250,8 @@ class Kernel:
         finally:
             trace.pop()
         return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc,
-                        consts.get(self.target_const) if self.target_const else None)
+                        consts.get(self.target_const) if self.target_const else None,
+                        tr.programs_per_cu)
 
     def resolve(self, p: Param, consts: dict) -> Param:
         """The parameter with a dtype, dims or world size named by consts replaced by

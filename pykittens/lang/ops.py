@@ -998,6 +998,21 @@ def barrier() -> None:
     current().emit("barrier")
 
 
+def programs_per_cu(n: int) -> None:
+    """Build the kernel so that n of its workgroups fit on one CU / SM at once: the compiler
+    keeps each lane's registers within that share (Hopper: ptxas' .minnctapersm; CDNA:
+    amdgpu-waves-per-eu). Where the kernel needs more, it spills (the report shows it).
+    For kernels whose speed comes from several resident workgroups rather than from
+    registers per lane; call it once, at the top level."""
+    tr = current()
+    if not isinstance(n, int) or n < 1:
+        raise error(f"programs_per_cu takes a positive int, not {n!r}")
+    if len(tr.blocks) > 1:
+        raise error("pk.programs_per_cu applies to the whole kernel: call it at the top "
+                    "level, outside loops and branches")
+    tr.programs_per_cu = n
+
+
 def setprio(level: int) -> None:
     """Wave priority for instruction issue (CDNA `s_setprio`, 0..3)."""
     if not isinstance(level, int) or not 0 <= level <= 3:

@@ -31,6 +31,7 @@ class Tracer:
     def __init__(self, kernel_name: str, num_waves: int):
         self.kernel_name = kernel_name
         self.num_waves = num_waves
+        self.programs_per_cu = 0          # pk.programs_per_cu: 0 = the compiler's choice
         self.blocks: list[Block] = [Block()]
         self.root = self.blocks[0]
 

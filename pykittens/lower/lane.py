@@ -141,6 +141,7 @@ class LaneProgram:
     body: Block
     consts: dict
     tmaps: tuple = ()          # ir.abi.TMADesc of each tensor map the kernel reads
+    programs_per_cu: int = 0   # workgroups built to fit one CU / SM (0: the compiler's)
 
     @property
     def wave_size(self) -> int:

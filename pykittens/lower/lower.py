@@ -87,7 +87,7 @@ class _Lowering:
         self.block(self.k.body)
         return LaneProgram(self.k.name, self.t, self.k.params, self.k.param_values,
                            self.k.num_waves, self.lds, self.regions, self.b.blocks[0],
-                           self.k.consts, tuple(self.tmaps))
+                           self.k.consts, tuple(self.tmaps), self.k.programs_per_cu)
 
     def block(self, blk: Block):
         for op in blk.ops:

@@ -99,7 +99,7 @@ def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | No
     width = (dw + db) * n
     if x.numel() == 0:
         return dx, x.new_zeros((width,))
-    grid, consts = ln_grad_launch({"x": x}, target_of(x), dw, db)
+    grid, consts = ln_grad_launch({"x": x, "dy": dy}, target_of(x), dw, db)
     part = _column_sums(x, grid, consts, width, width > 0)
     run(layernorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
                         "stats": stats, "dx": dx, "part": part}, grid,
@@ -198,7 +198,8 @@ def _rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
     dx = x.new_empty((m, n))
     if x.numel() == 0:
         return dx, x.new_zeros((n if dw else 0,))
-    grid, consts = rms_grad_launch({"x": x}, target_of(x), ds is not None, dw)
+    grid, consts = rms_grad_launch({"x": x, "dy": dy, "ds": ds}, target_of(x), ds is not None,
+                                   dw)
     part = _column_sums(x, grid, consts, n, dw)
     run(rmsnorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
                       "rstd": rstd, "ds": placeholder(x, 2) if ds is None else ds, "dx": dx,
