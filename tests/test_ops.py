@@ -345,3 +345,41 @@ def test_llama_block_matches_torch_on_cpu():
                                       "dw2"}
     for name, e in errs["pykittens"].items():
         assert e < 2e-2 and e < 1.5 * errs["torch"][name], (name, e, errs["torch"][name])
+
+
+def test_eager_calls_and_the_custom_op_agree():
+    """An eager call runs the op's function directly (ops.run.CustomOp), through an
+    autograd.Function with the registered formula; the registered custom op (what
+    torch.compile traces) gives the same bits, forward and backward, and passes torch's
+    own checks of its schema, fake and autograd registration (torch.library.opcheck)."""
+    from pykittens.ops.norms import _add_rms_norm
+    x, r, w = leaves((6, 300), (6, 300), (300,), dtype=torch.bfloat16)
+    dys = [torch.randn(6, 300).bfloat16(), torch.randn(6, 300).bfloat16()]
+    got = {}
+    for path, fn in (("eager", _add_rms_norm), ("op", _add_rms_norm.op)):
+        leaves_ = [t.detach().requires_grad_() for t in (x, r, w)]
+        y, s, _ = fn(*leaves_, 1e-6)
+        grads = torch.autograd.grad((y, s), leaves_, dys)
+        got[path] = (y, s) + grads
+    for a, b in zip(got["eager"], got["op"]):
+        assert torch.equal(a, b)
+    torch.library.opcheck(_add_rms_norm.op, (x.detach(), r.detach(), w.detach(), 1e-6),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+
+
+def test_dispatch_modes_see_the_custom_op():
+    """Under a TorchDispatchMode (profilers, flop counters) the op stays one custom op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(4, 256), torch.randn(256)
+    with Seen():
+        pko.rms_norm(x, (256,), w)
+    assert any("pykittens.rms_norm" in n for n in Seen.names), Seen.names

@@ -8,6 +8,11 @@ schedule is a set of compile-time constants that `plan` picks per shape:
   each), read once; pk.workgroup_sum / workgroup_max combine the waves' partial reductions;
 - neither: ROWS rows per wave, any width, read from memory in blocks of COLS on every pass
   over them (the passes after the first mostly from L2).
+
+Kernels whose workgroups walk many row groups (the backward passes, with per-column sums)
+read each step's inputs through a `Feed`: per-row values a step ahead, and on Hopper, with
+STAGES >= 2 (`staged_plan`), the split rows themselves copied into shared memory by the TMA
+unit steps ahead of the waves that read them.
 """
 from __future__ import annotations
 

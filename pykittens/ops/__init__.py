@@ -3,7 +3,8 @@ rope, linear and matmul; tensor-parallel all_gather_linear and linear_reduce_sca
 torch.distributed group (docs/ops.md).
 
 Each op is a `torch.library.custom_op` with a fake implementation, so it composes with
-torch.compile, and autograd where the op has a backward. CUDA (or ROCm) tensors launch the
+torch.compile, and autograd where the op has a backward; eager calls skip the custom op's
+dispatch (ops.run.CustomOp). CUDA (or ROCm) tensors launch the
 library kernels on their GPU; CPU tensors run the same kernels in the emulator (small
 shapes: it executes every lane of every wave in numpy), so the ops are tested without a
 GPU. Importing this module needs torch."""

@@ -10,7 +10,7 @@ import torch
 from ..kernels.attention import attention_fwd, attention_fwd_launch
 from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
                                      attention_bwd_launch, attention_bwd_prep)
-from .run import EMULATE_TARGET, HALVES as DTYPES, from_numpy as _from_numpy
+from .run import EMULATE_TARGET, HALVES as DTYPES, custom_op, from_numpy as _from_numpy
 from .run import to_numpy as _to_numpy
 
 
@@ -57,7 +57,7 @@ def _check(q, k, v, scale, causal=False):
         raise TypeError(f"attention: causal must be True or False, not {causal!r}")
 
 
-@torch.library.custom_op("pykittens::attention_fwd", mutates_args=())
+@custom_op("pykittens::attention_fwd")
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     b, nq, hq, _ = q.shape
@@ -97,7 +97,7 @@ def _(q, k, v, causal, scale, deterministic):
     return torch.empty_like(q), q.new_empty((b, hq, nq), dtype=torch.float32)
 
 
-@torch.library.custom_op("pykittens::attention_bwd", mutates_args=())
+@custom_op("pykittens::attention_bwd")
 def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    o: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                    causal: bool, scale: float, deterministic: bool
@@ -182,8 +182,7 @@ def _backward(ctx, do, dlse):
     return dq, dk, dv, None, None, None
 
 
-torch.library.register_autograd("pykittens::attention_fwd", _backward,
-                                setup_context=_setup_context)
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None,

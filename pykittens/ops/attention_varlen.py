@@ -12,7 +12,7 @@ from ..kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launc
 from ..kernels.attention_bwd import (attention_bwd_dq_varlen, attention_bwd_prep,
                                      attention_bwd_varlen, attention_bwd_varlen_launch)
 from .attention import _check as _check_dense
-from .run import run, target_of
+from .run import custom_op, run, target_of
 
 OP = "attention_varlen"
 
@@ -51,7 +51,7 @@ def _inputs(q, k, cu_q, cu_k):
     return {"q": q, "k": k, "v": k, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
 
 
-@torch.library.custom_op("pykittens::attention_varlen_fwd", mutates_args=())
+@custom_op("pykittens::attention_varlen_fwd")
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
          cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float
          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +73,7 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("pykittens::attention_varlen_bwd", mutates_args=())
+@custom_op("pykittens::attention_varlen_bwd")
 def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          o: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
          max_q: int, max_k: int, causal: bool, scale: float
@@ -116,8 +116,7 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None, None, None
 
 
-torch.library.register_autograd("pykittens::attention_varlen_fwd", _backward,
-                                setup_context=_setup)
+_fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,

@@ -17,7 +17,7 @@ import torch
 from ..kernels import KERNELS, Operand, gemm_ws_launch
 from ..kernels.gemm import gemm, gemm_ws
 from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
-from .run import HALVES, check_same, check_tensor, run, target_of
+from .run import HALVES, check_same, check_tensor, custom_op, run, target_of
 
 FORMS = ("nn", "nt", "tn")
 
@@ -27,7 +27,7 @@ def uses_gemm_ws(target: str, k: int, itemsize: int) -> bool:
     return target == "sm_90a" and k * itemsize % 16 == 0
 
 
-@torch.library.custom_op("pykittens::gemm", mutates_args=())
+@custom_op("pykittens::gemm")
 def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
     A = a if form[0] == "n" else a.t()                   # (M, K)
     B = b if form[1] == "n" else b.t()                   # (K, N)
@@ -82,7 +82,7 @@ def _backward(ctx, dc):
         + (None,)
 
 
-torch.library.register_autograd("pykittens::gemm", _backward, setup_context=_setup)
+_gemm.register_autograd(_backward, setup_context=_setup)
 
 
 def _check(op, x_name, x, w_name, w):

@@ -11,7 +11,7 @@ from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
 from ..kernels.layernorm import layernorm, layernorm_bwd
 from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
-from .run import check_same, check_tensor, placeholder, run, target_of
+from .run import check_same, check_tensor, custom_op, placeholder, run, target_of
 
 F32 = torch.float32
 
@@ -65,7 +65,7 @@ def _grad_rows(dy, x):
 
 # ---- layer_norm ------------------------------------------------------------------------------
 
-@torch.library.custom_op("pykittens::layer_norm", mutates_args=())
+@custom_op("pykittens::layer_norm")
 def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The output, and each row's mean and 1/std (rows 0 and 1 of a (2, rows) tensor)."""
@@ -88,7 +88,7 @@ def _(x, weight, bias, eps):
     return x.new_empty((m, n)), x.new_empty((2, m), dtype=F32)
 
 
-@torch.library.custom_op("pykittens::layer_norm_bwd", mutates_args=())
+@custom_op("pykittens::layer_norm_bwd")
 def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                     stats: torch.Tensor, dw: bool, db: bool
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +129,7 @@ def _ln_backward(ctx, dy, _dstats):
     return dx, sums[:n] if dw else None, sums[n * dw:] if db else None, None
 
 
-torch.library.register_autograd("pykittens::layer_norm", _ln_backward, setup_context=_ln_setup)
+_layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
@@ -162,7 +162,7 @@ def _rms_forward(kernel, x, tensors: dict, weight, eps, outputs):
     return rstd
 
 
-@torch.library.custom_op("pykittens::rms_norm", mutates_args=())
+@custom_op("pykittens::rms_norm")
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float
               ) -> tuple[torch.Tensor, torch.Tensor]:
     y = x.new_empty(x.shape)
@@ -174,7 +174,7 @@ def _(x, weight, eps):
     return x.new_empty(x.shape), x.new_empty((x.shape[0],), dtype=F32)
 
 
-@torch.library.custom_op("pykittens::add_rms_norm", mutates_args=())
+@custom_op("pykittens::add_rms_norm")
 def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     y, s = x.new_empty(x.shape), x.new_empty(x.shape)
@@ -188,7 +188,7 @@ def _(x, residual, weight, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty((x.shape[0],), dtype=F32)
 
 
-@torch.library.custom_op("pykittens::rms_norm_bwd", mutates_args=())
+@custom_op("pykittens::rms_norm_bwd")
 def _rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                   rstd: torch.Tensor, ds: torch.Tensor | None, dw: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,9 +231,8 @@ def _rms_backward(ctx, dy, *rest):
     return (dx, dx, gw, None) if ctx.fused else (dx, gw, None)
 
 
-for _name in ("rms_norm", "add_rms_norm"):
-    torch.library.register_autograd(f"pykittens::{_name}", _rms_backward,
-                                    setup_context=_rms_setup)
+for _op in (_rms_norm, _add_rms_norm):
+    _op.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..kernels.rope import rope as rope_kernel, rope_launch
-from .run import check_same, check_tensor, placeholder, run, target_of
+from .run import check_same, check_tensor, custom_op, placeholder, run, target_of
 
 
-@torch.library.custom_op("pykittens::rope", mutates_args=())
+@custom_op("pykittens::rope")
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           positions: torch.Tensor | None, interleaved: bool, inverse: bool) -> torch.Tensor:
     out = x.new_empty(x.shape)
@@ -46,7 +46,7 @@ def _backward(ctx, dy):
     return dx, None, None, None, None, None
 
 
-torch.library.register_autograd("pykittens::rope", _backward, setup_context=_setup)
+_rope.register_autograd(_backward, setup_context=_setup)
 
 
 def rope(x, cos, sin, interleaved: bool = False, positions=None):

@@ -15,6 +15,62 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)     # the row kernels' e
 HALVES = (torch.bfloat16, torch.float16)                    # the matrix units' operand types
 
 
+class CustomOp:
+    """A torch operator: `torch.library.custom_op(name)` over `fn` (what torch.compile and
+    other tracers see, with the fake that register_fake gives it, and the autograd formula
+    of register_autograd), and an eager path around it. A call outside compilation on
+    plain tensors, with no dispatch mode active, runs `fn` directly, through an
+    autograd.Function with the same formula where an input requires a gradient: the same
+    kernels and results without the custom op's dispatch and alias checks, which cost the
+    host several times a small kernel's launch."""
+
+    def __init__(self, name: str, fn):
+        self.name, self.fn = name, fn
+        self.op = torch.library.custom_op(name, mutates_args=())(fn)
+        self.function = None
+
+    def register_fake(self, fake):
+        return self.op.register_fake(fake)
+
+    def register_autograd(self, backward, setup_context):
+        self.op.register_autograd(backward, setup_context=setup_context)
+        fn = self.fn
+
+        def forward(ctx, *args):
+            out = fn(*args)
+            setup_context(ctx, args, out)
+            return out
+
+        self.function = type(self.name.replace("::", "_"), (torch.autograd.Function,), {
+            "forward": staticmethod(forward),
+            "backward": staticmethod(lambda ctx, *grads: backward(ctx, *grads))})
+
+    def __call__(self, *args):
+        if not _eager(args):
+            return self.op(*args)
+        if self.function is not None and torch.is_grad_enabled() and any(
+                type(a) is torch.Tensor and a.requires_grad for a in args):
+            return self.function.apply(*args)
+        return self.fn(*args)
+
+
+def _eager(args) -> bool:
+    """Outside torch.compile / export, no dispatch mode active, plain tensors only."""
+    if torch.compiler.is_compiling() or _dispatch_mode() is not None:
+        return False
+    return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
+
+
+def _dispatch_mode():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    return _get_current_dispatch_mode()
+
+
+def custom_op(name: str):
+    """Decorator: the CustomOp `name` over the function."""
+    return lambda fn: CustomOp(name, fn)
+
+
 def _names(dtypes) -> str:
     names = [str(d).removeprefix("torch.") for d in dtypes]
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]

@@ -6,10 +6,10 @@ import torch
 
 from ..kernels import row_launch
 from ..kernels.softmax import softmax as softmax_kernel, softmax_bwd
-from .run import check_tensor, run, target_of
+from .run import check_tensor, custom_op, run, target_of
 
 
-@torch.library.custom_op("pykittens::softmax", mutates_args=())
+@custom_op("pykittens::softmax")
 def _softmax(x: torch.Tensor) -> torch.Tensor:
     y = x.new_empty(x.shape)
     if x.numel():
@@ -23,7 +23,7 @@ def _(x):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("pykittens::softmax_bwd", mutates_args=())
+@custom_op("pykittens::softmax_bwd")
 def _softmax_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     dx = y.new_empty(y.shape)
     if y.numel():
@@ -46,7 +46,7 @@ def _backward(ctx, dy):
     return _softmax_bwd(dy.contiguous(), y)
 
 
-torch.library.register_autograd("pykittens::softmax", _backward, setup_context=_setup)
+_softmax.register_autograd(_backward, setup_context=_setup)
 
 
 def softmax(input, dim: int = -1):
