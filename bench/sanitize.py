@@ -1,7 +1,7 @@
 """compute-sanitizer over library kernels at small shapes (H200): memcheck, racecheck,
 synccheck and initcheck, one process per tool, a table of what each reports.
 
-    PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd litmus]
+    PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd rows_staged litmus]
     PYTHONPATH=. python3 bench/sanitize.py --inner attention   # the kernels once (what the
                                                                # tools run)
     SANITIZE_TOOLS=racecheck,initcheck ... # only these tools
@@ -33,6 +33,9 @@ TOOLS = {"memcheck": ["--tool", "memcheck", "--report-api-errors", "no"],
 
 def _pykittens_kernels(name: str) -> list[str]:
     """initcheck's filter: the entry names of the family's kernels."""
+    if name == "rows_staged":
+        return ["--kernel-name",
+                "regex=^(layernorm|rmsnorm|add_rmsnorm|layernorm_bwd|rmsnorm_bwd|column_sum)$"]
     if name != "library":
         return ["--kernel-name", "kns=attention"]
     from pykittens.kernels import KERNELS
@@ -127,7 +130,42 @@ def run_attention_bwd_prep():
     torch.cuda.synchronize()
 
 
-KERNELS = {"library": run_library, "attention": run_attention,
+def run_rows_staged():
+    """The norms' backward passes through pykittens.ops' autograd where they take the staged
+    walk (rows in shared memory by TMA, rows.Feed): shapes whose grid walks several steps
+    (700 x 4096: 3 workgroups per SM; 300 x 12288: 1), each checked against float32
+    torch."""
+    import torch
+    import torch.nn.functional as F
+    import pykittens.ops as pko
+    wrong = 0
+    for m, n in ((700, 4096), (300, 12288)):
+        x, r, dy = (torch.randn(m, n, dtype=torch.bfloat16).to("cuda") for _ in range(3))
+        w = (torch.rand(n) + 0.5).to(torch.bfloat16).to("cuda")
+        b = torch.randn(n, dtype=torch.bfloat16).to("cuda")
+        cases = [(lambda x, w, b: pko.layer_norm(x, (n,), w, b),
+                  lambda x, w, b: F.layer_norm(x, (n,), w, b), (x, w, b)),
+                 (lambda x, w: pko.rms_norm(x, (n,), w, 1e-6),
+                  lambda x, w: F.rms_norm(x, (n,), w, 1e-6), (x, w)),
+                 (lambda x, r, w: pko.add_rms_norm(x, r, w, 1e-6)[0],
+                  lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), (x, r, w))]
+        for mine, ref, inputs in cases:
+            a = [t.clone().requires_grad_() for t in inputs]
+            f = [t.float().requires_grad_() for t in inputs]
+            got = torch.autograd.grad(mine(*a), a, dy)
+            want = torch.autograd.grad(ref(*f), f, dy.float())
+            for g, e in zip(got, want):
+                err = float((g.float() - e).norm() / e.norm())
+                if not err < 2e-2:
+                    wrong += 1
+                    print("WRONG:", m, n, err)
+    torch.cuda.synchronize()
+    print(f"rows_staged: {wrong} wrong gradients")
+    if wrong:
+        raise SystemExit(1)
+
+
+KERNELS = {"library": run_library, "attention": run_attention, "rows_staged": run_rows_staged,
            "attention_bwd": run_attention_bwd, "attention_bwd_prep": run_attention_bwd_prep}
 LITMUS = {0: "syncthreads", 1: "every-lane", 2: "warp-sync-lane0 (pk.arrive)",
           3: "lane0-only", 4: "none (a real race)"}
