@@ -21,8 +21,8 @@ class CustomOp:
     of register_autograd), and an eager path around it. A call outside compilation on
     plain tensors, with no dispatch mode active, runs `fn` directly, through an
     autograd.Function with the same formula where an input requires a gradient: the same
-    kernels and results without the custom op's dispatch and alias checks, which cost the
-    host several times a small kernel's launch."""
+    kernels and results without the custom op's dispatch and alias checks (37 µs of host
+    time per rms_norm call on the H200's host, docs/PERF.md)."""
 
     def __init__(self, name: str, fn):
         self.name, self.fn = name, fn
