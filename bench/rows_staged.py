@@ -1,13 +1,16 @@
 """The row kernels' schedules against each other on the GPU: the register schedules
 (rows.plan / rows.walk_plan) and the staged walk (rows.staged_plan: rows copied into shared
 memory by the TMA unit, STAGES - 1 steps ahead) over its choices of waves, stages and
-workgroups per SM, for the norms forward and backward at the activation shapes of
+workgroups per SM for the backward passes, and the split-row schedules (columns per wave)
+for the forward passes, at the shapes of
 bench/ops_bandwidth.py, bf16, each as bytes moved per second against a device copy. (The
 library stages the backward passes; forward passes stay in registers, where staging
 measured slower.)
 
     PYKITTENS_CACHE=$PWD/.pkc_rows python3 bench/rows_staged.py --prebuild   # no GPU: PTX
     PYKITTENS_CACHE=$PWD/.pkc_rows PYTHONPATH=. python3 bench/rows_staged.py    # on the GPU
+
+Name kernels (e.g. softmax_bwd) to run only those.
 
 Kernels are launched directly (pk.launch), without the ops' column sums of the weight
 gradient. Every variant's outputs are compared with the register schedule's (the schedule
@@ -24,6 +27,7 @@ import time
 from pykittens.kernels import rows
 from pykittens.kernels.layernorm import layernorm, layernorm_bwd
 from pykittens.kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
+from pykittens.kernels.softmax import softmax_bwd
 
 SHAPES = ((16384, 8192), (16384, 4096), (4096, 12288))
 TARGET = "sm_90a"
@@ -37,8 +41,9 @@ CASES = {
     "layer_norm_bwd": (layernorm_bwd, ("x", "dy"), 3, {}),
     "rms_norm_bwd": (rmsnorm_bwd, ("x", "dy"), 3, {"RESIDUAL": 0}),
     "add_rms_norm_bwd": (rmsnorm_bwd, ("x", "dy", "ds"), 4, {"RESIDUAL": 1}),
+    "softmax_bwd": (softmax_bwd, ("y", "dy"), 3, {}),
 }
-BACKWARD = {"layer_norm_bwd", "rms_norm_bwd", "add_rms_norm_bwd"}
+BACKWARD = {"layer_norm_bwd", "rms_norm_bwd", "add_rms_norm_bwd", "softmax_bwd"}
 SUMS = {"layer_norm_bwd": 2, "rms_norm_bwd": 1, "add_rms_norm_bwd": 1}   # per-column sums
 
 
@@ -53,6 +58,7 @@ def register_plan(name, m, n):
         "layer_norm_bwd": lambda: ln_grad_launch(i, TARGET),
         "rms_norm_bwd": lambda: rms_grad_launch(i, TARGET, residual=False),
         "add_rms_norm_bwd": lambda: rms_grad_launch(i, TARGET, residual=True),
+        "softmax_bwd": lambda: row_launch({"y": i["x"]}, TARGET, x="y", row_bytes=4),
     }[name]
     was, rows.STAGED = rows.STAGED, False
     try:
@@ -73,6 +79,14 @@ def variants(name, m, n):
     _, staged, _, extra = CASES[name]
     grid, consts = register_plan(name, m, n)
     out = [("registers", grid, {**consts, **extra})]
+    if name not in BACKWARD:          # split rows: a share of 512 to 2048 columns per wave
+        for share in (512, 1024, 2048):
+            nw = -(-n // share)
+            split = {"SPLIT": 1, "ROWS": 1, "N_MAX": nw * share, "CHUNK": 512,
+                     "num_waves": nw, **extra}
+            if nw <= 32:
+                out.append((f"split w{nw}", (m,), split))
+        return out
     sums = SUMS.get(name, 0)
     default = rows.staged_plan(m, n, TARGET, 2, len(staged), sums)
     if default is None:
@@ -89,7 +103,7 @@ def variants(name, m, n):
 
 def builds():
     """(kernel, constants) of every build the GPU run makes."""
-    for (m, n), name in itertools.product(SHAPES, CASES):
+    for (m, n), name in itertools.product(SHAPES, _selected()):
         seen = set()
         for _, _, consts in variants(name, m, n):
             key = tuple(sorted(consts.items()))
@@ -130,6 +144,9 @@ def _inputs(name, m, n, grid, consts):
         return dict(x=x, residual=rand(m, n), w=w, out=torch.empty_like(x),
                     s=torch.empty_like(x), rstd=torch.empty(m, device=dev), eps=EPS), \
             ("out", "s")
+    if name == "softmax_bwd":
+        y = torch.softmax(rand(m, n, scale=3.0).float(), -1).to(bf)
+        return dict(y=y, dy=rand(m, n), dx=torch.empty_like(y)), ("dx",)
     part_rows = rows.ColumnSums.partial_rows(grid[0], consts)
     xf = x.float()
     if name == "layer_norm_bwd":
@@ -143,13 +160,19 @@ def _inputs(name, m, n, grid, consts):
                 dw_part=torch.zeros(part_rows, n, device=dev)), ("dx",)
 
 
+def _selected():
+    """The kernels named on the command line (all by default)."""
+    names = [a for a in sys.argv[1:] if not a.startswith("-")]
+    return names or list(CASES)
+
+
 def run_gpu() -> int:
     import torch
     import pykittens as pk
     from pykittens.bench.gpu import copy_ceiling, graph_time
     copy, _ = copy_ceiling()
     results, failures = [], 0
-    for (m, n), name in itertools.product(SHAPES, CASES):
+    for (m, n), name in itertools.product(SHAPES, _selected()):
         kernel, _, units, _ = CASES[name]
         moved = units * m * n * 2
         ref = None
@@ -182,7 +205,7 @@ def run_gpu() -> int:
         json.dump({"copy_bytes_per_s": copy, "results": results}, f, indent=1)
     print(f"\ncopy {copy / 1e12:.2f} TB/s; fraction of copy: registers | staged default | "
           "best variant")
-    for (m, n), name in itertools.product(SHAPES, CASES):
+    for (m, n), name in itertools.product(SHAPES, _selected()):
         mine = [r for r in results if r["op"] == name and r["shape"] == [m, n] and "ms" in r]
         if not mine:
             continue

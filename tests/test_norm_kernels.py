@@ -93,7 +93,8 @@ def test_launch_rule_covers_256_to_65536_columns():
         rows.walk_plan(8, 65536, "sm_90a", 16, parts=2)
 
 
-STAGED = ("layernorm_bwd", "rmsnorm_bwd", "layernorm", "rmsnorm", "add_rmsnorm")
+STAGED = ("layernorm_bwd", "rmsnorm_bwd", "softmax_bwd", "layernorm", "rmsnorm",
+          "add_rmsnorm")
 
 
 @pytest.mark.parametrize("name", STAGED)
@@ -103,7 +104,7 @@ def test_staged_walk(name, dtype):
     workgroups walk 19 ragged rows of 2104 columns (not a multiple of the 256-column box:
     the boxes past the row read as zero), two and three stages deep, against float64. The
     emulator checks every stage's TMA copy against the waves' reads of it (races)."""
-    nt = {"add_rmsnorm": 2, "layernorm_bwd": 2, "rmsnorm_bwd": 3}.get(name, 1)
+    nt = {"add_rmsnorm": 2, "layernorm_bwd": 2, "rmsnorm_bwd": 3, "softmax_bwd": 2}.get(name, 1)
     for stages in (2, 3):
         _, consts = rows.staged_plan(19, 2104, "sm_90a", 2 if dtype == "bf16" else 4, nt,
                                      waves=4, stages=stages, programs=1)

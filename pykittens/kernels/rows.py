@@ -409,19 +409,24 @@ class ColumnSums:
 
 @pk.kernel(num_waves=4)
 def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
-               DT: pk.const = None, ROWS: pk.const = 8, COLS: pk.const = 256):
+               DT: pk.const = None, ROWS: pk.const = 32, COLS: pk.const = 32):
     """out[c] = sum over rows r of part[r, c], summed in f32 and rounded once to out's type:
     the reduction after per-block partial column sums (a norm's dweight, a bias's
-    gradient)."""
+    gradient). A workgroup takes COLS columns, its waves every num_waves-th block of ROWS
+    rows, added up across the waves at the end: narrow column slices give a grid of many
+    workgroups for the few hundred rows a backward pass leaves (one per workgroup)."""
     p, n = part.shape
-    c0 = (pk.program_id(0) * pk.num_waves() + pk.wave_id()) * COLS
+    c0 = pk.program_id(0) * COLS
+    step = pk.num_waves() * ROWS
     tile = pk.rt((ROWS, COLS), pk.f32)
     acc = pk.zeros(tile)
-    for i in pk.range((p + ROWS - 1) // ROWS):
-        acc += pk.load(tile, part, (i * ROWS, c0))
-    pk.store(out, pk.col_sum(acc), (c0,))
+    for i in pk.range((p + step - 1) // step):
+        acc += pk.load(tile, part, (i * step + pk.wave_id() * ROWS, c0))
+    total = pk.workgroup_sum(pk.col_sum(acc))
+    with pk.if_(pk.wave_id() == 0):
+        pk.store(out, total, (c0,))
 
 
 def column_sum_launch(n: int):
     """(grid, consts) of column_sum over n columns."""
-    return (max(1, -(-n // (WAVES * 256))),), {}
+    return (max(1, -(-n // 32)),), {}

@@ -6,7 +6,7 @@ import math
 
 import pykittens as pk
 
-from .rows import Rows
+from .rows import Feed, Rows
 
 LOG2E = math.log2(math.e)
 
@@ -45,13 +45,15 @@ def softmax(x: pk.gl["DT", 2], out: pk.gl["DT", 2],
 def softmax_bwd(y: pk.gl["DT", 2], dy: pk.gl["DT", 2], dx: pk.gl["DT", 2],
                 DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
                 RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
-                SPLIT: pk.const = 0):
-    """dx = y * (dy - sum(dy * y)) per row, from the forward's output y."""
+                SPLIT: pk.const = 0, STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
+    """dx = y * (dy - sum(dy * y)) per row, from the forward's output y. STAGES >= 2: y and
+    dy staged in shared memory by workgroups walking the rows (rows.Feed)."""
     rows = Rows(y, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
-    yb, dyb = rows.hold(y), rows.hold(dy)
-    dot = pk.zeros(rows.row)
-    for j in rows.blocks():
-        pk.row_sum(yb(j) * dyb(j), into=dot)
-    dot = rows.total(dot)
-    for j in rows.blocks():
-        rows.store(dx, yb(j) * (dyb(j) - dot), j)
+    feed = Feed(rows, [y, dy], STAGES=STAGES, PROGRAMS=PROGRAMS)
+    for (yb, dyb), _ in feed.walk(loop=bool(STAGES)):
+        dot = pk.zeros(rows.row)
+        for j in rows.blocks():
+            pk.row_sum(yb(j) * dyb(j), into=dot)
+        dot = rows.total(dot)
+        for j in rows.blocks():
+            rows.store(dx, yb(j) * (dyb(j) - dot), j)
