@@ -870,12 +870,35 @@ class Renderer:
         self.start_block(join)
 
     def r_gatomic_add(self, op):
-        """Every element of the window added atomically where it lies inside the tensor."""
+        """Every element of the window added atomically where it lies inside the tensor: a
+        run of the lane's elements wholly inside, by the dialect's vector adds where it has
+        them (atomic_add_width), else element by element."""
         gl = op.srcs[0]
         val = self._norm(op.srcs[-1], op.attrs["layout"].nslots)
         for first, k, off, ok, run_full, last, align in self._tensor_window(op, 1):
+            width = self.atomic_add_width(k, align)
+            if width > 1:
+                v_l, e_l, join = self.branch(run_full, "atom_vec", "atom_elem", "atom_join")
+                self.start_block(v_l)
+                for i in range(0, k, width):
+                    oi = self.op(f"add i32 {off.text}, {i}", "i32", 0) if i else off
+                    self.atomic_add_run(gl, oi, [self.extract(val, first + i + j)
+                                                 for j in range(width)])
+                self.ins(f"br label %{join}")
+                self.start_block(e_l)
             for i, (oi, vi) in enumerate(self._elements(off, ok, last, k)):
                 self.atomic_add_elem(gl, oi, vi, self.extract(val, first + i))
+            if width > 1:
+                self.ins(f"br label %{join}")
+                self.start_block(join)
+
+    def atomic_add_width(self, k: int, align: int) -> int:
+        """Elements one vector atomic add takes from a run of k f32 starting `align` bytes
+        aligned (1: element by element)."""
+        return 1
+
+    def atomic_add_run(self, gl, off: Value, vals):
+        raise NotImplementedError
 
     def atomic_add_elem(self, gl, off: Value, mask: Value, val: Value):
         raise NotImplementedError

@@ -107,6 +107,21 @@ class NVPTXRenderer(Renderer):
         self.ins(f"br label %{skip}")
         self.start_block(skip)
 
+    def atomic_add_width(self, k, align):
+        """red.global.add.v2/.v4.f32 (PTX ISA 8.1, sm_90): 2 or 4 consecutive f32 aligned to
+        their size."""
+        for width in (4, 2):
+            if k % width == 0 and align >= 4 * width:
+                return width
+        return 1
+
+    def atomic_add_run(self, gl, off, vals):
+        p = self.elem_ptr(gl, off)
+        regs = ", ".join(f"${i + 1}" for i in range(len(vals)))
+        self.ins(f'call void asm sideeffect "red.global.add.v{len(vals)}.f32 [$0], {{{regs}}};", '
+                 f'"l{",f" * len(vals)},~{{memory}}"(ptr addrspace(1) {p.text}, '
+                 + ", ".join(str(v) for v in vals) + ")")
+
     def atomic_add_elem(self, gl, off, mask, val):
         do, skip = self.label("atom_one"), self.label("atom_next")
         self.ins(f"br i1 {mask.text}, label %{do}, label %{skip}")
