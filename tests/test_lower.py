@@ -158,3 +158,30 @@ def test_lower_accepts_target_objects_and_rejects_unknown_names():
     with pytest.raises(ValueError, match="unknown target 'gfx1100'; choose one of gfx942, "
                                          "gfx950, sm_90a"):
         lower(kir, "gfx1100")
+
+
+def test_adjacent_workgroup_reductions_share_their_barriers():
+    """Two workgroup sums in a row (no op between), the second not reading the first: one
+    round of two barriers for both (not four); a sum of a sum keeps its own round. Every wave gets the
+    totals, in the emulator."""
+    import numpy as np
+    from pykittens import compiler
+
+    @pk.kernel(num_waves=4)
+    def two_sums(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], NESTED: pk.const = 0):
+        t = pk.load(pk.rt((1, 64), pk.f32), x, (0, pk.wave_id() * 64))
+        s, q = pk.row_sum(t), pk.row_sum(t * t)
+        a = pk.workgroup_sum(s)
+        b = pk.workgroup_sum(a if NESTED else q)
+        pk.store(out, pk.load(pk.rt((1, 64), pk.f32), x, (0, 0)) * 0.0 + a + b,
+                 (pk.wave_id(), 0))
+
+    def barriers(**c):
+        return sum(op.kind == "barrier" for op in walk(compiler.lane_ir(two_sums, "sm_90a",
+                                                                          **c).body))
+
+    assert barriers() == 2 and barriers(NESTED=1) == 4
+    x = np.random.default_rng(0).random((1, 256), dtype=np.float32)
+    got = pk.emulate(two_sums, x, np.zeros((4, 64), np.float32), grid=1)["out"]
+    want = x.sum() + (x * x).sum()
+    assert np.allclose(got, want, rtol=1e-5)

@@ -28,8 +28,9 @@ def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS):
         d = rows.mask(xb(j) - k, j)
         pk.row_sum(d, into=s)
         pk.row_sum(d * d, into=q)
-    shift = rows.total(s) / rows.n
-    var = pk.max(rows.total(q) / rows.n - shift * shift, 0.0)
+    s, q = rows.total(s), rows.total(q)          # one round of barriers for both
+    shift = s / rows.n
+    var = pk.max(q / rows.n - shift * shift, 0.0)
     mean, rstd = k + shift, pk.rsqrt(var + eps)
     _store_stats(rows, stats, mean, rstd, STATS)
     for j in rows.blocks():
@@ -162,8 +163,9 @@ def norm_backward(rows, xb, dyb, wv, mu, rs, dx, dws, dbs, extra=None):
         pk.row_sum(gj * xhat(j), into=gx)
         if center:
             pk.row_sum(gj, into=gs)
-    c = rows.total(gx) / rows.n
-    a = rows.total(gs) / rows.n if center else None
+    gx, gs = rows.total(gx), rows.total(gs) if center else None   # one round of barriers
+    c = gx / rows.n
+    a = gs / rows.n if center else None
     for j in rows.blocks():
         xh = xhat(j)
         d = g(j) - xh * c

@@ -90,9 +90,17 @@ class _Lowering:
                            self.k.consts, tuple(self.tmaps), self.k.programs_per_cu)
 
     def block(self, blk: Block):
-        for op in blk.ops:
-            self.loc = op.loc
-            getattr(self, "op_" + op.kind)(op)
+        ops, i = blk.ops, 0
+        while i < len(ops):
+            self.loc = ops[i].loc
+            taken, allocs, group = _reduction_group(ops, i)
+            if len(group) > 1:                 # one round of barriers for them all
+                for op in allocs:
+                    self.op_alloc(op)
+                self._wg_reduce(group)
+            else:
+                getattr(self, "op_" + ops[i].kind)(ops[i])
+            i += taken
 
     def sub_block(self, blk: Block) -> Block:
         with self.b.into(Block()) as out:
@@ -386,34 +394,46 @@ class _Lowering:
             self.emit("mov", dst, (part,))
 
     def op_wg_reduce(self, op):
-        """Each wave writes its vector to its own slice of a shared scratch tile; after a
-        barrier every wave reads all slices and combines them in wave order, so every wave
-        holds the same bits. The barrier in front keeps a wave from overwriting a slice that
-        a slower wave still reads from the previous reduction at this point."""
-        v = op.srcs[0]
-        src, dst, lay = self.val(v), self.env[op.dst], self.layout(v)
+        self._wg_reduce([op])
+
+    def _wg_reduce(self, ops):
+        """Each wave writes its vectors to its own slices of shared scratch tiles (one per
+        reduction); after a barrier every wave reads all slices and combines them in wave
+        order, so every wave holds the same bits. The barrier in front keeps a wave from
+        overwriting a slice that a slower wave still reads from the previous execution of
+        these reductions. Adjacent independent reductions (_reduction_group) share the two
+        barriers."""
         nw = self.k.num_waves
         if nw == 1:
-            self.emit("mov", dst, (src,))
+            for op in ops:
+                self.emit("mov", self.env[op.dst], (self.val(op.srcs[0]),))
             return
-        t: T.RegVecType = v.type
-        n = t.length
-        # row vectors lie along rows, column vectors along columns: one slice per wave
-        shape, step = ((nw * n, 1), (n, 0)) if t.axis == "row" else ((nw, n), (1, 0))
-        region = self._lds_region("wgred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
         wave = self.b.reg(T.i32, uniform=True)
         self.emit("special", wave, name="wave_id", axis=0)
         zero = self.const(0)
-        row0 = self.bin("mul", wave, self.const(step[0])) if step[0] != 1 else wave
+        slots = []
+        for op in ops:
+            v = op.srcs[0]
+            t: T.RegVecType = v.type
+            n = t.length
+            # row vectors lie along rows, column vectors along columns: a slice per wave
+            shape, step = ((nw * n, 1), (n, 0)) if t.axis == "row" else ((nw, n), (1, 0))
+            region = self._lds_region("wgred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
+            row0 = self.bin("mul", wave, self.const(step[0])) if step[0] != 1 else wave
+            slots.append((op, region, step, row0))
         self.emit("barrier")
-        self.lds_store(region, lay, (row0, zero), "wave", src)
+        for op, region, step, row0 in slots:
+            v = op.srcs[0]
+            self.lds_store(region, self.layout(v), (row0, zero), "wave", self.val(v))
         self.emit("barrier")
-        for w in range(nw):
-            part = self.lds_load(region, lay, (self.const(w * step[0]), zero), "wave")
-            if w == 0:
-                self.emit("mov", dst, (part,))
-            else:
-                self.emit("bin", dst, (dst, part), op=op.attrs["op"])
+        for op, region, step, row0 in slots:
+            dst, lay = self.env[op.dst], self.layout(op.srcs[0])
+            for w in range(nw):
+                part = self.lds_load(region, lay, (self.const(w * step[0]), zero), "wave")
+                if w == 0:
+                    self.emit("mov", dst, (part,))
+                else:
+                    self.emit("bin", dst, (dst, part), op=op.attrs["op"])
 
     def op_mma(self, op):
         """One matrix instruction per (i, j, k) triple of base tiles, k innermost."""
@@ -783,3 +803,22 @@ def lower(k: KernelIR, target) -> LaneProgram:
     target = get_target(target)
     verify(k, target)
     return _Lowering(k, target).run()
+
+
+def _reduction_group(ops, i):
+    """(ops taken, their allocations, the reductions): ops[i] and the workgroup reductions
+    right after it, each with the allocation of its result just before it, that do not read
+    an earlier one's result — reductions the lowering gives one round of barriers; else
+    (1, [], [ops[i]])."""
+    group, allocs, j = [ops[i]], [], i + 1
+    if ops[i].kind != "wg_reduce":
+        return 1, allocs, group
+    while j + 1 < len(ops):
+        alloc, nxt = ops[j], ops[j + 1]
+        if alloc.kind != "alloc" or nxt.kind != "wg_reduce" or nxt.dst is not alloc.dst or \
+                any(nxt.srcs[0] is g.dst for g in group):
+            break
+        allocs.append(alloc)
+        group.append(nxt)
+        j += 2
+    return j - i, allocs, group
