@@ -119,6 +119,24 @@ def test_hopper_gemm_ws_reads_the_wgmma_loop():
     assert model("gemm_ws", "sm_90a", (128, 65536, 8192))["bound"] == "dram"
 
 
+@needs_sass
+def test_h200_runs_at_its_measured_clock_under_load():
+    """The H200's time comes from its measured clock under a tensor-bound load
+    (load_clock_hz, cited); the H100, with none measured, keeps the peak clock: the same
+    code object and cycles, times in the ratio of the clocks. Per-clock rates are the
+    hardware's either way."""
+    from pykittens.targets import get
+    h200 = model("gemm_ws", "sm_90a", (4096, 4096, 4096), chip="H200")
+    h100 = model("gemm_ws", "sm_90a", (4096, 4096, 4096), chip="H100")
+    load, src = get("sm_90a").fact("load_clock_hz/H200")
+    peak = get("sm_90a").fact("clock_hz/H200")[0]
+    assert "measured" in src and load < peak
+    assert h200["cycles"]["matrix"] == h100["cycles"]["matrix"]
+    assert h200["time_s"] == pytest.approx(h100["time_s"] * peak / load, rel=0.02)
+    assert "load_clock_hz/H200" in h200["constants"]
+    assert "load_clock_hz/H200" not in h100["constants"]
+
+
 @needs_amd_llvm
 def test_deterministic(cdna):
     again = model("gemm_pingpong", "gfx950", (8192, 8192, 8192), "bf16")

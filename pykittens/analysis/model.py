@@ -284,6 +284,11 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     used: dict = {}
     clock = _fact(t, f"clock_hz/{chip}", used)
     used["clock_hz"] = used.pop(f"clock_hz/{chip}")
+    # the clock the kernel runs at: the chip's measured clock under a tensor-bound load
+    # where there is one (an H200 holds its power cap lower), else the peak clock
+    load = f"load_clock_hz/{chip}"
+    measured_load = any(n == load for n, _, _ in t.perf_facts)
+    run_clock = _fact(t, load, used) if measured_load else clock
     lp = plan(kernel_name, t.name, m, n, k, dtype, out)
     kernel, grid, consts = lp.kernel, lp.grid, lp.consts
     bm, bn, bk, persistent = lp.bm, lp.bn, lp.bk, lp.persistent
@@ -300,8 +305,11 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     assumptions = [
         "resources overlap completely: time = the busiest resource's cycles per iteration "
         "x the busiest CU's iterations / clock",
-        f"the clock is the chip's peak engine / boost clock ({clock / 1e9:.2f} GHz) "
-        "throughout, no throttling",
+        (f"the kernel runs at {chip}'s measured clock under a tensor-bound load "
+         f"({run_clock / 1e9:.2f} GHz: load_clock_hz) throughout; per-clock rates are the "
+         f"hardware's at its {clock / 1e9:.2f} GHz peak clock" if measured_load else
+         f"the clock is the chip's peak engine / boost clock ({clock / 1e9:.2f} GHz) "
+         "throughout, no throttling (no clock under load measured for it)"),
         "prologue, epilogue (C stores) and pipeline fill are not counted, except C's bytes "
         "in dram",
         "latencies (s_waitcnt / mbarrier waits) are hidden by the schedule",
@@ -346,9 +354,9 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     dram_bytes = _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, consts["MAP"], persistent)
     hbm = dict(t.hbm_bytes_per_s_by_chip).get(chip, t.hbm_bytes_per_s)
     used["hbm_bytes_per_s"] = (hbm, f"targets/{t.name}: {chip} data sheet peak memory bandwidth")
-    cycles["dram"] = dram_bytes / hbm * clock / iters
+    cycles["dram"] = dram_bytes / hbm * run_clock / iters
     bound = max(cycles, key=cycles.get)
-    time_s = cycles[bound] * iters / clock
+    time_s = cycles[bound] * iters / run_clock
     flops = 2.0 * m * n * k
     # the matrix work of one iteration on one CU: every resident block's K step
     per_iter = 2.0 * bm * bn * bk * (wgs if t.family == "cdna" else 1)

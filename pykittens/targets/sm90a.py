@@ -42,11 +42,21 @@ SMEM_BYTES_PER_CLK = 32 * 4
 # Each of the 4 SM sub-partitions has one warp scheduler dispatching one warp instruction
 # per clock (H100 white paper, "H100 SM architecture": "warp scheduler (32 thread/clk)").
 ISSUE_PER_CLK = 1
+# Under a long dense GEMM an H200 holds its 700 W power cap by lowering the SM clock:
+# bench/gpu_clock.py sampled 1530 MHz (4096³) and 1485 MHz (8192³) medians during cuBLAS
+# bf16 GEMMs, throttle reason "SW power cap" (docs/PERF.md, 2026-12-01). The model runs a
+# kernel bound by the tensor cores at that clock; the per-clock rates above stay the
+# hardware's.
+H200_LOAD_CLOCK_HZ = 1.51e9
 _WP = "NVIDIA H100 Tensor Core GPU Architecture white paper"
 PERF_FACTS = (
     ("clock_hz/H100", TENSOR_CLOCK_HZ, f"{_WP}: the boost clock of its dense tensor peaks"),
     ("clock_hz/H200", TENSOR_CLOCK_HZ, "NVIDIA H200 data sheet: the same 989 dense BF16 "
                                        "TFLOPS over 132 SMs as H100 SXM5 (1830 MHz)"),
+    ("load_clock_hz/H200", H200_LOAD_CLOCK_HZ,
+     "measured on an H200 (bench/gpu_clock.py, docs/PERF.md): median SM clock under "
+     "back-to-back cuBLAS bf16 GEMMs at the 700 W power cap, 1530 MHz (4096^3) and "
+     "1485 MHz (8192^3)"),
     ("dense_bf16_flops", DENSE_BF16_FLOPS, f"{_WP}, H100 SXM5 peak dense BF16 (= H200 data "
                                            "sheet, 1,979 with sparsity / 2)"),
     ("dense_fp8_flops", DENSE_FP8_FLOPS, f"{_WP}, H100 SXM5 peak dense FP8 (= H200 data "
