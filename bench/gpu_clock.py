@@ -1,7 +1,7 @@
 """The SM clock an H200 holds under a long dense GEMM: nvidia-smi samples the SM clock, the
-power draw and the active throttle reasons every 50 ms while cuBLAS (torch.matmul) and the
-library GEMM (pykittens.ops.matmul) run back to back for a few seconds each, bf16, 4096³ and
-8192³. The performance model (pykittens/analysis/model.py) takes cuBLAS's median as the
+power draw and the active throttle reasons every 50 ms while cuBLAS (F.linear) and the
+library GEMM (pykittens.ops.linear: gemm_ws) run back to back for a few seconds each, bf16,
+4096³ and 8192³. The performance model (pykittens/analysis/model.py) takes cuBLAS's median as the
 clock of a kernel bound by the tensor cores (targets/sm90a.py, load_clock_hz).
 
     PYTHONPATH=. python3 bench/gpu_clock.py          # on the GPU
@@ -50,8 +50,8 @@ def main() -> int:
     out = []
     for m in (4096, 8192):
         a, b = (torch.randn(m, m, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        for name, fn in (("cuBLAS", lambda: torch.matmul(a, b)),
-                         ("pykittens", lambda: pko.matmul(a, b))):
+        for name, fn in (("cuBLAS", lambda: torch.nn.functional.linear(a, b)),
+                         ("pykittens", lambda: pko.linear(a, b))):
             r = {"shape": m, "contender": name, **sample(fn)}
             r["tflops"] = 2 * m ** 3 * r["calls_per_s"] / 1e12
             out.append(r)
