@@ -407,9 +407,12 @@ class ColumnSums:
         return grid if held else grid * WAVES
 
 
+SUM_COLS = 32     # columns per column_sum workgroup: 128 workgroups over 4096 columns
+
+
 @pk.kernel(num_waves=4)
 def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
-               DT: pk.const = None, ROWS: pk.const = 32, COLS: pk.const = 32):
+               DT: pk.const = None, ROWS: pk.const = 32, COLS: pk.const = SUM_COLS):
     """out[c] = sum over rows r of part[r, c], summed in f32 and rounded once to out's type:
     the reduction after per-block partial column sums (a norm's dweight, a bias's
     gradient). A workgroup takes COLS columns, its waves every num_waves-th block of ROWS
@@ -429,4 +432,4 @@ def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
 
 def column_sum_launch(n: int):
     """(grid, consts) of column_sum over n columns."""
-    return (max(1, -(-n // 32)),), {}
+    return (max(1, -(-n // SUM_COLS)),), {}
