@@ -79,13 +79,14 @@ def variants(name, m, n):
     _, staged, _, extra = CASES[name]
     grid, consts = register_plan(name, m, n)
     out = [("registers", grid, {**consts, **extra})]
-    if name not in BACKWARD:          # split rows: a share of 512 to 2048 columns per wave
+    if name not in SUMS:              # split rows: a share of 512 to 2048 columns per wave
         for share in (512, 1024, 2048):
             nw = -(-n // share)
             split = {"SPLIT": 1, "ROWS": 1, "N_MAX": nw * share, "CHUNK": 512,
                      "num_waves": nw, **extra}
             if nw <= 32:
                 out.append((f"split w{nw}", (m,), split))
+    if name not in BACKWARD:
         return out
     sums = SUMS.get(name, 0)
     default = rows.staged_plan(m, n, TARGET, 2, len(staged), sums)

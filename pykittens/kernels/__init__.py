@@ -87,14 +87,40 @@ def ln_tma_consts(n: int) -> dict:
             "CHUNK": TMA_CHUNK}
 
 
-def row_launch(i, target, x="x", row_bytes=None, loop=rows.LOOP):
+def row_launch(i, target, x="x", row_bytes=None, loop=rows.LOOP,
+               share_regs=rows.SPLIT_SHARE_REGS):
     """(grid, consts) of a row kernel (rows.plan) over the rows of input `x`; row_bytes
     defaults to x's element size (a forward pass holding x). Forward passes keep to the
     register schedules: on the H200 the staged walk was slower for every norm forward at
     every measured shape (bench/rows_staged.py, docs/PERF.md)."""
     m, n = i[x].shape
-    per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]), loop=loop)
+    per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]),
+                            share_regs=share_regs, loop=loop)
     return (max(1, -(-m // per)),), consts
+
+
+def softmax_grad_launch(i, target):
+    """(grid, consts) of softmax_bwd for y = i["y"]: on Hopper, 16-bit rows of 4096 columns
+    and more that at most 8 waves cover take shares four times the default (64 registers
+    per lane of y and dy): on the H200 that took 4096x12288 bf16 from 86% to 96% of copy
+    bandwidth and kept 16384x4096 / 16384x8192 at 98% / 100% (bench/rows_staged.py
+    softmax_bwd, docs/PERF.md). Elsewhere (wider rows would need more registers than a
+    workgroup of their waves has; f32, other widths and CDNA unmeasured) the default."""
+    from ..targets import get
+    m, n = i["y"].shape
+    row_bytes = 2 * rows.itemsize(i["y"])
+    if get(target).family == "hopper" and rows.itemsize(i["y"]) == 2 and n >= 4096:
+        grid, consts = row_launch(i, target, x="y", row_bytes=row_bytes,
+                                  share_regs=SOFTMAX_BWD_SHARE_REGS)
+        wide_share = SOFTMAX_BWD_SHARE_REGS * 4 * get(target).wave_size // row_bytes
+        if consts.get("SPLIT") and consts["num_waves"] <= SOFTMAX_BWD_WAVES and \
+                consts["N_MAX"] // consts["num_waves"] == wide_share:
+            return grid, consts
+    return row_launch(i, target, x="y", row_bytes=row_bytes)
+
+
+SOFTMAX_BWD_SHARE_REGS = 64     # registers per lane of a wave's share of y and dy (Hopper)
+SOFTMAX_BWD_WAVES = 8           # ... for rows that at most this many such waves cover
 
 
 def _staged(i, target, names, sums: int):
@@ -470,7 +496,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                                "CHUNK": 512, "num_waves": 4},
                torch_reference=lambda t: _norm_grad_torch(t, True)),
     KernelSpec("softmax_bwd", softmax_bwd, _sm_grad_inputs, _sm_grad_ref,
-               lambda i, t: row_launch(i, t, x="y", row_bytes=2 * rows.itemsize(i["y"])),
+               softmax_grad_launch,
                ("dx",), shapes=_NORM_SMALL, gpu_shapes=((16384, 4096),),
                compile_consts={"DT": "bf16", "RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512},
                torch_reference=_sm_grad_torch),
@@ -526,7 +552,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 
 __all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_launch", "ln_tma_consts",
            "rel_err", "row_launch", "stats_launch", "ln_launch", "ln_grad_launch",
-           "rms_grad_launch", "rope_launch", "add_rmsnorm", "column_sum", "gemm",
+           "rms_grad_launch", "rope_launch", "softmax_grad_launch", "add_rmsnorm", "column_sum", "gemm",
            "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
            "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",
            "scaled_add", "softmax", "softmax_bwd", "tma_scale", "ws_scale"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import row_launch
+from ..kernels import row_launch, softmax_grad_launch
 from ..kernels.softmax import softmax as softmax_kernel, softmax_bwd
 from .run import check_tensor, custom_op, run, target_of
 
@@ -27,7 +27,7 @@ def _(x):
 def _softmax_bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     dx = y.new_empty(y.shape)
     if y.numel():
-        grid, consts = row_launch({"y": y}, target_of(y), x="y", row_bytes=2 * y.itemsize)
+        grid, consts = softmax_grad_launch({"y": y}, target_of(y))
         run(softmax_bwd, {"y": y, "dy": dy, "dx": dx}, grid, consts, ("dx",))
     return dx
 
