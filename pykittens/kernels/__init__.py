@@ -100,27 +100,30 @@ def row_launch(i, target, x="x", row_bytes=None, loop=rows.LOOP,
 
 
 def softmax_grad_launch(i, target):
-    """(grid, consts) of softmax_bwd for y = i["y"]: on Hopper, 16-bit rows of 4096 columns
-    and more that at most 8 waves cover take shares four times the default (64 registers
-    per lane of y and dy): on the H200 that took 4096x12288 bf16 from 86% to 96% of copy
-    bandwidth and kept 16384x4096 / 16384x8192 at 98% / 100% (bench/rows_staged.py
-    softmax_bwd, docs/PERF.md). Elsewhere (wider rows would need more registers than a
-    workgroup of their waves has; f32, other widths and CDNA unmeasured) the default."""
+    """(grid, consts) of softmax_bwd for y = i["y"]: on Hopper, 16-bit rows whose default
+    split takes more than 16 waves, and that at most 8 waves of shares four times the
+    default (64 registers per lane of y and dy) cover, take those: on the H200 that took
+    4096x12288 bf16 from 86% to 96% of copy bandwidth, where 16384x4096 and 16384x8192 were
+    1-2 points faster with their default 8 and 16 waves (bench/rows_staged.py softmax_bwd,
+    docs/PERF.md). Elsewhere (wider rows would need more registers than a workgroup of
+    their waves has; f32 and CDNA unmeasured) the default."""
     from ..targets import get
-    m, n = i["y"].shape
     row_bytes = 2 * rows.itemsize(i["y"])
-    if get(target).family == "hopper" and rows.itemsize(i["y"]) == 2 and n >= 4096:
+    default = row_launch(i, target, x="y", row_bytes=row_bytes)
+    if get(target).family == "hopper" and rows.itemsize(i["y"]) == 2 and \
+            default[1].get("num_waves", 0) > SOFTMAX_BWD_MANY_WAVES:
         grid, consts = row_launch(i, target, x="y", row_bytes=row_bytes,
                                   share_regs=SOFTMAX_BWD_SHARE_REGS)
         wide_share = SOFTMAX_BWD_SHARE_REGS * 4 * get(target).wave_size // row_bytes
         if consts.get("SPLIT") and consts["num_waves"] <= SOFTMAX_BWD_WAVES and \
                 consts["N_MAX"] // consts["num_waves"] == wide_share:
             return grid, consts
-    return row_launch(i, target, x="y", row_bytes=row_bytes)
+    return default
 
 
 SOFTMAX_BWD_SHARE_REGS = 64     # registers per lane of a wave's share of y and dy (Hopper)
 SOFTMAX_BWD_WAVES = 8           # ... for rows that at most this many such waves cover
+SOFTMAX_BWD_MANY_WAVES = 16     # ... where the default split takes more waves than this
 
 
 def _staged(i, target, names, sums: int):
