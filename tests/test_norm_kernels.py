@@ -244,3 +244,17 @@ def test_xor_cols_exchanges_columns_in_registers(rng):
         pk.emulate(swap, x, np.zeros_like(x), grid=1, target="gfx950", MASK=8)
     with pytest.raises(pk.KernelError, match="must be a power of two below"):
         pk.emulate(swap, x, np.zeros_like(x), grid=1, target="gfx950", MASK=3)
+
+
+def test_softmax_backward_takes_wide_shares_where_the_default_needs_many_waves():
+    """softmax_grad_launch: 16-bit rows whose default split needs more than 16 waves take
+    2048-column shares on Hopper when 8 waves cover the row (12288 columns: 6 waves instead
+    of 24); other widths, f32 and CDNA keep the default; the wide build against float64."""
+    from pykittens.kernels import softmax_grad_launch
+    def waves(n, dt=np.float16, target="sm_90a"):
+        return softmax_grad_launch({"y": np.zeros((8, n), dt)}, target)[1].get("num_waves")
+    assert waves(12288) == 6
+    assert waves(8192) == 16 and waves(20000) == 20 and waves(12288, np.float32) == 24
+    assert waves(12288, target="gfx950") == 12
+    spec, errs = run_spec("softmax_bwd", (3, 12288), "bf16", "sm_90a")
+    assert errs["dx"]["rel_err"] <= spec.tolerance("bf16")
