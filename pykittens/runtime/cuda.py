@@ -138,14 +138,14 @@ class _RawDriver:
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.cuLaunchKernel = lib.cuLaunchKernel
-        self._ctx = ctypes.c_void_p()
-        self._ref = ctypes.byref(self._ctx)
 
     def current(self) -> int:
-        """The current context's address (0 where none)."""
-        if self.lib.cuCtxGetCurrent(self._ref):
+        """The current context's address (0 where none; -1 on an error). A buffer per
+        call: the driver's current context is per thread, and so is the answer."""
+        ctx = ctypes.c_void_p()
+        if self.lib.cuCtxGetCurrent(ctypes.byref(ctx)):
             return -1
-        return self._ctx.value or 0
+        return ctx.value or 0
 
 
 _RAW: list = []
