@@ -80,6 +80,28 @@ def test_every_schedule_computes_the_same(rng, d):
             check(*run(q, k, v, causal, **over), tol=2e-3)
 
 
+@pytest.mark.parametrize("order", ["naive-block-first", "swizzled-block-first",
+                                   "naive-head-first"])
+def test_hopper_tile_orders(rng, order):
+    """The NUMA study's orders on Hopper (MAP): block-first ones take a one-dimensional grid
+    decoded by chiplet.mapping.attention_coords (one XCD), head-first ones the (query block,
+    head, batch) grid; every order computes the same attention, causal or not, with 3 query
+    blocks of 6 heads in 2 KV groups of a batch of 2, and persistent too."""
+    from pykittens.chiplet import mapping as chip
+    q, k, v = inputs(rng, 2, 6, 2, 300, 200, 64, "f16")
+    for causal in (0, 1):
+        grid, _ = attention_fwd_launch({"q": q, "k": k, "v": v}, "sm_90a", CAUSAL=causal,
+                                       MAP=order)
+        nqb = -(-300 // (64 * 3))                 # D=64: 3 consumers, 192 rows a tile
+        assert grid == ((2 * 6 * nqb,) if order.endswith("block-first") else (nqb, 6, 2))
+        check(*run(q, k, v, causal, MAP=order), tol=2e-3)
+    check(*run(q, k, v, 0, MAP=order, PERSISTENT=1), tol=2e-3)
+    # the decode covers every tile once
+    coords = {tuple(int(c) for c in chip.attention_coords(order, i, 2, 6, nqb, 3, 1))
+              for i in range(2 * 6 * nqb)}
+    assert len(coords) == 2 * 6 * nqb
+
+
 def test_rows_that_see_no_key_and_a_late_maximum(rng):
     """Causal with Nq > Nk: the first Nq - Nk queries see no key (O = 0, LSE = -inf). A key
     whose scores dwarf the others in the last block moves the running max by far more

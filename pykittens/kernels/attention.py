@@ -13,6 +13,7 @@ warp-specialised FlashAttention-3 form or CDNA's 8-wave ping-pong."""
 import math
 
 import pykittens as pk
+from pykittens.chiplet import mapping as chip
 
 from .attention_cdna import CDNA_TARGETS, cdna_attention, cdna_launch
 
@@ -68,8 +69,16 @@ def _finish(acc, m, l_):
     return out, lse
 
 
+def hopper_flat_grid(MAP: str) -> bool:
+    """Whether the Hopper forward takes a one-dimensional grid decoded in the order MAP
+    (the block-first orders); the head-first ones are its (query block, head, batch) grid
+    itself, with one L2 for the whole chip (chiplet.mapping.attention_coords with one XCD:
+    the swizzled and naive head-first orders coincide)."""
+    return chip.attention_order_name(MAP).endswith("block-first")
+
+
 def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT,
-            LAZY, cu_q=None, cu_k=None):
+            LAZY, cu_q=None, cu_k=None, MAP="head-first"):
     """FlashAttention-3 form: a producer warpgroup and WG consumer warpgroups. The producer
     (24 registers) has one wave issue TMA copies: a tile's 64 * WG query rows, then its K
     and V blocks into two rings of STAGES stages. Each consumer (the rest of the SM's
@@ -82,7 +91,10 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
     PINGPONG=1: the consumers take turns issuing their matrix products, so one's softmax
     runs under another's. PERSISTENT=1 (not causal): a grid of one workgroup per SM walks
     the (query block, head, batch) tiles; the rings run on from tile to tile, so the next
-    tile's loads overlap this one's last products and its store.
+    tile's loads overlap this one's last products and its store. MAP: the order of the
+    tiles, one of the NUMA study's (chiplet.mapping.attention_coords, one XCD): head-first
+    (the default: a head's query blocks one after another) or block-first (the heads of a
+    window of heads one after another, query block by query block).
 
     With cu_q / cu_k (packed batches): q, o are (Hq, total_q, D), k, v (Hkv, total_k, D),
     lse (Hq, total_q); sequence b holds rows cu[b] .. cu[b + 1] - 1; O and LSE are stored
@@ -95,6 +107,10 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
     if PERSISTENT and (CAUSAL or varlen):
         raise ValueError("PERSISTENT=1 needs the same key blocks in every tile: not causal, "
                          "not packed")
+    flat = hopper_flat_grid(MAP)
+    if varlen and flat:
+        raise pk.NotSupportedYet(f"MAP={MAP!r}: packed batches on Hopper take the head-first "
+                                 "grid only")
     if not varlen:
         nqb = (q.shape[2] + bm - 1) // bm
     walk = pk.tile_walk(nqb * heads * q.shape[0] if PERSISTENT else 1, persistent=PERSISTENT)
@@ -102,7 +118,12 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
     def tile(t):
         """This workgroup's t-th tile: first query row (in its sequence), head, batch, the
         sequence's first query and key rows, lengths, and the key blocks to visit."""
-        if PERSISTENT:
+        if flat:
+            i = walk.tile(t) if PERSISTENT else pk.program_id(0)
+            b, h, qb = chip.attention_coords(MAP, i, q.shape[0], heads, nqb, group, 1)
+            if CAUSAL:
+                qb = nqb - 1 - qb                         # the longest rows start first
+        elif PERSISTENT:
             i = walk.tile(t)
             qb, h, b = i % nqb, i // nqb % heads, i // nqb // heads
         else:
@@ -237,11 +258,12 @@ def attention_fwd(q: pk.gl["DT", 4], k: pk.gl["DT", 4], v: pk.gl["DT", 4],
                   TARGET: pk.target = None, MAP: pk.const = "head-first",
                   PIN: pk.const = ""):
     """q, o: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) f32; grid
-    (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper; on CDNA 8 waves and a grid of
-    B Hq ceil(Nq / 256) in the order MAP names (attention_cdna)."""
+    (ceil(Nq / (64 WG)), Hq, B), 4 (WG + 1) waves on Hopper (one dimension of those tiles in
+    the order MAP names where it is a block-first one: hopper_flat_grid); on CDNA 8 waves
+    and a grid of B Hq ceil(Nq / 256) in the order MAP names (attention_cdna)."""
     if TARGET == "sm_90a":
         _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PERSISTENT,
-                LAZY)
+                LAZY, MAP=MAP)
     elif TARGET in CDNA_TARGETS:
         cdna_attention(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, MAP, TARGET, PIN=PIN)
     else:
@@ -282,6 +304,8 @@ def attention_fwd_launch(i: dict, target, **overrides):
     blocks = -(-nq // (64 * consts["WG"]))
     if consts["PERSISTENT"]:
         return (min(blocks * hq * b, t.num_cus),), consts
+    if hopper_flat_grid(consts.get("MAP", "head-first")):
+        return (blocks * hq * b,), consts
     return (blocks, hq, b), consts
 
 
