@@ -400,13 +400,14 @@ class Operand:
         self.shape, self.itemsize = shape, itemsize
 
 
-def gemm_ws_launch(i, target, promote: bool | None = None):
+def gemm_ws_launch(i, target, promote: bool | None = None, bn: int | None = None):
     """(grid, consts) of gemm_ws for inputs `i`: persistent (one workgroup per SM walks the
     blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
     step's products to the f32 accumulator unless promote=False (PROMOTE=1, BN = 128: the
     tensor cores' fp8 accumulation keeps fewer bits; without it, BN = 256 at their full
     rate). A 16-bit C leaves through shared memory and TMA stores. TMA copies A and B: their
-    rows (K elements) must be multiples of 16 bytes."""
+    rows (K elements) must be multiples of 16 bytes. bn=128 or 256 overrides the block width
+    (an autotuner's candidate)."""
     from ..targets import get
     (m, k), (n, _) = i["a"].shape, i["b"].shape
     esz = rows.itemsize(i["a"])
@@ -414,7 +415,9 @@ def gemm_ws_launch(i, target, promote: bool | None = None):
         raise ValueError(f"gemm_ws copies A and B by TMA: K x element size must be a "
                          f"multiple of 16 bytes, got K = {k} ({k * esz} bytes); pad K")
     promote = esz == 1 if promote is None else bool(promote and esz == 1)
-    bn = 128 if n <= 128 or promote else 256
+    if bn not in (None, 128, 256):
+        raise ValueError(f"gemm_ws blocks are 128 or 256 wide, not {bn}")
+    bn = bn or (128 if n <= 128 or promote else 256)
     (tiles,), consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
     c = i.get("c")
     tma_store = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0

@@ -11,12 +11,14 @@ other way is copied transposed (torch) first."""
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from ..kernels import KERNELS, Operand, gemm_ws_launch
 from ..kernels.gemm import gemm, gemm_ws
 from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
+from ..targets import get as get_target
 from .run import HALVES, check_same, check_tensor, custom_op, run, target_of
 
 FORMS = ("nn", "nt", "tn")
@@ -37,10 +39,63 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
         return c.zero_()
     target = target_of(a)
     kernel, grid, consts = _plan(target, m, k, n, a.itemsize)
+    if AUTOTUNE and kernel is gemm_ws and a.device.type == "cuda":
+        consts = _tuned(a, m, k, n, consts)
+        grid = (min(consts["TM"] * consts["TN"], get_target(target).num_cus),)
     b_rows = B.t() if kernel in (gemm_ws, gemm_pingpong) else B    # these read B as (N, K)
     run(kernel, {"a": A.contiguous(), "b": b_rows.contiguous(), "c": c}, grid, consts,
         ("c",))
     return c
+
+
+AUTOTUNE = os.environ.get("PYKITTENS_AUTOTUNE", "0") == "1"   # time gemm_ws's candidates
+
+
+def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int) -> list[dict]:
+    """Constants of gemm_ws worth timing for an (m, k) x (k, n) product: the launch rule's
+    choice first, then its block order replaced by row-major and grouped windows of 4 to 32
+    block rows, then 128-wide blocks (four ring stages beside C's staging)."""
+    from ..chiplet import mapping as chip
+    i = {"a": Operand((m, k), itemsize), "b": Operand((n, k), itemsize),
+         "c": Operand((m, n), itemsize)}
+    _, first = gemm_ws_launch(i, target)
+    out = [first]
+    tm, tn = first["TM"], first["TN"]
+    for spec in ["row-major"] + [chip.gemm_grouped(tm, tn, w).spec for w in (4, 8, 16, 32)
+                                 if w < tm]:
+        c = {**first, "MAP": spec}
+        if c not in out:
+            out.append(c)
+    if first["BN"] == 256:
+        out.append(gemm_ws_launch(i, target, bn=128)[1])
+    return out
+
+
+def _tuned(a: torch.Tensor, m: int, k: int, n: int, consts: dict) -> dict:
+    """gemm_ws's constants for this product on a's GPU: the autotuner's choice among
+    gemm_ws_candidates (timed once per shape, type and GPU, then read from disk)."""
+    from .. import tune
+    from ..runtime.launch import launch
+    from ..bench.gpu import graph_time
+    target = target_of(a)
+    dev = a.device
+    problem = {"m": m, "k": k, "n": n, "dtype": str(a.dtype), "target": target,
+               "gpu": torch.cuda.get_device_name(dev)}
+    candidates = gemm_ws_candidates(target, m, k, n, a.itemsize)
+    if torch.cuda.is_current_stream_capturing():     # no timing inside a graph capture
+        return tune.cached("gemm_ws", problem, candidates) or consts
+
+    def measure(c):
+        x, w = (torch.randn(r, k, device=dev).to(a.dtype) for r in (m, n))
+        y = a.new_empty((m, n))
+        grid = (min(c["TM"] * c["TN"], get_target(target).num_cus),)
+        return graph_time(lambda: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **c), 5)
+
+    return _TUNED.setdefault((dev.index, m, k, n, str(a.dtype)),
+                             tune.tune("gemm_ws", problem, candidates, measure))
+
+
+_TUNED: dict = {}
 
 
 @functools.lru_cache(maxsize=1024)

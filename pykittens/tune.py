@@ -1,0 +1,61 @@
+"""Autotuning: time a kernel's candidate compile-time constants on the GPU present and keep
+the fastest, cached on disk per (kernel, problem, GPU) so the timing runs once.
+
+    best = tune("gemm_ws", {"m": m, "n": n, "k": k, "dtype": "bf16", "gpu": name},
+                candidates, measure)     # measure(consts) -> seconds
+
+The cache lives with the code objects ($PYKITTENS_CACHE, kind "tune"); its key covers the
+problem, the candidates themselves (a changed candidate list tunes again) and pykittens'
+version. A candidate that fails to build or run is skipped and reported in the entry; when
+every one fails, tune raises with their errors. `pykittens.ops.linear` / `matmul` tune the
+Hopper GEMM this way when PYKITTENS_AUTOTUNE=1 (ops.matmul.gemm_ws_candidates)."""
+from __future__ import annotations
+
+import json
+
+from .toolchain.cache import cache_key, lookup, store
+
+KIND = "tune"
+
+
+def _key(name: str, problem: dict, candidates: list[dict]) -> str:
+    return cache_key(KIND, name, json.dumps(problem, sort_keys=True),
+                     json.dumps(candidates, sort_keys=True))
+
+
+def cached(name: str, problem: dict, candidates: list[dict]) -> dict | None:
+    """The choice stored for this problem and candidate list, or None (not tuned yet, or
+    an entry that no longer names one of the candidates)."""
+    raw = lookup(KIND, _key(name, problem, candidates))
+    if raw is None:
+        return None
+    try:
+        best = json.loads(raw)["best"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return best if best in candidates else None
+
+
+def tune(name: str, problem: dict, candidates: list[dict], measure) -> dict:
+    """The candidate (a dict of constants) that `measure(candidate) -> seconds` times
+    fastest, from the disk cache when this problem was tuned before with these candidates.
+    `problem` (JSON values) names what the choice depends on: shapes, types, the GPU."""
+    if not candidates:
+        raise ValueError(f"autotuning {name}: no candidates to time")
+    hit = cached(name, problem, candidates)
+    if hit is not None:
+        return hit
+    timed, failed = [], []
+    for c in candidates:
+        try:
+            timed.append((float(measure(c)), c))
+        except Exception as e:   # noqa: BLE001 - a candidate that cannot run is skipped
+            failed.append({"consts": c, "error": repr(e)})
+    if not timed:
+        errors = "; ".join(f"{f['consts']}: {f['error']}" for f in failed)
+        raise RuntimeError(f"autotuning {name}: every candidate failed ({errors})")
+    best = min(timed, key=lambda tc: tc[0])[1]
+    entry = {"problem": problem, "best": best, "failed": failed,
+             "timings": [{"consts": c, "seconds": t} for t, c in timed]}
+    store(KIND, _key(name, problem, candidates), json.dumps(entry).encode())
+    return best
