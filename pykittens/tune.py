@@ -12,6 +12,7 @@ Hopper GEMM this way when PYKITTENS_AUTOTUNE=1 (ops.matmul.gemm_ws_candidates)."
 from __future__ import annotations
 
 import json
+import statistics
 
 from .toolchain.cache import cache_key, lookup, store
 
@@ -59,3 +60,30 @@ def tune(name: str, problem: dict, candidates: list[dict], measure) -> dict:
              "timings": [{"consts": c, "seconds": t} for t, c in timed]}
     store(KIND, _key(name, problem, candidates), json.dumps(entry).encode())
     return best
+
+
+def graph_time(fn, reps: int = 20) -> float:
+    """Median seconds of one call of `fn` (GPU work on torch's current stream), replaying a
+    CUDA graph of `reps` calls so no launch gap is timed: how the tuner and the benchmarks
+    time kernels."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()                  # warm up off the capture stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / reps * 1e-3)
+    return float(statistics.median(times))

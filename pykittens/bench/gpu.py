@@ -10,6 +10,7 @@ from ..ir.types import dtype_of
 from ..kernels import KERNELS
 from ..kernels.spec import rel_err
 from ..runtime.launch import launch
+from ..tune import graph_time  # noqa: F401 (the timing the bench scripts use)
 
 DEV = "cuda"
 TORCH_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -136,30 +137,6 @@ def event_time(fn, reps: int = 20, rounds: int = 10) -> float:
         a.record()
         for _ in range(reps):
             fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / reps * 1e-3)
-    return float(np.median(times))
-
-
-def graph_time(fn, reps: int = 20) -> float:
-    """Median seconds of one call, replaying a CUDA graph of `reps` calls (no launch gaps)."""
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / reps * 1e-3)

@@ -76,7 +76,6 @@ def _tuned(a: torch.Tensor, m: int, k: int, n: int, consts: dict) -> dict:
     gemm_ws_candidates (timed once per shape, type and GPU, then read from disk)."""
     from .. import tune
     from ..runtime.launch import launch
-    from ..bench.gpu import graph_time
     target = target_of(a)
     dev = a.device
     problem = {"m": m, "k": k, "n": n, "dtype": str(a.dtype), "target": target,
@@ -89,7 +88,7 @@ def _tuned(a: torch.Tensor, m: int, k: int, n: int, consts: dict) -> dict:
         x, w = (torch.randn(r, k, device=dev).to(a.dtype) for r in (m, n))
         y = a.new_empty((m, n))
         grid = (min(c["TM"] * c["TN"], get_target(target).num_cus),)
-        return graph_time(lambda: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **c), 5)
+        return tune.graph_time(lambda: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **c), 5)
 
     return _TUNED.setdefault((dev.index, m, k, n, str(a.dtype)),
                              tune.tune("gemm_ws", problem, candidates, measure))
