@@ -408,7 +408,6 @@ def gemm_ws_launch(i, target, promote: bool | None = None, bn: int | None = None
     rate). A 16-bit C leaves through shared memory and TMA stores. TMA copies A and B: their
     rows (K elements) must be multiples of 16 bytes. bn=128 or 256 overrides the block width
     (an autotuner's candidate)."""
-    from ..targets import get
     (m, k), (n, _) = i["a"].shape, i["b"].shape
     esz = rows.itemsize(i["a"])
     if k * esz % 16:
@@ -418,15 +417,22 @@ def gemm_ws_launch(i, target, promote: bool | None = None, bn: int | None = None
     if bn not in (None, 128, 256):
         raise ValueError(f"gemm_ws blocks are 128 or 256 wide, not {bn}")
     bn = bn or (128 if n <= 128 or promote else 256)
-    (tiles,), consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
+    _, consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
     c = i.get("c")
     tma_store = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
     # shared memory: 4 ring stages, 3 beside the 64 KiB of C staging of 256-wide blocks;
     # 3 when promoting into f32 C (its registers leave ptxas no room for a fourth branch)
     stages = 3 if (tma_store and bn == 256) or (promote and not tma_store) else 4
-    return (min(tiles, get(target).num_cus),), {
-        **consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": int(promote),
-        **({"TMA_STORE": 1} if tma_store else {})}
+    consts = {**consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": int(promote),
+              **({"TMA_STORE": 1} if tma_store else {})}
+    return gemm_ws_grid(consts, target), consts
+
+
+def gemm_ws_grid(consts: dict, target) -> tuple[int]:
+    """The persistent grid of gemm_ws with these constants: at most one workgroup per SM
+    over its TM x TN blocks."""
+    from ..targets import get
+    return (min(consts["TM"] * consts["TN"], get(target).num_cus),)
 
 
 def _gemm_wgmma_launch(i, target):
@@ -556,9 +562,9 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                targets=("sm_90a",)),          # mbarriers and warp roles: Hopper
 )}
 
-__all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_launch", "ln_tma_consts",
-           "rel_err", "row_launch", "stats_launch", "ln_launch", "ln_grad_launch",
-           "rms_grad_launch", "rope_launch", "softmax_grad_launch", "add_rmsnorm", "column_sum", "gemm",
-           "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
+__all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_grid", "gemm_ws_launch",
+           "ln_tma_consts", "rel_err", "row_launch", "stats_launch", "ln_launch",
+           "ln_grad_launch", "rms_grad_launch", "rope_launch", "softmax_grad_launch",
+           "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
            "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",
            "scaled_add", "softmax", "softmax_bwd", "tma_scale", "ws_scale"]

@@ -15,10 +15,9 @@ import os
 
 import torch
 
-from ..kernels import KERNELS, Operand, gemm_ws_launch
+from ..kernels import KERNELS, Operand, gemm_ws_grid, gemm_ws_launch
 from ..kernels.gemm import gemm, gemm_ws
 from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
-from ..targets import get as get_target
 from .run import HALVES, check_same, check_tensor, custom_op, run, target_of
 
 FORMS = ("nn", "nt", "tn")
@@ -41,7 +40,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
     kernel, grid, consts = _plan(target, m, k, n, a.itemsize)
     if AUTOTUNE and kernel is gemm_ws and a.device.type == "cuda":
         consts = _tuned(a, m, k, n, consts)
-        grid = (min(consts["TM"] * consts["TN"], get_target(target).num_cus),)
+        grid = gemm_ws_grid(consts, target)
     b_rows = B.t() if kernel in (gemm_ws, gemm_pingpong) else B    # these read B as (N, K)
     run(kernel, {"a": A.contiguous(), "b": b_rows.contiguous(), "c": c}, grid, consts,
         ("c",))
@@ -74,10 +73,13 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int) -> li
 def _tuned(a: torch.Tensor, m: int, k: int, n: int, consts: dict) -> dict:
     """gemm_ws's constants for this product on a's GPU: the autotuner's choice among
     gemm_ws_candidates (timed once per shape, type and GPU, then read from disk)."""
+    dev = a.device
+    known = (dev.index, m, k, n, str(a.dtype))
+    if known in _TUNED:                              # decided in this process
+        return _TUNED[known]
     from .. import tune
     from ..runtime.launch import launch
     target = target_of(a)
-    dev = a.device
     problem = {"m": m, "k": k, "n": n, "dtype": str(a.dtype), "target": target,
                "gpu": torch.cuda.get_device_name(dev)}
     candidates = gemm_ws_candidates(target, m, k, n, a.itemsize)
@@ -87,11 +89,11 @@ def _tuned(a: torch.Tensor, m: int, k: int, n: int, consts: dict) -> dict:
     def measure(c):
         x, w = (torch.randn(r, k, device=dev).to(a.dtype) for r in (m, n))
         y = a.new_empty((m, n))
-        grid = (min(c["TM"] * c["TN"], get_target(target).num_cus),)
+        grid = gemm_ws_grid(c, target)
         return tune.graph_time(lambda: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **c), 5)
 
-    return _TUNED.setdefault((dev.index, m, k, n, str(a.dtype)),
-                             tune.tune("gemm_ws", problem, candidates, measure))
+    _TUNED[known] = tune.tune("gemm_ws", problem, candidates, measure)
+    return _TUNED[known]
 
 
 _TUNED: dict = {}

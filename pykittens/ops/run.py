@@ -43,7 +43,7 @@ class CustomOp:
 
         self.function = type(self.name.replace("::", "_"), (torch.autograd.Function,), {
             "forward": staticmethod(forward),
-            "backward": staticmethod(lambda ctx, *grads: backward(ctx, *grads))})
+            "backward": staticmethod(backward)})
 
     def __call__(self, *args):
         if not _eager(args):

@@ -356,29 +356,23 @@ class Function:
         Straight through libcuda by ctypes where the module's context is already current
         (a few microseconds less than the bindings' argument conversion and context
         check), else through the bindings under _OnDevice."""
+        cbuf = ctypes.create_string_buffer(bytes(buf), max(len(buf), 1))
+        size = ctypes.c_size_t(len(buf))
+        extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(cbuf),
+                                      _BUFFER_SIZE, ctypes.addressof(size), _END)
         raw = _raw_driver()
         if raw is not None and raw.current() == self.module.context_address():
-            cbuf = ctypes.create_string_buffer(bytes(buf), max(len(buf), 1))
-            size = ctypes.c_size_t(len(buf))
-            extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(cbuf),
-                                          _BUFFER_SIZE, ctypes.addressof(size), _END)
             err = raw.cuLaunchKernel(int(self.handle), *grid, *block, shared_bytes, stream,
                                      None, extra if buf else None)
-            if err:
-                check((_DRIVER.CUresult(err),), f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
-                      f"shared={shared_bytes})")
-            return
-        with _OnDevice(self.module.device) as d:
-            cbuf = (ctypes.c_char * max(len(buf), 1)).from_buffer(bytearray(buf) or
-                                                                  bytearray(1))
-            size = ctypes.c_size_t(len(buf))
-            extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(cbuf),
-                                          _BUFFER_SIZE, ctypes.addressof(size), _END)
-            err = d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, d.CUstream(stream),
-                                   None, ctypes.addressof(extra) if buf else 0)
-            if int(err[0] if isinstance(err, tuple) else err):
-                check(err, f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
-                      f"shared={shared_bytes})")
+            err = _DRIVER.CUresult(err) if err else 0
+        else:
+            with _OnDevice(self.module.device) as d:
+                err = d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes,
+                                       d.CUstream(stream), None,
+                                       ctypes.addressof(extra) if buf else 0)
+        if int(err[0] if isinstance(err, tuple) else err):
+            check(err, f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
+                  f"shared={shared_bytes})")
 
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------
