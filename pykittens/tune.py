@@ -37,27 +37,41 @@ def cached(name: str, problem: dict, candidates: list[dict]) -> dict | None:
     return best if best in candidates else None
 
 
-def tune(name: str, problem: dict, candidates: list[dict], measure) -> dict:
+def tune(name: str, problem: dict, candidates: list[dict], measure, rounds: int = 3) -> dict:
     """The candidate (a dict of constants) that `measure(candidate) -> seconds` times
     fastest, from the disk cache when this problem was tuned before with these candidates.
-    `problem` (JSON values) names what the choice depends on: shapes, types, the GPU."""
+    `problem` (JSON values) names what the choice depends on: shapes, types, the GPU.
+
+    Each candidate is timed `rounds` times, the rounds interleaved (every candidate once,
+    then again), and ranked by its median: a GPU's clock drifts with its temperature and
+    power over a tuning run (several percent on the H200), so timing each candidate in one
+    block would favour whichever ran while the chip was coolest."""
     if not candidates:
         raise ValueError(f"autotuning {name}: no candidates to time")
+    if rounds < 1:
+        raise ValueError(f"autotuning {name}: rounds must be at least 1, not {rounds}")
     hit = cached(name, problem, candidates)
     if hit is not None:
         return hit
-    timed, failed = [], []
-    for c in candidates:
-        try:
-            timed.append((float(measure(c)), c))
-        except Exception as e:   # noqa: BLE001 - a candidate that cannot run is skipped
-            failed.append({"consts": c, "error": repr(e)})
-    if not timed:
+    times: dict[int, list[float]] = {}
+    failed = []
+    for r in range(rounds):
+        for i, c in enumerate(candidates):
+            if r and i not in times:                    # failed in the first round
+                continue
+            try:
+                times.setdefault(i, []).append(float(measure(c)))
+            except Exception as e:   # noqa: BLE001 - a candidate that cannot run is skipped
+                times.pop(i, None)
+                failed.append({"consts": c, "error": repr(e)})
+    if not times:
         errors = "; ".join(f"{f['consts']}: {f['error']}" for f in failed)
         raise RuntimeError(f"autotuning {name}: every candidate failed ({errors})")
-    best = min(timed, key=lambda tc: tc[0])[1]
+    median = {i: statistics.median(t) for i, t in times.items()}
+    best = candidates[min(median, key=lambda i: (median[i], i))]
     entry = {"problem": problem, "best": best, "failed": failed,
-             "timings": [{"consts": c, "seconds": t} for t, c in timed]}
+             "timings": [{"consts": candidates[i], "seconds": median[i], "rounds": times[i]}
+                         for i in sorted(times)]}
     store(KIND, _key(name, problem, candidates), json.dumps(entry).encode())
     return best
 

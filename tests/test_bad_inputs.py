@@ -609,8 +609,8 @@ LIB = [
                                               "sm_90a"),
      ValueError, r"attention: q must be a \(B, H, N, D\)"),
     ("gemm_ws K", lambda: gemm_ws_launch({"a": Z(128, 100), "b": Z(128, 100)}, "sm_90a"),
-     ValueError, r"gemm_ws copies A and B by TMA: K x element size must be a multiple of 16 "
-                 r"bytes, got K = 100"),
+     ValueError, r"gemm_ws copies A and B by TMA: each stored row of A must be a multiple "
+                 r"of 16 bytes, got K = 100 \(200 bytes\); pad K"),
     ("layernorm TMA", lambda: ln_tma_consts(9000), ValueError,
      r"the TMA schedule stages at most 8192 columns, not 9000"),
     ("unknown target", lambda: attention_fwd_launch({"q": Z(1, 2, 64, 64),

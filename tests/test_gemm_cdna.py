@@ -165,7 +165,7 @@ def test_ops_linear_runs_it_on_cdna(target, monkeypatch):
     from pykittens.ops import run as ops_run
     ops_matmul = sys.modules["pykittens.ops.matmul"]
     monkeypatch.setattr(ops_run, "EMULATE_TARGET", target)
-    assert ops_matmul._plan(target, 70, 96, 130, 2)[0] is gemm_pingpong
+    assert ops_matmul._plan(target, "nn", 70, 96, 130, 2)[0] is gemm_pingpong
     x = torch.randn(70, 96, dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(130, 96) / 10).to(torch.bfloat16).requires_grad_()
     y = pko.linear(x, w)

@@ -79,8 +79,11 @@ def test_gemm_ws_with_a_tma_stored_bf16_c(dt, shape, rng):
     inputs = spec.make_inputs(shape, pk.dtype_of(dt), rng)
     inputs["c"] = np.full((shape[0], shape[1]), np.nan, pk.bf16.np)
     grid, consts = spec.launch(inputs, "sm_90a")
-    assert consts["TMA_STORE"] == 1 and consts["PROMOTE"] == (dt == "e4m3")
-    assert consts["STAGES"] == (3 if consts["BN"] == 256 else 4)   # beside C's staging
+    assert consts["PROMOTE"] == (dt == "e4m3") and consts["STAGES"] == 4
+    # 128-wide blocks stage C for the TMA unit; 256-wide ones store it from registers,
+    # unless told to stage it (then three ring stages beside the staging)
+    assert consts.get("TMA_STORE", 0) == (consts["BN"] == 128)
+    consts = {**consts, "TMA_STORE": 1, "STAGES": 3 if consts["BN"] == 256 else 4}
     out = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs, **consts)["c"]
     assert rel_err(out, spec.reference(inputs)["c"]) < 1e-2       # bf16 rounding of C
     ops = _ptx_ops(spec.kernel, DT=dt, OUT="bf16", TMA_STORE=1, STAGES=3)
@@ -92,6 +95,56 @@ def test_gemm_ws_rejects_k_rows_tma_cannot_copy():
     bad = {"a": np.zeros((64, 100), pk.bf16.np), "b": np.zeros((64, 100), pk.bf16.np)}
     with pytest.raises(ValueError, match="multiple of 16 bytes, got K = 100"):
         spec.launch(bad, "sm_90a")
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn"])
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_gemm_ws_reads_mn_major_operands_as_stored(layout, dt, rng):
+    """LAYOUT "nn" (B stored K x N) and "tn" (A stored K x M too): ragged in M, N and K,
+    persistent over several blocks, against float64 products of the stored arrays."""
+    from pykittens.kernels import gemm_ws_launch
+    m, n, k = 152, 296, 312
+    np_dt = pk.dtype_of(dt).np
+    a = rng.standard_normal((m, k) if layout == "nn" else (k, m)).astype(np_dt)
+    b = rng.standard_normal((k, n)).astype(np_dt)
+    want = (a.astype(np.float64) if layout == "nn" else a.astype(np.float64).T) @ \
+        b.astype(np.float64)
+    inputs = {"a": a, "b": b, "c": np.full((m, n), np.nan, np_dt)}
+    (grid,), consts = gemm_ws_launch(inputs, "sm_90a", layout=layout)
+    assert consts["LAYOUT"] == layout and (consts["TM"], consts["TN"]) == (2, 3)
+    for g in (grid, 1):
+        out = pk.emulate(KERNELS["gemm_ws"].kernel, grid=(g,), target="sm_90a", **inputs,
+                         **consts)["c"]
+        assert rel_err(out, want) < 1e-2                          # C rounded to 16 bits
+    asm = compiler.assembly(KERNELS["gemm_ws"].kernel, "sm_90a", DT=dt, OUT=dt, **consts)
+    trans = re.findall(r"wgmma\.mma_async\S+ \{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, (\d), (\d);",
+                       asm)
+    assert set(trans) == {("1" if layout == "tn" else "0", "1")}  # imm-trans-a, imm-trans-b
+
+
+def test_gemm_ws_layout_errors():
+    from pykittens.kernels import gemm_ws_launch
+    z = lambda *s, dt=pk.bf16: np.zeros(s, dt.np)                  # noqa: E731
+    with pytest.raises(ValueError, match="fp8 operands K-major only"):
+        gemm_ws_launch({"a": z(64, 128, dt=pk.e4m3), "b": z(128, 64, dt=pk.e4m3)}, "sm_90a",
+                       layout="nn")
+    with pytest.raises(ValueError, match="stored row of A must be a multiple of 16 bytes, "
+                                         "got M = 100"):
+        gemm_ws_launch({"a": z(64, 100), "b": z(64, 128)}, "sm_90a", layout="tn")
+    with pytest.raises(ValueError, match="do not agree in K"):
+        gemm_ws_launch({"a": z(64, 128), "b": z(64, 128)}, "sm_90a", layout="nn")
+    with pytest.raises(ValueError, match="layout is 'nt', 'nn' or 'tn'"):
+        gemm_ws_launch({"a": z(64, 128), "b": z(64, 128)}, "sm_90a", layout="tt")
+
+    @pk.kernel(num_waves=4)
+    def atb_regs(c: pk.gl[pk.f32, 2]):
+        acc = pk.zeros(pk.rt((16, 64), pk.f32, role="acc"))
+        pk.mma_AtB(acc, pk.zeros(pk.rt((16, 64), pk.bf16, role="a")),
+                   pk.empty(pk.st((64, 64), pk.bf16, swizzle=8)))
+
+    with pytest.raises(pk.KernelError, match="mma_AtB with b in shared memory reads a from "
+                                             "shared memory too"):
+        compiler.lane_ir(atb_regs, "sm_90a")
 
 
 @pytest.mark.parametrize("dt,n", [("bf16", 16), ("bf16", 256), ("f16", 96), ("e4m3", 128),  # 96: not a power of two
@@ -268,19 +321,45 @@ def test_mma_wait_errors():
 
 @pytest.mark.parametrize("c_dtype", [np.float32, pk.bf16.np])
 def test_persistent_gemm_ws_walks_several_blocks(c_dtype, rng):
-    """9 blocks on grids of 9, 2 and 1 workgroups: the ring (and, for bf16 C, the staging
-    tiles of the TMA-store epilogue) carries on from block to block."""
+    """9 blocks on grids of 9, 2 and 1 workgroups: the ring (and, for bf16 C stored
+    through the TMA unit, the staging tiles) carries on from block to block."""
+    from pykittens.kernels import gemm_ws_launch
     spec = KERNELS["gemm_ws"]
     inputs = spec.make_inputs((300, 600, 256), pk.bf16, rng)
     inputs["c"] = np.full((300, 600), np.nan, c_dtype)
-    (grid,), consts = spec.launch(inputs, "sm_90a")
+    (grid,), consts = gemm_ws_launch(inputs, "sm_90a", bn=256)
     assert grid == 9 and consts["PERSISTENT"] == 1 and (consts["TM"], consts["TN"]) == (3, 3)
     ref = spec.reference(inputs)["c"]
     for g in (9, 2, 1):
         out = pk.emulate(spec.kernel, grid=(g,), target="sm_90a", **inputs, **consts)["c"]
         assert rel_err(out, ref) < (1e-6 if c_dtype == np.float32 else 1e-2)
+    if c_dtype != np.float32:          # the TMA-store epilogue's staging tiles carry on too
+        staged = {**consts, "TMA_STORE": 1, "STAGES": 3}
+        out = pk.emulate(spec.kernel, grid=(2,), target="sm_90a", **inputs, **staged)["c"]
+        assert rel_err(out, ref) < 1e-2
     big = {"a": np.empty((4096, 64), pk.bf16.np), "b": np.empty((4096, 64), pk.bf16.np)}
     assert spec.launch(big, "sm_90a")[0] == (132,)          # one workgroup per SM
+    assert spec.launch(big, "sm_90a")[1]["BN"] == 256
+    # 256-wide blocks that would leave SMs idle (4 x 3 of them here) become 128 wide
+    small = {"a": np.empty((512, 64), pk.bf16.np), "b": np.empty((600, 64), pk.bf16.np)}
+    assert spec.launch(small, "sm_90a")[1]["BN"] == 128
+
+
+@pytest.mark.parametrize("interval", [2, 4])
+def test_fp8_promotion_every_few_k_steps(interval, rng):
+    """PROMOTE=n adds n K steps' products at a time; 3 and 5 steps leave a tail shorter
+    than the interval (and, for 3 steps of 4, no whole interval at all)."""
+    from pykittens.kernels import gemm_ws_launch
+    spec = KERNELS["gemm_ws"]
+    for k in (384, 640):
+        inputs = spec.make_inputs((150, 300, k), pk.e4m3, rng)
+        (grid,), consts = gemm_ws_launch(inputs, "sm_90a", promote=interval)
+        assert (consts["PROMOTE"], consts["BN"]) == (interval, 128)
+        for g in (grid, 1):
+            out = pk.emulate(spec.kernel, grid=(g,), target="sm_90a", **inputs, **consts)["c"]
+            assert rel_err(out, spec.reference(inputs)["c"]) < 1e-6
+    with pytest.raises(ValueError, match="promote= is True, False or a number of K steps"):
+        gemm_ws_launch(inputs, "sm_90a", promote=-1)
 
 
 def test_fp8_promotion_adds_each_k_step_in_f32(rng):

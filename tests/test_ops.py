@@ -187,6 +187,24 @@ def test_linear(k):
     check_grads(lambda x, w: pko.linear(x, w), lambda x, w: F.linear(x, w), (x, w), dtype)
 
 
+def test_linear_backward_reads_operands_as_stored():
+    """With rows TMA can copy, the gradients are gemm_ws products of the saved tensors as
+    they are (LAYOUT "nn" for dX = dY W, "tn" for dW = dY^T X), not transposed copies."""
+    import sys
+    M = sys.modules["pykittens.ops.matmul"]        # (pykittens.ops.matmul is the function)
+    dtype = torch.bfloat16
+    x, w = leaves((2, 24, 128), (72, 128), dtype=dtype)
+    w.data /= 8
+    check_grads(lambda x, w: pko.linear(x, w), lambda x, w: F.linear(x, w), (x, w), dtype)
+    for form, (m, k, n) in (("nt", (48, 128, 72)), ("nn", (48, 72, 128)),
+                            ("tn", (72, 48, 128))):
+        kernel, _, consts = M._plan("sm_90a", form, m, k, n, 2)
+        assert kernel is M.gemm_ws and consts.get("LAYOUT", "nt") == form
+    assert M.ws_layout("sm_90a", "tn", 70, 48, 128, 2) == "nt"      # 140-byte rows of dY
+    assert M.ws_layout("sm_90a", "nn", 48, 70, 128, 2) is None      # K rows TMA can't copy
+    assert M.ws_layout("gfx950", "nn", 48, 64, 128, 2) is None
+
+
 def test_matmul():
     dtype = torch.float16
     a, b = leaves((3, 20, 96), (96, 40), dtype=dtype)

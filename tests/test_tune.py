@@ -30,11 +30,23 @@ def test_the_fastest_is_kept_and_timed_once(cache_dir):
     calls = []
     problem = {"m": 4096, "gpu": "NVIDIA H200"}
     assert tune.tune("gemm_ws", problem, CANDS, timer(calls)) == CANDS[1]
-    assert calls == CANDS
+    assert calls == CANDS * 3                               # three interleaved rounds
     assert tune.tune("gemm_ws", problem, CANDS, timer(calls)) == CANDS[1]
-    assert len(calls) == 3                                  # from disk: nothing timed
+    assert len(calls) == 9                                  # from disk: nothing timed
     entry = json.loads(next((cache_dir / tune.KIND).iterdir()).read_bytes()[44:])
     assert [t["seconds"] for t in entry["timings"]] == [3.0, 1.0, 2.0]
+
+
+def test_candidates_are_ranked_by_their_median_over_interleaved_rounds(cache_dir):
+    """A clock that slows as the run goes on: candidate 0, timed first in every round,
+    wins one round by drift alone, but candidate 1 is faster in the median."""
+    times = [0.97, 0.98, 2.0,    1.10, 1.01, 2.0,    1.20, 1.05, 2.0]
+    rounds = iter(times)
+    assert tune.tune("gemm_ws", {"m": 5}, CANDS, lambda c: next(rounds)) == CANDS[1]
+    once = iter(times)                                      # one round: the drift decides
+    assert tune.tune("gemm_ws", {"m": 7}, CANDS, lambda c: next(once), rounds=1) == CANDS[0]
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        tune.tune("gemm_ws", {"m": 6}, CANDS, lambda c: 1.0, rounds=0)
 
 
 def test_another_gpu_shape_or_candidate_list_tunes_again(cache_dir):
@@ -43,7 +55,7 @@ def test_another_gpu_shape_or_candidate_list_tunes_again(cache_dir):
     tune.tune("gemm_ws", {"m": 4096, "gpu": "NVIDIA H100"}, CANDS, timer(calls))
     tune.tune("gemm_ws", {"m": 8192, "gpu": "NVIDIA H200"}, CANDS, timer(calls))
     tune.tune("gemm_ws", {"m": 4096, "gpu": "NVIDIA H200"}, CANDS[1:], timer(calls))
-    assert len(calls) == 3 * 3 + 2
+    assert len(calls) == (3 * 3 + 2) * 3
 
 
 def test_failures_are_skipped_and_named(cache_dir):
@@ -68,7 +80,7 @@ def test_a_corrupt_or_stale_entry_tunes_again(cache_dir):
     path = next((cache_dir / tune.KIND).iterdir())
     path.write_bytes(path.read_bytes()[:-3])                # truncated
     assert tune.tune("gemm_ws", problem, CANDS, timer(calls)) == CANDS[1]
-    assert len(calls) == 6
+    assert len(calls) == 18
     key = path.name                                          # an entry naming no candidate
     cache.store(tune.KIND, key, json.dumps({"best": {"MAP": "gone"}}).encode())
     assert tune.cached("gemm_ws", problem, CANDS) is None
@@ -87,5 +99,10 @@ def test_gemm_ws_candidates_start_with_the_launch_rule():
         op = Gemm(c["TM"] * 128, c["TN"] * c["BN"], k, bm=128, bn=c["BN"], bk=64)
         assert parse_mapping(c["MAP"], op, "sm_90a").spec == c["MAP"]
     assert {c["BN"] for c in cands} == {128, 256}
+    assert {c["PERSISTENT"] for c in cands} == {0, 1}
+    from pykittens.kernels import gemm_ws_grid
+    per_tile = next(c for c in cands if not c["PERSISTENT"])
+    assert gemm_ws_grid(per_tile, "sm_90a") == (per_tile["TM"] * per_tile["TN"],)
+    assert gemm_ws_grid(cands[0], "sm_90a") == (132,)
     with pytest.raises(ValueError, match="128 or 256 wide"):
         gemm_ws_launch(i, "sm_90a", bn=64)

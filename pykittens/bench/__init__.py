@@ -23,11 +23,11 @@ def text_table(rows: list[list], header: list | None = None) -> str:
     return "\n".join(head + [line(r) for r in rows])
 
 
-def run_steps(name: str, steps: dict, env: dict, argv=None) -> int:
+def run_steps(name: str, steps: dict, env: dict, argv=None, header=None) -> int:
     """A GPU script's main: run its steps (name -> fn(rows, details)), or only those named on
     the command line, each failure a row rather than the end of the run; write
-    $OUT/<name>.json when OUT is set; print the environment and the table of rows last.
-    Exit status 1 when a row ends in FAIL or holds ERROR."""
+    $OUT/<name>.json when OUT is set; print the environment and the table of rows (under
+    `header`, if given) last. Exit status 1 when a row ends in FAIL or holds ERROR."""
     t0 = time.time()
     only = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--")]
     rows, details = [], []
@@ -46,5 +46,5 @@ def run_steps(name: str, steps: dict, env: dict, argv=None) -> int:
         with open(os.path.join(out, f"{name}.json"), "w") as f:
             json.dump({"env": env, "results": details}, f, indent=2, default=str)
     print(f"\n{env}  ({time.time() - t0:.0f}s)")
-    print(text_table(rows))
+    print(text_table(rows, header))
     return 1 if any(str(r[-1]).endswith("FAIL") or "ERROR" in r for r in rows) else 0

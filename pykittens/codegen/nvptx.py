@@ -467,7 +467,7 @@ class NVPTXRenderer(Renderer):
         """wgmma.fence; one m64nNk16 (k32 for fp8) per K step: A from this wave's registers
         or by descriptor, B by descriptor, accumulating in place; commit; wait for the
         group. K-major operands (mma_ABt) step 32 bytes along their 128-byte rows;
-        MN-major B (mma_AB) steps 16 rows."""
+        MN-major ones (B of mma_AB, A and B of mma_AtB) step 16 rows."""
         region, n, k = op.attrs["region"], op.attrs["n"], op.attrs["k"]
         a_region, kmajor, kstep = op.attrs["a_region"], op.attrs["b_kmajor"], op.attrs["kstep"]
         aty, bty = op.attrs["a_dtype"], region.tile.dtype.name
@@ -481,8 +481,9 @@ class NVPTXRenderer(Renderer):
         fp8 = region.tile.dtype.bits == 8
         # fp8 wgmma has no transpose operands (K-major only); 16-bit ones take imm-trans-b
         # (and imm-trans-a with A in shared memory): 1 = MN-major
-        b_trans = int(not kmajor)
-        trans = "" if fp8 else (f", 0, {b_trans}" if a_region is not None else f", {b_trans}")
+        b_trans, a_trans = int(not kmajor), int(not op.attrs["a_kmajor"])
+        trans = "" if fp8 else (f", {a_trans}, {b_trans}" if a_region is not None
+                                else f", {b_trans}")
         if a_region is None:
             a = self.read(op.srcs[0])
             per = 32 * 4 // region.tile.dtype.bits          # elements in 4 words
@@ -501,9 +502,10 @@ class NVPTXRenderer(Renderer):
                 a_ops = [self.extract(words, i) for i in range(4)]
                 a_text, a_cons = _asm_operands(nd, 4), ["r"] * 4
             else:
-                at = a_region.tile
+                at = a_region.tile               # MN-major A: one 64-wide block, as B's
                 a_ops = [self._wgmma_desc(
-                    a_region, self._kmajor_offset(at, kk * kstep * at.dtype.bytes), 16)]
+                    a_region, self._kmajor_offset(at, kk * kstep * at.dtype.bytes), 16)
+                    if not a_trans else self._wgmma_desc(a_region, kk * kstep * 128, 1024)]
                 a_text, a_cons = f"${nd}", ["l"]
             na = len(a_ops)
             text = (f"{{ .reg .pred p; setp.ne.b32 p, ${nd + na + 1}, 0; "

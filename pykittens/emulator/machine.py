@@ -533,7 +533,8 @@ class _Machine:
     def _run_wgmma(self, w, op, a_regs, regions):
         """acc += A @ B: B read from its shared tile (K x N, or N x K when K-major), A from
         the registers taken at issue or from this wave's 16 rows of the warpgroup's shared
-        64 x K tile (with swizzle, ordering and initialisation checks); acc in registers.
+        64 x K tile (K x 64 when MN-major), with swizzle, ordering and initialisation
+        checks; acc in registers.
         The shared tiles are the stages picked when the group was issued."""
         (region, a_region), n, k = regions, op.attrs["n"], op.attrs["k"]
         kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
@@ -541,7 +542,8 @@ class _Machine:
                                                  (kk, nn)))
         if a_region is not None:                     # rows of this wave within its warpgroup
             rows = (w.wave % 4) * 16 + np.arange(16)[:, None]
-            A = self._shared_matrix(w, op, a_region, rows, kk.T)
+            A = self._shared_matrix(w, op, a_region, rows, kk.T) if op.attrs["a_kmajor"] \
+                else self._shared_matrix(w, op, a_region, kk, rows.T).T
         else:
             A = _matrix(op.attrs["a_layout"], a_regs, np.float64)
         if op.attrs.get("zero"):                 # scale-d = 0: acc is not read

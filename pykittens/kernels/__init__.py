@@ -400,39 +400,73 @@ class Operand:
         self.shape, self.itemsize = shape, itemsize
 
 
-def gemm_ws_launch(i, target, promote: bool | None = None, bn: int | None = None):
+def gemm_ws_dims(layout: str, a_shape, b_shape) -> tuple[int, int, int]:
+    """(m, k, n) of gemm_ws's product with A and B stored as `layout` says ("nt": A M x K,
+    B N x K; "nn": B K x N; "tn": A K x M, B K x N)."""
+    if layout not in ("nt", "nn", "tn"):
+        raise ValueError(f"gemm_ws layout is 'nt', 'nn' or 'tn', not {layout!r}")
+    m, k = a_shape if layout[0] == "n" else a_shape[::-1]
+    kb, n = b_shape[::-1] if layout[1] == "t" else b_shape
+    if kb != k:
+        raise ValueError(f"gemm_ws ({layout}): A {tuple(a_shape)} and B {tuple(b_shape)} do "
+                         f"not agree in K ({k} vs {kb})")
+    return m, k, n
+
+
+def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None = None,
+                   layout: str = "nt"):
     """(grid, consts) of gemm_ws for inputs `i`: persistent (one workgroup per SM walks the
     blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
     step's products to the f32 accumulator unless promote=False (PROMOTE=1, BN = 128: the
     tensor cores' fp8 accumulation keeps fewer bits; without it, BN = 256 at their full
-    rate). A 16-bit C leaves through shared memory and TMA stores. TMA copies A and B: their
-    rows (K elements) must be multiples of 16 bytes. bn=128 or 256 overrides the block width
-    (an autotuner's candidate)."""
-    (m, k), (n, _) = i["a"].shape, i["b"].shape
+    rate); promote=n promotes every n K steps instead (faster, less exact). A 16-bit C leaves through shared memory and TMA stores. TMA copies A and B: their
+    stored rows must be multiples of 16 bytes. bn=128 or 256 overrides the block width
+    (an autotuner's candidate). layout: how A and B are stored (gemm_ws's LAYOUT; MN-major
+    operands are 16-bit only)."""
+    m, k, n = gemm_ws_dims(layout, i["a"].shape, i["b"].shape)
     esz = rows.itemsize(i["a"])
-    if k * esz % 16:
-        raise ValueError(f"gemm_ws copies A and B by TMA: K x element size must be a "
-                         f"multiple of 16 bytes, got K = {k} ({k * esz} bytes); pad K")
-    promote = esz == 1 if promote is None else bool(promote and esz == 1)
+    if layout != "nt" and esz != 2:
+        raise ValueError(f"gemm_ws reads fp8 operands K-major only (layout 'nt': A M x K, "
+                         f"B N x K), not {layout!r}; transpose the operands first")
+    row_dims = {"a": "K" if layout[0] == "n" else "M", "b": "K" if layout[1] == "t" else "N"}
+    for name, dim in row_dims.items():
+        row = i[name].shape[1]
+        if row * esz % 16:
+            raise ValueError(f"gemm_ws copies A and B by TMA: each stored row of {name.upper()}"
+                             f" must be a multiple of 16 bytes, got {dim} = {row} "
+                             f"({row * esz} bytes); pad {dim}")
+    if promote is not None and (type(promote) not in (bool, int) or promote < 0):
+        raise ValueError(f"gemm_ws promote= is True, False or a number of K steps, not "
+                         f"{promote!r}")
+    promote = int(esz == 1 if promote is None else promote) if esz == 1 else 0
     if bn not in (None, 128, 256):
         raise ValueError(f"gemm_ws blocks are 128 or 256 wide, not {bn}")
-    bn = bn or (128 if n <= 128 or promote else 256)
-    _, consts = _gemm_launch(i, target, bm=128, bn=bn, n=n)
+    if bn is None:            # 128 wide where 256-wide blocks would leave SMs without one
+        from ..targets import get
+        few = -(-m // 128) * -(-n // 256) < get(target).num_cus
+        bn = 128 if n <= 128 or promote or few else 256
+    _, consts = _gemm_launch({"a": Operand((m, k), esz)}, target, bm=128, bn=bn, n=n)
+    if layout != "nt":
+        consts["LAYOUT"] = layout
     c = i.get("c")
-    tma_store = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
-    # shared memory: 4 ring stages, 3 beside the 64 KiB of C staging of 256-wide blocks;
-    # 3 when promoting into f32 C (its registers leave ptxas no room for a fourth branch)
-    stages = 3 if (tma_store and bn == 256) or (promote and not tma_store) else 4
-    consts = {**consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": int(promote),
+    # a 16-bit C of 128-wide blocks leaves through shared memory and TMA stores; 256-wide
+    # blocks store from registers, as the 64 KiB of staging would cost the ring its fourth
+    # stage, which measured worth more (H200, 8192³ bf16: 659 against 622 TFLOP/s)
+    tma_store = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0 and bn == 128
+    # 3 ring stages when promoting into f32 C (its registers leave ptxas no room for a
+    # fourth branch), else 4
+    stages = 3 if promote and not tma_store else 4
+    consts = {**consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": promote,
               **({"TMA_STORE": 1} if tma_store else {})}
     return gemm_ws_grid(consts, target), consts
 
 
 def gemm_ws_grid(consts: dict, target) -> tuple[int]:
-    """The persistent grid of gemm_ws with these constants: at most one workgroup per SM
-    over its TM x TN blocks."""
+    """The grid of gemm_ws with these constants: persistent, at most one workgroup per SM
+    over its TM x TN blocks; else one workgroup per block."""
     from ..targets import get
-    return (min(consts["TM"] * consts["TN"], get(target).num_cus),)
+    blocks = consts["TM"] * consts["TN"]
+    return (min(blocks, get(target).num_cus) if consts.get("PERSISTENT", 0) else blocks,)
 
 
 def _gemm_wgmma_launch(i, target):
@@ -562,7 +596,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                targets=("sm_90a",)),          # mbarriers and warp roles: Hopper
 )}
 
-__all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_grid", "gemm_ws_launch",
+__all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_dims", "gemm_ws_grid",
+           "gemm_ws_launch",
            "ln_tma_consts", "rel_err", "row_launch", "stats_launch", "ln_launch",
            "ln_grad_launch", "rms_grad_launch", "rope_launch", "softmax_grad_launch",
            "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",

@@ -76,9 +76,15 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, PERSISTENT: pk.const = 0,
             PROMOTE: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
-            TN: pk.const = 0, TARGET: pk.target = None):
+            TN: pk.const = 0, LAYOUT: pk.const = "nt", TARGET: pk.target = None):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, 128 x BN output blocks.
+
+    LAYOUT names how A and B are stored, as BLAS does for C = op(A) op(B): "nt" (the
+    default) A M x K, B N x K; "nn" B K x N (C = A @ B); "tn" A K x M too (C = A.T @ B).
+    The tensor cores read MN-major operands from shared memory as they are (16-bit types
+    only), so neither is copied transposed first: a linear layer's backward (dX = dY W,
+    dW = dY^T X) runs on the tensors autograd holds.
 
     Warp-specialised: warpgroup 0 is the producer (40 registers a thread): one wave has the
     TMA unit copy each K step's two 64-row blocks of A and the BN-row block of B into a
@@ -92,16 +98,19 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     runs on across blocks, so the producer loads the next block while the consumers store
     this one.
 
-    PROMOTE=1 (fp8): Hopper's fp8 wgmma accumulates with fewer bits than f32 (about 1e-3
-    relative at K = 4096); each K step's products go to a fresh accumulator instead, added
-    to the f32 one in registers (twice the accumulator registers: BN = 128).
+    PROMOTE=n (fp8): Hopper's fp8 wgmma accumulates with fewer bits than f32 (about 1e-3
+    relative at K = 4096); the products of n K steps at a time go to a second accumulator
+    instead, added to the f32 one in registers once its groups have retired (twice the
+    accumulator registers: BN = 128). The tensor cores idle while it is added, so larger
+    n trades accuracy for speed.
 
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
     of C from registers."""
     ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
                 ws_store(c, OUT, BN, TMA_STORE),
-                DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE)
+                DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE,
+                LAYOUT=LAYOUT)
 
 
 def ws_store(c, OUT, BN, TMA_STORE):
@@ -123,8 +132,12 @@ def ws_store(c, OUT, BN, TMA_STORE):
 PRODUCER_REGS = 48
 
 
+# gemm_ws's operand layouts (BLAS's C = op(A) op(B)) -> the warpgroup MMA reading them
+LAYOUTS = {"nt": pk.mma_ABt, "nn": pk.mma_AB, "tn": pk.mma_AtB}
+
+
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
-                before_loads=None, side_work=None, after_tiles=None):
+                LAYOUT="nt", before_loads=None, side_work=None, after_tiles=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
@@ -133,11 +146,18 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     t counting this workgroup's blocks (i = block t's index); persistent, each consumer wave
     then calls `after_tiles(g, i)` with its last block's index, if it had any. The producer
     warpgroup's other three waves, idle otherwise, run `side_work(i, 3)` (i = 0, 1, 2)
-    alongside, e.g. moving data between GPUs."""
+    alongside, e.g. moving data between GPUs. LAYOUT: how A and B are stored (gemm_ws)."""
+    if LAYOUT not in LAYOUTS:
+        raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
+    mma, a_kmajor, b_kmajor = LAYOUTS[LAYOUT], LAYOUT[0] == "n", LAYOUT[1] == "t"
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
-    a_t = pk.st((64, bk), DT, swizzle=8)
-    ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t], b=pk.st((BN, bk), DT, swizzle=8))
-    steps = (a.shape[1] + bk - 1) // bk
+    a_t = pk.st((64, bk) if a_kmajor else (bk, 64), DT, swizzle=8)
+    ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t],
+                   b=pk.st((BN, bk) if b_kmajor else (bk, BN), DT, swizzle=8))
+    steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
+
+    def at(kmajor, row, k):           # a block's origin in its operand as stored
+        return (row, k) if kmajor else (k, row)
     walk = pk.tile_walk(tiles, persistent=PERSISTENT)
     with pk.role(0, 4, regs=40 if side_work is None else PRODUCER_REGS):
         with pk.if_(pk.wave_id() == 0):
@@ -148,32 +168,51 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                 for i in pk.range(steps):
                     s = ring.acquire(t * steps + i)
                     for g in pk.static_range(2):
-                        pk.tma_load(s.a[g], a, (m0 + 64 * g, i * bk), s.full)
-                    pk.tma_load(s.b, b, (n0, i * bk), s.full)
+                        pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
+                    pk.tma_load(s.b, b, at(b_kmajor, n0, i * bk), s.full)
         if side_work is not None:
             with pk.if_(pk.wave_id() > 0):
                 side_work(pk.wave_id() - 1, 3)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=232):
             acc = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
-            part = pk.empty(acc.type) if PROMOTE else None      # one K step's products
+            part = pk.empty(acc.type) if PROMOTE else None   # PROMOTE steps' products
+            if PROMOTE:
+                pk.fill(part, 0.0)
             for t in walk:
                 m0, n0 = tile_of(walk.tile(t))
                 pk.fill(acc, 0.0)
-                for i in pk.range(steps):
+
+                def step(i, into):
                     k = t * steps + i
                     s = ring.wait(k)
-                    if PROMOTE:
-                        pk.fill(part, 0.0)
-                        pk.mma_ABt(part, s.a[g], s.b)
-                        ring.release(k)
-                        acc += part
-                    else:
-                        pk.mma_ABt(acc, s.a[g], s.b, in_flight=1)
-                        with pk.if_(k > 0):                  # step k - 1's group retired
-                            ring.release(k - 1)
-                pk.mma_wait(acc)
+                    mma(into, s.a[g], s.b, in_flight=1)
+                    with pk.if_(k > 0):                      # step k - 1's group retired
+                        ring.release(k - 1)
+
+                if PROMOTE:
+                    # whole intervals unrolled, then the rest: no wgmma wait in a branch
+                    # (ptxas serializes every wgmma of a kernel that has one)
+                    whole = steps // PROMOTE
+                    for j in pk.range(whole):
+                        for h in pk.static_range(PROMOTE):
+                            step(j * PROMOTE + h, part)
+                        promote(acc, part)
+                    for i in pk.range(whole * PROMOTE, steps):
+                        step(i, part)
+                    promote(acc, part)                       # (zeros when none were left)
+                else:
+                    for i in pk.range(steps):
+                        step(i, acc)
+                    pk.mma_wait(acc)
                 store(g, acc, m0, n0, t, walk.tile(t))
             if after_tiles is not None and PERSISTENT:
                 with pk.if_(walk.mine > 0):
                     after_tiles(g, walk.tile(walk.mine - 1))
+
+
+def promote(acc, part) -> None:
+    """acc += part once part's wgmma groups have retired; part starts again from zero."""
+    pk.mma_wait(part)
+    acc += part
+    pk.fill(part, 0.0)

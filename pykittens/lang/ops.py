@@ -758,27 +758,33 @@ def _check_in_flight(n):
 
 
 def _mma_shared_b(trans, d: RT, a, b: ST, c, in_flight=0):
-    """d <- a @ b + c (mma_AB, b stored K x N) or a @ b.T + c (mma_ABt, b stored N x K) with
-    b read straight from shared memory: Hopper's warpgroup wgmma. `a` is this wave's
-    (16, K) register tile (role 'a'), or a shared tile holding the warpgroup's 64 rows
-    (64, K) with 128-byte rows, swizzle=8; each wave gets its 16 rows of d."""
-    if trans not in ("NN", "NT"):
-        raise error("mma with b in shared memory is mma_AB (b stored K x N) or mma_ABt "
-                    "(b stored N x K)")
+    """d <- a @ b + c (mma_AB, b stored K x N), a @ b.T + c (mma_ABt, b stored N x K) or
+    a.T @ b + c (mma_AtB, a stored K x 64 in shared memory, b stored K x N) with b read
+    straight from shared memory: Hopper's warpgroup wgmma. `a` is this wave's (16, K)
+    register tile (role 'a'), or a shared tile holding the warpgroup's 64 rows: (64, K)
+    K-major, or (K, 64) MN-major for mma_AtB (16-bit types), 128-byte rows, swizzle=8; each
+    wave gets its 16 rows of d."""
+    if trans not in ("NN", "NT", "TN"):
+        raise error("mma with b in shared memory is mma_AB (b stored K x N), mma_ABt "
+                    "(b stored N x K) or mma_AtB (a shared K x 64, b stored K x N)")
     name = f"mma_{_TNAME[trans]}"
     if not isinstance(d, RT) or d.type.role != "acc" or d.dtype != T.f32:
         raise error(f"{name}: d must be an f32 accumulator tile: pk.rt(..., pk.f32, role='acc')")
+    if trans == "TN" and not isinstance(a, ST):
+        raise error("mma_AtB with b in shared memory reads a from shared memory too: a "
+                    "(K, 64) shared tile holding the warpgroup's 64 columns of a")
     if isinstance(a, ST):
-        if a.shape[0] != 64:
-            raise error(f"{name}: a shared a holds the warpgroup's 64 rows: (64, K), "
-                        f"got {a.shape}")
-        m, k = 16, a.shape[1]
+        rows, k = a.shape if trans[0] == "N" else a.shape[::-1]
+        if rows != 64:
+            raise error(f"{name}: a shared a holds the warpgroup's 64 rows: "
+                        f"{'(64, K)' if trans[0] == 'N' else '(K, 64)'}, got {a.shape}")
+        m = 16
     elif isinstance(a, RT) and a.type.role == "a" and a.type.layout == "row":
         m, k = a.shape
     else:
         raise error(f"{name} with shared b: a must be pk.rt((16, K), dtype, role='a') or a "
                     "shared (64, K) tile")
-    bk, n = b.shape if trans == "NN" else b.shape[::-1]
+    bk, n = b.shape if trans[1] == "N" else b.shape[::-1]
     if bk != k or d.shape != (m, n):
         raise error(f"{name}: shapes d{d.shape} a{a.shape} b{b.shape} do not form "
                     "(M x K) @ (K x N) -> (M x N), M = 16 rows per wave")
@@ -845,9 +851,11 @@ def mma_ABt(d, a, b, c=None, *, scale_a=None, scale_b=None, in_flight=0):
     return _mma("NT", d, a, b, c, scale_a, scale_b, in_flight)
 
 
-def mma_AtB(d, a, b, c=None, *, scale_a=None, scale_b=None):
-    """d <- a.T @ b + c: a is stored K x M."""
-    return _mma("TN", d, a, b, c, scale_a, scale_b)
+def mma_AtB(d, a, b, c=None, *, scale_a=None, scale_b=None, in_flight=0):
+    """d <- a.T @ b + c: a is stored K x M. On Hopper `a` and `b` may both be shared tiles
+    (a K x 64 holding the warpgroup's 64 columns, b K x N; 16-bit types, 128-byte rows,
+    swizzle=8): warpgroup wgmma reading both MN-major (in_flight= as in mma_AB)."""
+    return _mma("TN", d, a, b, c, scale_a, scale_b, in_flight)
 
 
 # ---- control flow -------------------------------------------------------------------------

@@ -46,10 +46,11 @@ Op kinds (attrs in brackets):
   tma_store(r0, c0)[gl, tmap, region, add]   Hopper bulk tensor copy of the shared tile to the
                                      box at (r0, c0) of `gl` (outside the tensor: dropped;
                                      add: added into the tensor, TMA's reduction)
-  wgmma(a?, acc)[region, a_region, b_kmajor, a_layout, acc_layout, n, k, kstep, a_dtype,
-        in_flight]                   Hopper warpgroup MMA: acc += a @ b, b the shared tile in
+  wgmma(a?, acc)[region, a_region, b_kmajor, a_kmajor, a_layout, acc_layout, n, k, kstep,
+        a_dtype, in_flight]          Hopper warpgroup MMA: acc += a @ b, b the shared tile in
                                      `region` (K x N, or N x K when b_kmajor), a this wave's
-                                     registers or `a_region` (64 x K, the warpgroup's rows);
+                                     registers or `a_region` (64 x K, the warpgroup's rows;
+                                     K x 64 unless a_kmajor);
                                      each wave owns 16 rows of acc. One commit group; returns
                                      once at most `in_flight` groups are still running
   wgmma_wait(*accs)[in_flight]       wait until at most `in_flight` groups run; accs readable

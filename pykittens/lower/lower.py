@@ -488,7 +488,8 @@ class _Lowering:
         a from each wave's registers (16 rows) or, with mma_ABt, from a shared 64 x K tile
         holding the warpgroup's rows. Each wave owns 16 rows of d."""
         a_v, b_v, c_v = op.srcs
-        st, kmajor = b_v.type, op.attrs["trans"] == "NT"
+        st, kmajor = b_v.type, op.attrs["trans"][1] == "T"
+        a_kmajor = op.attrs["trans"][0] == "N"
         if self.t.family != "hopper":
             raise self.err(f"mma with b in shared memory is Hopper's wgmma form; on "
                            f"{self.t.name} load b into a register tile (role='b')",
@@ -515,17 +516,21 @@ class _Lowering:
         if self.k.num_waves % 4:
             raise self.err("wgmma is warpgroup-wide: num_waves must be a multiple of 4")
         a_shared = isinstance(a_v.type, T.SharedTileType)
-        if a_shared and (a_v.type.swizzle != 8 or a_v.type.shape[1] * a_v.type.dtype.bytes
-                         % 128):
+        if a_shared and a_kmajor and (a_v.type.swizzle != 8 or a_v.type.shape[1] *
+                                      a_v.type.dtype.bytes % 128):
             raise self.err(f"a shared a is 64 x K with rows of a multiple of 128 bytes and "
                            f"swizzle=8; got {a_v.type}")
+        if a_shared and not a_kmajor and (a_v.type.swizzle != 8 or a_v.type.shape[1] != 64
+                                          or a_v.type.dtype.name not in ("bf16", "f16")):
+            raise self.err(f"mma_AtB reads a shared a as K x 64 (one 128-byte row per K) "
+                           f"bf16/f16 tile with swizzle=8; got {a_v.type}")
         for v in (c_v, op.dst) if a_shared else (a_v, c_v, op.dst):
             self.layout(v)
         zero = op.attrs.get("zero", False)
         d = self.env[op.dst] if zero else self._accumulator(op.dst, c_v)
         a = self.env[a_v] if a_shared else self.val(a_v)
         self.emit("wgmma", d, (a, d) if not a_shared else (d,), region=self.env[b_v],
-                  a_region=a if a_shared else None, b_kmajor=kmajor,
+                  a_region=a if a_shared else None, b_kmajor=kmajor, a_kmajor=a_kmajor,
                   a_layout=None if a_shared else self.layouts[a_v],
                   acc_layout=self.layouts[op.dst], n=n, k=k, kstep=kstep,
                   a_dtype=a_v.type.dtype.name, in_flight=op.attrs.get("in_flight", 0),

@@ -3,11 +3,11 @@
 op, pykittens::gemm(a, b, form), computes C = A B ("nn"), A B^T ("nt") or A^T B ("tn") in
 the operands' dtype with float32 accumulation; its gradients are gemms of the other forms.
 
-The kernel: on Hopper `gemm_ws` (warp-specialised wgmma; it reads A as (M, K) and B as
-(N, K), a linear layer's weight as it is) wherever K x element size is a multiple of 16
-bytes (its TMA copies), else the mma.sync `gemm`; on CDNA `gemm_pingpong` (8-wave
-ping-pong MFMA on 256 x 256 blocks; A (M, K), B (N, K) as well). An operand stored the
-other way is copied transposed (torch) first."""
+The kernel: on Hopper `gemm_ws` (warp-specialised wgmma), which reads each operand as it is
+stored, K-major or not (its LAYOUT is the form), wherever TMA can copy the stored rows (a
+multiple of 16 bytes), else the mma.sync `gemm`; on CDNA `gemm_pingpong` (8-wave ping-pong
+MFMA on 256 x 256 blocks; A (M, K), B (N, K)). Where the kernel cannot read an operand as
+stored it is copied transposed (torch) first."""
 from __future__ import annotations
 
 import functools
@@ -23,9 +23,16 @@ from .run import HALVES, check_same, check_tensor, custom_op, run, target_of
 FORMS = ("nn", "nt", "tn")
 
 
-def uses_gemm_ws(target: str, k: int, itemsize: int) -> bool:
-    """Whether a product with inner dim k runs on gemm_ws (else on gemm)."""
-    return target == "sm_90a" and k * itemsize % 16 == 0
+def ws_layout(target: str, form: str, m: int, k: int, n: int, itemsize: int) -> str | None:
+    """The LAYOUT gemm_ws reads an (m, k) x (k, n) product of this form in: the form itself
+    when TMA can copy both operands' stored rows and the type is 16-bit, else "nt" after
+    transposing copies (K rows that TMA can copy); None where gemm_ws cannot run it."""
+    if target != "sm_90a":
+        return None
+    stored_rows = ({"n": k, "t": m}[form[0]], {"t": k, "n": n}[form[1]])
+    if itemsize == 2 and all(r * itemsize % 16 == 0 for r in stored_rows):
+        return form
+    return "nt" if k * itemsize % 16 == 0 else None
 
 
 @custom_op("pykittens::gemm")
@@ -37,12 +44,15 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
     if c.numel() == 0 or k == 0:
         return c.zero_()
     target = target_of(a)
-    kernel, grid, consts = _plan(target, m, k, n, a.itemsize)
+    kernel, grid, consts = _plan(target, form, m, k, n, a.itemsize)
     if AUTOTUNE and kernel is gemm_ws and a.device.type == "cuda":
-        consts = _tuned(a, m, k, n, consts)
+        consts = _tuned(a, form, m, k, n, consts)
         grid = gemm_ws_grid(consts, target)
-    b_rows = B.t() if kernel in (gemm_ws, gemm_pingpong) else B    # these read B as (N, K)
-    run(kernel, {"a": A.contiguous(), "b": b_rows.contiguous(), "c": c}, grid, consts,
+    if kernel is gemm_ws and consts.get("LAYOUT", "nt") == form:     # read as stored
+        a_in, b_in = a, b
+    else:                                                # A (M, K), B as (N, K) or (K, N)
+        a_in, b_in = A, (B.t() if kernel in (gemm_ws, gemm_pingpong) else B)
+    run(kernel, {"a": a_in.contiguous(), "b": b_in.contiguous(), "c": c}, grid, consts,
         ("c",))
     return c
 
@@ -50,14 +60,18 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
 AUTOTUNE = os.environ.get("PYKITTENS_AUTOTUNE", "0") == "1"   # time gemm_ws's candidates
 
 
-def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int) -> list[dict]:
-    """Constants of gemm_ws worth timing for an (m, k) x (k, n) product: the launch rule's
-    choice first, then its block order replaced by row-major and grouped windows of 4 to 32
-    block rows, then 128-wide blocks (four ring stages beside C's staging)."""
+def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
+                       layout: str = "nt") -> list[dict]:
+    """Constants of gemm_ws worth timing for an (m, k) x (k, n) product with operands stored
+    as `layout`: the launch rule's choice first, then its block order replaced by row-major
+    and grouped windows of 4 to 32 block rows, then one workgroup per block (not
+    persistent) under the rule's order and windows of 8 and 16, then, for 256-wide blocks,
+    C stored through shared memory and TMA (three ring stages beside the staging) and
+    128-wide blocks."""
     from ..chiplet import mapping as chip
-    i = {"a": Operand((m, k), itemsize), "b": Operand((n, k), itemsize),
+    i = {**_stored(layout, m, k, n, lambda shape: Operand(shape, itemsize)),
          "c": Operand((m, n), itemsize)}
-    _, first = gemm_ws_launch(i, target)
+    _, first = gemm_ws_launch(i, target, layout=layout)
     out = [first]
     tm, tn = first["TM"], first["TN"]
     for spec in ["row-major"] + [chip.gemm_grouped(tm, tn, w).spec for w in (4, 8, 16, 32)
@@ -65,32 +79,47 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int) -> li
         c = {**first, "MAP": spec}
         if c not in out:
             out.append(c)
+    for spec in [first["MAP"]] + [chip.gemm_grouped(tm, tn, w).spec for w in (8, 16)
+                                  if w < tm]:
+        c = {**first, "MAP": spec, "PERSISTENT": 0}
+        if c not in out:
+            out.append(c)
     if first["BN"] == 256:
-        out.append(gemm_ws_launch(i, target, bn=128)[1])
+        if i["c"].itemsize == 2 and n * 2 % 16 == 0:        # C through TMA, 3 stages
+            out.append({**first, "TMA_STORE": 1, "STAGES": 3})
+        out.append(gemm_ws_launch(i, target, bn=128, layout=layout)[1])
     return out
 
 
-def _tuned(a: torch.Tensor, m: int, k: int, n: int, consts: dict) -> dict:
+def _stored(layout: str, m: int, k: int, n: int, make) -> dict:
+    """{"a": make(A's stored shape), "b": make(B's)} for gemm_ws's LAYOUT."""
+    return {"a": make((m, k) if layout[0] == "n" else (k, m)),
+            "b": make((n, k) if layout[1] == "t" else (k, n))}
+
+
+def _tuned(a: torch.Tensor, form: str, m: int, k: int, n: int, consts: dict) -> dict:
     """gemm_ws's constants for this product on a's GPU: the autotuner's choice among
-    gemm_ws_candidates (timed once per shape, type and GPU, then read from disk)."""
+    gemm_ws_candidates (timed once per shape, layout, type and GPU, then read from disk)."""
     dev = a.device
-    known = (dev.index, m, k, n, str(a.dtype))
+    layout = consts.get("LAYOUT", "nt")
+    known = (dev.index, layout, m, k, n, str(a.dtype))
     if known in _TUNED:                              # decided in this process
         return _TUNED[known]
     from .. import tune
     from ..runtime.launch import launch
     target = target_of(a)
-    problem = {"m": m, "k": k, "n": n, "dtype": str(a.dtype), "target": target,
-               "gpu": torch.cuda.get_device_name(dev)}
-    candidates = gemm_ws_candidates(target, m, k, n, a.itemsize)
+    problem = {"m": m, "k": k, "n": n, "layout": layout, "dtype": str(a.dtype),
+               "target": target, "gpu": torch.cuda.get_device_name(dev)}
+    candidates = gemm_ws_candidates(target, m, k, n, a.itemsize, layout)
     if torch.cuda.is_current_stream_capturing():     # no timing inside a graph capture
         return tune.cached("gemm_ws", problem, candidates) or consts
 
     def measure(c):
-        x, w = (torch.randn(r, k, device=dev).to(a.dtype) for r in (m, n))
+        ops = _stored(layout, m, k, n,
+                      lambda shape: torch.randn(shape, device=dev).to(a.dtype))
         y = a.new_empty((m, n))
         grid = gemm_ws_grid(c, target)
-        return tune.graph_time(lambda: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **c), 5)
+        return tune.graph_time(lambda: launch(gemm_ws, grid=grid, c=y, **ops, **c), 5)
 
     _TUNED[known] = tune.tune("gemm_ws", problem, candidates, measure)
     return _TUNED[known]
@@ -100,13 +129,15 @@ _TUNED: dict = {}
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(target: str, m: int, k: int, n: int, itemsize: int):
-    """(kernel, grid, consts) of an (m, k) x (k, n) product with a C of the operands' type,
-    decided once per shape (the launch rules consult the cache simulator's choice)."""
-    if uses_gemm_ws(target, k, itemsize):
-        i = {"a": Operand((m, k), itemsize), "b": Operand((n, k), itemsize),
+def _plan(target: str, form: str, m: int, k: int, n: int, itemsize: int):
+    """(kernel, grid, consts) of an (m, k) x (k, n) product of this form with a C of the
+    operands' type, decided once per shape (the launch rules consult the cache simulator's
+    choice)."""
+    layout = ws_layout(target, form, m, k, n, itemsize)
+    if layout is not None:
+        i = {**_stored(layout, m, k, n, lambda shape: Operand(shape, itemsize)),
              "c": Operand((m, n), itemsize)}
-        return (gemm_ws, *gemm_ws_launch(i, target))
+        return (gemm_ws, *gemm_ws_launch(i, target, layout=layout))
     if target in STEP_BYTES:
         return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize))
     i = {"a": Operand((m, k), itemsize), "b": Operand((k, n), itemsize)}
@@ -174,8 +205,8 @@ def matmul(input, other):
     float16, float32 accumulation. `other` may be row-major or a transposed view (w.t() of
     a row-major w). The Hopper and CDNA GEMMs read B as (N, K) rows: a transposed view is
     read as it is, a row-major `other` is first copied into that order (a transpose pass
-    over B on every call: on the H200 it made 4096³ take 0.32 ms against linear's 0.19 ms;
-    keep weights as (N, K) and use linear, or pass w.t()). Differentiable in both. A batched
+    over B on every call, except on Hopper, where gemm_ws reads a (K, N) B as it is).
+    Differentiable in both. A batched
     or vector `other` raises NotImplementedError: the library GEMMs multiply by one
     matrix."""
     if isinstance(other, torch.Tensor) and other.dim() == 2 and other.stride(1) != 1 and \

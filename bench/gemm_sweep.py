@@ -1,0 +1,266 @@
+"""The Hopper GEMM against cuBLAS on the whole sweep: squares 2048³ to 16384³ and the linear
+layers of Llama-3 8B / 70B at 4096 to 16384 tokens, bf16 (C = X W^T, W stored N x K), with
+gemm_ws's launch rule, every autotuner candidate (ops.matmul.gemm_ws_candidates, timed
+through pykittens.ops.linear with PYKITTENS_AUTOTUNE on, which keeps the fastest on disk),
+and the op replaying the tuned choice; then gemm_ws reading MN-major operands as stored
+(LAYOUT "nn", "tn": a linear layer's backward) against cuBLAS on the same products, and fp8
+(e4m3, promoted) against torch._scaled_mm's default accumulation.
+
+    PYKITTENS_CACHE=$PWD/.pkc_gemm python3 bench/gemm_sweep.py --prebuild    # no GPU: PTX
+    PYKITTENS_CACHE=$PWD/.pkc_gemm PYTHONPATH=. python3 bench/gemm_sweep.py   # on the GPU
+    ... bench/gemm_sweep.py layouts fp8     # only those steps (layouts, sweep, fp8)
+
+Times are medians of CUDA-graph replays (pykittens.tune.graph_time) over three rounds that
+time the contenders in turn (the H200's clock drifts by several percent over a run, so
+back-to-back blocks would favour whichever ran first), TFLOP/s = 2MNK / time.
+Each product is checked against cuBLAS's result first. Writes $OUT/gemm_sweep.json; prints
+the table last (ratios: pykittens / cuBLAS, so above 1 is faster)."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+SQUARES = (2048, 4096, 8192, 16384)
+LLAMA = ((4096, 4096), (14336, 4096), (4096, 14336),       # (N, K): 8B's attention, MLP
+         (8192, 8192), (28672, 8192), (8192, 28672))      # 70B's
+TOKENS = (4096, 8192, 16384)
+LAYOUT_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+                 (16384, 8192, 8192))
+FP8_SQUARES = (4096, 8192)
+TARGET = "sm_90a"
+
+
+def sweep_shapes() -> list[tuple[int, int, int]]:
+    """(M, N, K) of the sweep: the squares, then the Llama layers at each token count."""
+    return [(s, s, s) for s in SQUARES] + [(m, n, k) for m in TOKENS for n, k in LLAMA]
+
+
+def _stored(layout, m, n, k):
+    """Shapes of A and B as gemm_ws's LAYOUT stores them."""
+    return ((m, k) if layout[0] == "n" else (k, m)), ((n, k) if layout[1] == "t" else (k, n))
+
+
+def _plan(layout, m, n, k, itemsize=2):
+    from pykittens.kernels import Operand, gemm_ws_launch
+    a, b = _stored(layout, m, n, k)
+    i = {"a": Operand(a, itemsize), "b": Operand(b, itemsize), "c": Operand((m, n), 2)}
+    return gemm_ws_launch(i, TARGET, layout=layout)
+
+
+def builds():
+    """(constants) of every gemm_ws build the GPU run makes (DT, OUT included)."""
+    from pykittens.ops.matmul import gemm_ws_candidates
+    for m, n, k in sweep_shapes():
+        for c in gemm_ws_candidates(TARGET, m, k, n, 2):
+            yield {**c, "DT": "bf16", "OUT": "bf16"}
+    for layout in ("nt", "nn", "tn"):
+        for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
+            yield {**_plan(layout, m, n, k)[1], "DT": "bf16", "OUT": "bf16"}
+    for s in FP8_SQUARES:
+        for _, _, consts in _fp8_plans(s):
+            yield {**consts, "DT": "e4m3", "OUT": "bf16"}
+
+
+def prebuild() -> int:
+    from pykittens import compiler
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.toolchain import nvptx
+    t0, seen = time.time(), set()
+    for consts in builds():
+        key = tuple(sorted(consts.items()))
+        if key not in seen:
+            seen.add(key)
+            nvptx.compile_ptx(compiler.llvm_ir(gemm_ws, TARGET, aligned=True, **consts), TARGET)
+    print(f"{len(seen)} builds in {time.time() - t0:.0f} s")
+    return 0
+
+
+# ---- on the GPU -------------------------------------------------------------------------
+
+def _reps(flops: float) -> int:
+    """CUDA-graph length: about 20 ms of work a replay, 2 to 20 calls."""
+    return max(2, min(20, round(0.02 / (flops / 700e12))))
+
+
+def _rel(x, ref) -> float:
+    return float((x.float() - ref.float()).norm() / ref.float().norm())
+
+
+def _rand(*shape, dtype=None):
+    import torch
+    return (torch.randn(*shape, device="cuda") / 4).to(dtype or torch.bfloat16)
+
+
+def step_sweep(rows, details):
+    import torch
+    import torch.nn.functional as F
+    import pykittens.ops as pko
+    from pykittens import tune
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    M = sys.modules["pykittens.ops.matmul"]
+    M.AUTOTUNE = True
+    ratios = []
+    for m, n, k in sweep_shapes():
+        flops, reps = 2 * m * n * k, _reps(2 * m * n * k)
+        x, w = _rand(m, k), _rand(n, k)
+        ref = F.linear(x, w)
+        grid, consts = _plan("nt", m, n, k)
+        y = torch.empty_like(ref)
+        launch(gemm_ws, grid=grid, a=x, b=w, c=y, **consts)
+        err = _rel(y, ref)
+        t0 = time.time()
+        y_op = pko.linear(x, w)                      # tunes (or reads the disk's choice)
+        tune_s = time.time() - t0
+        err = max(err, _rel(y_op, ref))
+        t_cublas, t_default, t_op = interleaved(
+            [lambda: F.linear(x, w), lambda: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **consts),
+             lambda: pko.linear(x, w)], reps)
+        problem = {"m": m, "k": k, "n": n, "layout": "nt", "dtype": str(x.dtype),
+                   "target": TARGET, "gpu": torch.cuda.get_device_name()}
+        cands = M.gemm_ws_candidates(TARGET, m, k, n, 2)
+        entry = _tune_entry(tune, problem, cands)
+        best = entry["best"] if entry else None
+        r = t_cublas / t_op
+        ratios.append(r)
+        row = dict(shape=[m, n, k], cublas_tflops=flops / t_cublas / 1e12,
+                   default_tflops=flops / t_default / 1e12, op_tflops=flops / t_op / 1e12,
+                   op_over_cublas=r, default_over_cublas=t_cublas / t_default, rel_err=err,
+                   tune_seconds=tune_s, default=consts, tuned=best,
+                   timings=entry["timings"] if entry else None)
+        details.append(row)
+        print(f"{m}x{n}x{k}: cuBLAS {row['cublas_tflops']:.0f}, default "
+              f"{row['default_tflops']:.0f}, tuned op {row['op_tflops']:.0f} TFLOP/s "
+              f"({r:.3f}x; {_short(best)}), err {err:.1e}, tuning {tune_s:.1f} s", flush=True)
+        rows.append(["sweep", f"{m}x{n}x{k}", f"{row['cublas_tflops']:.0f}",
+                     f"{row['default_tflops']:.0f}", f"{row['op_tflops']:.0f}", f"{r:.3f}",
+                     _short(best), "ok" if err < 1e-2 else "FAIL"])
+        del x, w, ref, y, y_op
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    rows.append(["sweep", f"{len(ratios)} shapes", "", "", "", f"geomean {geo:.3f}",
+                 f"min {min(ratios):.3f}", ""])
+
+
+def interleaved(fns, reps, rounds=3) -> list[float]:
+    """Median seconds of each of `fns` over `rounds` rounds that time each in turn, so the
+    GPU's clock drift (temperature, power) falls on all of them alike."""
+    import statistics
+    from pykittens.tune import graph_time
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for t, fn in zip(times, fns):
+            t.append(graph_time(fn, reps))
+    return [statistics.median(t) for t in times]
+
+
+def _tune_entry(tune, problem, candidates):
+    import json
+    from pykittens.toolchain.cache import lookup
+    raw = lookup(tune.KIND, tune._key("gemm_ws", problem, candidates))
+    return json.loads(raw) if raw else None
+
+
+def _short(c) -> str:
+    """A tuned choice in a few characters: its block order and width."""
+    if not c:
+        return "-"
+    return f"{c['MAP']} BN{c['BN']}" + ("" if c.get("PERSISTENT", 1) else " per block")
+
+
+def step_layouts(rows, details):
+    """gemm_ws reading each operand as stored, against cuBLAS on the same product."""
+    import torch
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    for m, n, k in ((1000, 1528, 776),) + LAYOUT_SHAPES:
+        flops, reps = 2 * m * n * k, _reps(2 * m * n * k)
+        for layout in ("nt", "nn", "tn"):
+            sa, sb = _stored(layout, m, n, k)
+            a, b = _rand(*sa), _rand(*sb)
+            A = a if layout[0] == "n" else a.t()
+            B = b.t() if layout[1] == "t" else b
+
+            def cublas():
+                return torch.matmul(A, B)
+            ref = cublas()
+            grid, consts = _plan(layout, m, n, k)
+            c = torch.empty_like(ref)
+            launch(gemm_ws, grid=grid, a=a, b=b, c=c, **consts)
+            err = _rel(c, ref)
+            t_cu, t_pk = interleaved(
+                [cublas, lambda: launch(gemm_ws, grid=grid, a=a, b=b, c=c, **consts)], reps)
+            row = dict(shape=[m, n, k], layout=layout, rel_err=err, consts=consts,
+                       pk_tflops=flops / t_pk / 1e12, cublas_tflops=flops / t_cu / 1e12)
+            details.append(row)
+            print(f"{layout} {m}x{n}x{k}: gemm_ws {row['pk_tflops']:.0f}, cuBLAS "
+                  f"{row['cublas_tflops']:.0f} TFLOP/s, err {err:.1e}", flush=True)
+            rows.append([f"layout {layout}", f"{m}x{n}x{k}", f"{row['cublas_tflops']:.0f}",
+                         f"{row['pk_tflops']:.0f}", "", f"{t_cu / t_pk:.3f}", "",
+                         "ok" if err < 1e-2 else "FAIL"])
+
+
+FP8_VARIANTS = {"promoted every K step": True, "promoted every 2": 2, "promoted every 4": 4,
+                "tensor-core accumulation": False}
+
+
+def _fp8_plans(s):
+    """(label, grid, consts) of each fp8 build timed: the launch rule's (promoting every K
+    step), promotion every 2 and 4 steps, and the tensor cores' own accumulation."""
+    from pykittens.kernels import Operand, gemm_ws_launch
+    i = {n: Operand((s, s), 1) for n in "ab"} | {"c": Operand((s, s), 2)}
+    return [(label, *gemm_ws_launch(i, TARGET, promote=p)) for label, p in FP8_VARIANTS.items()]
+
+
+def step_fp8(rows, details):
+    """e4m3 against torch._scaled_mm's default accumulation (use_fast_accum=False), bf16 out,
+    unit scales: gemm_ws promoting to f32 every 1, 2 or 4 K steps, and with the tensor
+    cores' own accumulation (against use_fast_accum=True)."""
+    import torch
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    for s in FP8_SQUARES:
+        flops, reps = 2 * s ** 3, _reps(2 * s ** 3) * 2
+        a, b = (_rand(s, s).float().to(torch.float8_e4m3fn) for _ in range(2))
+        one = torch.ones((), device="cuda")
+        c = torch.empty(s, s, device="cuda", dtype=torch.bfloat16)
+        ref = (a.double() @ b.double().t())
+        plans = _fp8_plans(s)
+
+        def peer(fast):
+            return lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,
+                                            use_fast_accum=fast)
+        fns = [peer(False), peer(True)] + [
+            (lambda grid=grid, consts=consts: launch(gemm_ws, grid=grid, a=a, b=b, c=c,
+                                                     **consts)) for _, grid, consts in plans]
+        errs = []
+        for fn in fns:
+            out = fn()
+            errs.append(_rel(c if out is None else out, ref))
+        times = interleaved(fns, reps)
+        for (label, _, consts), t, err in zip(plans, times[2:], errs[2:]):
+            fast = label.startswith("tensor")
+            t_peer, e_peer = (times[1], errs[1]) if fast else (times[0], errs[0])
+            row = dict(shape=[s] * 3, variant=label, pk_tflops=flops / t / 1e12,
+                       scaled_mm_tflops=flops / t_peer / 1e12, fast_accum=fast,
+                       rel_err=err, scaled_mm_rel_err=e_peer, consts=consts)
+            details.append(row)
+            rows.append([f"fp8 {label}", f"{s}³", f"{row['scaled_mm_tflops']:.0f}",
+                         f"{row['pk_tflops']:.0f}", "", f"{t_peer / t:.3f}",
+                         f"err {err:.1e} / {e_peer:.1e}", "ok" if err < 2e-2 else "FAIL"])
+
+
+def main() -> int:
+    import torch
+    from pykittens.bench import run_steps
+    env = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+           f"CUDA {torch.version.cuda}")
+    header = ["step", "M x N x K", "peer TFLOP/s", "default", "tuned op", "ratio", "choice",
+              "check"]
+    return run_steps("gemm_sweep", {"layouts": step_layouts, "sweep": step_sweep,
+                                    "fp8": step_fp8}, env, header=header)
+
+
+if __name__ == "__main__":
+    sys.exit(prebuild() if "--prebuild" in sys.argv else main())
