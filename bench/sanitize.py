@@ -1,7 +1,8 @@
 """compute-sanitizer over library kernels at small shapes (H200): memcheck, racecheck,
 synccheck and initcheck, one process per tool, a table of what each reports.
 
-    PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd rows_staged litmus]
+    PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd rows_staged linear
+                                            litmus]
     PYTHONPATH=. python3 bench/sanitize.py --inner attention   # the kernels once (what the
                                                                # tools run)
     SANITIZE_TOOLS=racecheck,initcheck ... # only these tools
@@ -36,6 +37,8 @@ def _pykittens_kernels(name: str) -> list[str]:
     if name == "rows_staged":
         return ["--kernel-name",
                 "regex=^(layernorm|rmsnorm|add_rmsnorm|layernorm_bwd|rmsnorm_bwd|column_sum)$"]
+    if name == "linear":
+        return ["--kernel-name", "regex=^gemm_ws$"]
     if name != "library":
         return ["--kernel-name", "kns=attention"]
     from pykittens.kernels import KERNELS
@@ -165,7 +168,36 @@ def run_rows_staged():
         raise SystemExit(1)
 
 
+def run_linear():
+    """pykittens.ops.linear forward and backward where gemm_ws reads every operand as stored
+    (LAYOUT nt, nn, tn; 256- and 128-wide blocks, C staged or from registers): ragged
+    shapes against float32 torch."""
+    import torch
+    import torch.nn.functional as F
+    import pykittens.ops as pko
+    wrong = 0
+    for m, k, n in ((1000, 776, 1528), (264, 512, 40000)):
+        x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
+        w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
+        dy = torch.randn(m, n, dtype=torch.bfloat16).to("cuda")
+        a = [t.clone().requires_grad_() for t in (x, w)]
+        f = [t.float().requires_grad_() for t in (x, w)]
+        y, y_ref = pko.linear(*a), F.linear(*f)
+        got = (y,) + torch.autograd.grad(y, a, dy)
+        want = (y_ref,) + torch.autograd.grad(y_ref, f, dy.float())
+        for g, e in zip(got, want):
+            err = float((g.float() - e).norm() / e.norm())
+            if not err < 2e-2:
+                wrong += 1
+                print("WRONG:", m, k, n, err)
+    torch.cuda.synchronize()
+    print(f"linear: {wrong} wrong results")
+    if wrong:
+        raise SystemExit(1)
+
+
 KERNELS = {"library": run_library, "attention": run_attention, "rows_staged": run_rows_staged,
+           "linear": run_linear,
            "attention_bwd": run_attention_bwd, "attention_bwd_prep": run_attention_bwd_prep}
 LITMUS = {0: "syncthreads", 1: "every-lane", 2: "warp-sync-lane0 (pk.arrive)",
           3: "lane0-only", 4: "none (a real race)"}

@@ -537,12 +537,20 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
         d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
     u32, u64 = d.cuuint32_t, d.cuuint64_t      # the bindings want the typed integers
     box = [desc.box[1], desc.box[0]] + [1] * (rank - 2)
-    err, tmap = d.cuTensorMapEncodeTiled(
-        dt, u32(rank), t.data_ptr(), [u64(x) for x in sizes], [u64(x) for x in strides],
-        [u32(x) for x in box], [u32(1)] * rank,
-        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    def encode():
+        return d.cuTensorMapEncodeTiled(
+            dt, u32(rank), t.data_ptr(), [u64(x) for x in sizes], [u64(x) for x in strides],
+            [u32(x) for x in box], [u32(1)] * rank,
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    err, tmap = encode()
+    if err == d.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        # no context current on this thread (autograd's backward threads, when a pykittens
+        # kernel is their first CUDA work): encode in the tensor's device's primary context
+        with _OnDevice(t.device.index or 0):
+            err, tmap = encode()
     check((err,), "cuTensorMapEncodeTiled")
     return ctypes.string_at(int(tmap.getPtr()), 128)
 

@@ -180,3 +180,55 @@ def _has_gpu():
 def test_no_gpu_is_a_clear_error():
     with pytest.raises(rc.CudaUnavailable, match="cuda-bindings|NVIDIA driver|NVIDIA GPU"):
         rc.Module("//\n.version 8.0\n.target sm_90a\n", device=0)
+
+
+def test_tensor_maps_are_encoded_in_the_device_context_where_none_is_current(monkeypatch):
+    """autograd runs a backward on its own device thread, where no CUDA context may be
+    current yet: encoding a tensor map there fails with INVALID_CONTEXT, so the encoder
+    retries with the tensor's device's primary context made current."""
+    import enum
+    import ctypes
+
+    class Result(enum.IntEnum):
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_CONTEXT = 201
+
+    state = {"current": False, "calls": 0, "devices": []}
+    cell = ctypes.create_string_buffer(b"\x07" * 128)
+
+    def encode(*args):
+        state["calls"] += 1
+        if not state["current"]:
+            return Result.CUDA_ERROR_INVALID_CONTEXT, None
+        return Result.CUDA_SUCCESS, SimpleNamespace(getPtr=lambda: ctypes.addressof(cell))
+
+    names = lambda *n: SimpleNamespace(**{x: x for x in n})          # noqa: E731
+    fake = SimpleNamespace(
+        CUresult=Result, cuTensorMapEncodeTiled=encode, cuuint32_t=int, cuuint64_t=int,
+        CUtensorMapDataType=names("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+                                  "CU_TENSOR_MAP_DATA_TYPE_UINT8"),
+        CUtensorMapSwizzle=names("CU_TENSOR_MAP_SWIZZLE_128B", "CU_TENSOR_MAP_SWIZZLE_NONE"),
+        CUtensorMapInterleave=names("CU_TENSOR_MAP_INTERLEAVE_NONE"),
+        CUtensorMapL2promotion=names("CU_TENSOR_MAP_L2_PROMOTION_L2_128B"),
+        CUtensorMapFloatOOBfill=names("CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"))
+
+    class OnDevice:
+        def __init__(self, device):
+            state["devices"].append(device)
+
+        def __enter__(self):
+            state["current"] = True
+
+        def __exit__(self, *exc):
+            state["current"] = False
+
+    monkeypatch.setattr(rc, "driver", lambda: fake)
+    monkeypatch.setattr(rc, "_OnDevice", OnDevice)
+    t = FakeTensor((256, 64), dtype="torch.bfloat16", device=("cuda", 1), ptr=0x10000)
+    t.dim = lambda: 2
+    desc = SimpleNamespace(box=(64, 64), swizzle128=True)
+    assert rc.encode_tensor_map(t, desc, "bf16") == b"\x07" * 128
+    assert state["calls"] == 2 and state["devices"] == [1] and not state["current"]
+    state["current"] = True                   # a context current: encoded at once, no switch
+    assert rc.encode_tensor_map(t, desc, "bf16") == b"\x07" * 128
+    assert state["calls"] == 3 and state["devices"] == [1]
