@@ -5,6 +5,8 @@ and DRAM bytes read beside the simulator's, and the kernel's time under each ord
     PYKITTENS_CACHE=$PWD/.pkcache python3 bench/prebuild.py chiplet_l2   # PTX, no GPU needed
     PYTHONPATH=. python3 bench/chiplet_l2.py          # ncu over every case, timing, table last
     PYTHONPATH=. python3 bench/chiplet_l2.py --inner  # every case launched once (what ncu sees)
+    PYTHONPATH=. python3 bench/chiplet_l2.py --retime # times only, interleaved rounds, and
+                                                      # where auto_mapping's pick stands
     PYTHONPATH=. python3 bench/chiplet_l2.py --table docs/perf/chiplet-l2-2026-12-01.json
                                    # a saved run against the models, no GPU needed
 
@@ -122,9 +124,15 @@ def inner() -> int:
 
 def profile() -> list[dict]:
     """ncu's metrics per case, in launch order."""
+    return ncu_profile(os.path.abspath(__file__), "gemm_ws", len(cases()))
+
+
+def ncu_profile(script: str, kernel_name: str, expected: int) -> list[dict]:
+    """ncu's METRICS for every launch of `kernel_name` that `script --inner` makes, in
+    launch order (a dict of metric -> value in bytes or percent per launch)."""
     ncu = os.environ.get("NCU", "/usr/local/cuda/bin/ncu")
-    p = subprocess.run([ncu, "--csv", "--kernel-name", "gemm_ws", "--metrics", ",".join(METRICS),
-                        sys.executable, os.path.abspath(__file__), "--inner"],
+    p = subprocess.run([ncu, "--csv", "--kernel-name", kernel_name, "--metrics",
+                        ",".join(METRICS), sys.executable, script, "--inner"],
                        capture_output=True, text=True, timeout=540)
     rows = [r for r in csv.DictReader(io.StringIO(
         "\n".join(line for line in p.stdout.splitlines() if line.startswith('"'))))]
@@ -133,15 +141,59 @@ def profile() -> list[dict]:
         value = float(r["Metric Value"].replace(",", "")) * UNITS.get(r["Metric Unit"], 1)
         by_id.setdefault(r["ID"], {})[r["Metric Name"]] = value
     got = [by_id[k] for k in sorted(by_id, key=int)]
-    if len(got) != len(cases()):
-        raise RuntimeError(f"ncu profiled {len(got)} launches, expected {len(cases())}:\n"
+    if len(got) != expected:
+        raise RuntimeError(f"ncu profiled {len(got)} launches, expected {expected}:\n"
                            f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return got
+
+
+def retime() -> int:
+    """The warm time of every case again, the cases of one size timed in turn over three
+    rounds (the H200's clock drifts by several percent over a run, which a back-to-back
+    order would credit to the orders timed first), with auto_mapping's pick launched as the
+    library launches it (persistent); how far the pick is from the fastest case."""
+    import json
+    import statistics
+    from pykittens import chiplet
+    from pykittens.bench.gpu import graph_time
+    details, lines = [], []
+    for size, group in itertools.groupby(cases(), key=lambda c: c[0]):
+        group = list(group)
+        op = chiplet.Gemm(size, size, size, bm=128, bn=256, bk=64)
+        pick = chiplet.auto_mapping(op, target="sm_90a", use_disk_cache=False).spec
+        if (size, pick, 1) not in group:
+            group.append((size, pick, 1))
+        t = _tensors(size)
+        fns = [_launcher(*case, *t) for case in group]
+        times = [[] for _ in fns]
+        for _ in range(3):
+            for ts, fn in zip(times, fns):
+                ts.append(graph_time(fn, reps=10 if size < 16384 else 3))
+        ms = [statistics.median(ts) * 1e3 for ts in times]
+        for (_, order, persistent), m in zip(group, ms):
+            details.append({"size": size, "order": order, "persistent": persistent, "ms": m,
+                            "auto_pick": order == pick and persistent == 1})
+            print(f"{size}³ {order:14s} {'persistent' if persistent else 'per tile':10s} "
+                  f"{m:.3f} ms", flush=True)
+        best = min(range(len(ms)), key=ms.__getitem__)
+        mine = ms[group.index((size, pick, 1))]
+        lines.append(f"{size}³: auto_mapping picks {pick} (persistent) {mine:.3f} ms, "
+                     f"{mine / ms[best] - 1:+.1%} against the fastest, {group[best][1]} "
+                     f"{'persistent' if group[best][2] else 'per tile'} {ms[best]:.3f} ms")
+        del t
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "chiplet_l2_retime.json"), "w") as f:
+            json.dump({"results": details}, f, indent=2)
+    print("\n".join(lines))
+    return 0
 
 
 def main() -> int:
     if "--inner" in sys.argv:
         return inner()
+    if "--retime" in sys.argv:
+        return retime()
     import json
     if "--table" in sys.argv:
         with open(sys.argv[sys.argv.index("--table") + 1]) as f:

@@ -60,6 +60,14 @@ def chiplet_l2():
         yield KERNELS["gemm_ws"].kernel, bench.plan(*case)[1]
 
 
+def chiplet_attention():
+    """attention_fwd under every order bench/chiplet_attention.py measures."""
+    import chiplet_attention as bench
+    from pykittens.kernels.attention import attention_fwd
+    for case in bench.cases():
+        yield attention_fwd, bench.plan(*case)[1]
+
+
 RAGGED = ("attention_bwd",)
 
 
