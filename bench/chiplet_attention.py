@@ -20,7 +20,7 @@ import itertools
 import os
 import sys
 
-from chiplet_l2 import METRICS, ncu_profile      # bench/, this script's directory
+from chiplet_l2 import METRICS, ncu_profile, offline, write_results   # bench/
 
 # (B, Hq, Hkv, N): few heads long, many heads GQA, the benchmark shape, GQA batches
 SHAPES = ((1, 16, 16, 16384), (1, 64, 8, 16384), (1, 128, 8, 8192), (16, 16, 16, 4096),
@@ -126,14 +126,9 @@ def inner() -> int:
 
 
 def main() -> int:
-    if "--inner" in sys.argv:
-        return inner()
-    import json
-    if "--table" in sys.argv:
-        with open(sys.argv[sys.argv.index("--table") + 1]) as f:
-            print(table(json.load(f)["results"]))
-        return 0
-    import torch
+    done = offline(inner, table)
+    if done is not None:
+        return done
     from pykittens.bench.gpu import graph_time
     measured = ncu_profile(os.path.abspath(__file__), "attention_fwd", len(cases()))
     details = []
@@ -148,11 +143,7 @@ def main() -> int:
                             "l2_hit_ncu": m[METRICS[0]] / 100, "dram_read_ncu": m[METRICS[1]]})
             print(f"{shape} {order}: {sec * 1e3:.3f} ms, L2 {m[METRICS[0]]:.1f}%, "
                   f"DRAM {m[METRICS[1]] / 1e6:.0f} MB", flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "chiplet_attention.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "results": details}, f, indent=2)
+    write_results("chiplet_attention", details)
     print(table(details))
     return 0
 

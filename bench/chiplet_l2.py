@@ -152,7 +152,6 @@ def retime() -> int:
     rounds (the H200's clock drifts by several percent over a run, which a back-to-back
     order would credit to the orders timed first), with auto_mapping's pick launched as the
     library launches it (persistent); how far the pick is from the fastest case."""
-    import json
     import statistics
     from pykittens import chiplet
     from pykittens.bench.gpu import graph_time
@@ -181,26 +180,17 @@ def retime() -> int:
                      f"{mine / ms[best] - 1:+.1%} against the fastest, {group[best][1]} "
                      f"{'persistent' if group[best][2] else 'per tile'} {ms[best]:.3f} ms")
         del t
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "chiplet_l2_retime.json"), "w") as f:
-            json.dump({"results": details}, f, indent=2)
+    write_results("chiplet_l2_retime", details)
     print("\n".join(lines))
     return 0
 
 
 def main() -> int:
-    if "--inner" in sys.argv:
-        return inner()
     if "--retime" in sys.argv:
         return retime()
-    import json
-    if "--table" in sys.argv:
-        with open(sys.argv[sys.argv.index("--table") + 1]) as f:
-            print(table(json.load(f)["results"]))
-        return 0
-
-    import torch
+    done = offline(inner, table)
+    if done is not None:
+        return done
     from pykittens.bench.gpu import graph_time
     measured = profile()
     details = []
@@ -215,13 +205,33 @@ def main() -> int:
                  "l2_hit_ncu": m[METRICS[0]] / 100, "dram_read_ncu": m[METRICS[1]],
                  "l2_hit_sim": l2_sim, "dram_read_sim": dram_sim}
             details.append(d)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "chiplet_l2.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "results": details}, f, indent=2)
+    write_results("chiplet_l2", details)
     print(table(details))
     return 0
+
+
+def offline(inner_fn, table_fn) -> int | None:
+    """The modes that need no profiler: --inner (every case launched once, what ncu runs)
+    and --table FILE (a saved run's table); None for a measuring run."""
+    if "--inner" in sys.argv:
+        return inner_fn()
+    if "--table" in sys.argv:
+        import json
+        with open(sys.argv[sys.argv.index("--table") + 1]) as f:
+            print(table_fn(json.load(f)["results"]))
+        return 0
+    return None
+
+
+def write_results(name: str, details: list[dict]) -> None:
+    """$OUT/<name>.json (when OUT is set): the device, torch's version and the rows."""
+    import json
+    import torch
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "results": details}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -514,6 +514,9 @@ def kernel_arg_values(params, bound: dict, *, device: int | None = None,
     return kargs, values
 
 
+_INVALID_CONTEXT = 201          # cuda.h: CUDA_ERROR_INVALID_CONTEXT
+
+
 def encode_tensor_map(t, desc, dtype) -> bytes:
     """The 128-byte CUtensorMap (cuTensorMapEncodeTiled) for TMA copies of `desc.box` tiles
     (the last two dims; one element of the others) of tensor `t`, which may be a strided
@@ -546,7 +549,7 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
             d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     err, tmap = encode()
-    if err == d.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+    if int(err) == _INVALID_CONTEXT:
         # no context current on this thread (autograd's backward threads, when a pykittens
         # kernel is their first CUDA work): encode in the tensor's device's primary context
         with _OnDevice(t.device.index or 0):
