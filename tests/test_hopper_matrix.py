@@ -122,6 +122,31 @@ def test_gemm_ws_reads_mn_major_operands_as_stored(layout, dt, rng):
     assert set(trans) == {("1" if layout == "tn" else "0", "1")}  # imm-trans-a, imm-trans-b
 
 
+@pytest.mark.parametrize("layout,c_dtype", [("nt", np.float32), ("tn", pk.bf16.np)])
+def test_gemm_ws_pingpong_consumers_take_turns_over_whole_blocks(layout, c_dtype, rng):
+    """PINGPONG=1: each consumer warpgroup multiplies every other 128 x 128 block whole;
+    grids that give a workgroup one, two (one each) and several blocks each."""
+    from pykittens.kernels import gemm_ws_launch
+    m, n, k = 296, 264, 312
+    A = rng.standard_normal((m, k)).astype(pk.bf16.np)
+    B = rng.standard_normal((n, k)).astype(pk.bf16.np)
+    a = A if layout == "nt" else np.ascontiguousarray(A.T)
+    b = B if layout == "nt" else np.ascontiguousarray(B.T)
+    inputs = {"a": a, "b": b, "c": np.full((m, n), np.nan, c_dtype)}
+    (grid,), consts = gemm_ws_launch(inputs, "sm_90a", bn=128, layout=layout)
+    consts = {**consts, "PINGPONG": 1, "TMA_STORE": 0}
+    want = A.astype(np.float64) @ B.astype(np.float64).T
+    assert grid == 9
+    for g in (9, 5, 2, 1):
+        out = pk.emulate(KERNELS["gemm_ws"].kernel, grid=(g,), target="sm_90a", **inputs,
+                         **consts)["c"]
+        assert rel_err(out, want) < (1e-6 if c_dtype == np.float32 else 1e-2)
+    for bad in ({"BN": 256}, {"TMA_STORE": 1}, {"PROMOTE": 1}):
+        with pytest.raises(pk.KernelError, match="PINGPONG=1"):
+            compiler.lane_ir(KERNELS["gemm_ws"].kernel, "sm_90a",
+                             **{**consts, "DT": "bf16", "OUT": "bf16", **bad})
+
+
 def test_gemm_ws_layout_errors():
     from pykittens.kernels import gemm_ws_launch
     z = lambda *s, dt=pk.bf16: np.zeros(s, dt.np)                  # noqa: E731

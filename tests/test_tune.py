@@ -100,6 +100,10 @@ def test_gemm_ws_candidates_start_with_the_launch_rule():
         assert parse_mapping(c["MAP"], op, "sm_90a").spec == c["MAP"]
     assert {c["BN"] for c in cands} == {128, 256}
     assert {c["PERSISTENT"] for c in cands} == {0, 1}
+    (pingpong,) = [c for c in cands if c.get("PINGPONG")]       # C from registers
+    assert pingpong["BN"] == 128 and not pingpong.get("TMA_STORE")
+    fp8 = gemm_ws_candidates("sm_90a", m, k, n, 1)                 # promoting: no ping-pong
+    assert not any(c.get("PINGPONG") for c in fp8)
     from pykittens.kernels import gemm_ws_grid
     per_tile = next(c for c in cands if not c["PERSISTENT"])
     assert gemm_ws_grid(per_tile, "sm_90a") == (per_tile["TM"] * per_tile["TN"],)

@@ -76,7 +76,8 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, PERSISTENT: pk.const = 0,
             PROMOTE: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
-            TN: pk.const = 0, LAYOUT: pk.const = "nt", TARGET: pk.target = None):
+            TN: pk.const = 0, LAYOUT: pk.const = "nt", PINGPONG: pk.const = 0,
+            TARGET: pk.target = None):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, 128 x BN output blocks.
 
@@ -106,11 +107,19 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
-    of C from registers."""
+    of C from registers.
+
+    PINGPONG=1 (BN = 128, C from registers, not PROMOTE): the consumer warpgroups take
+    turns over whole 128 x 128 blocks, so one stores its block while the other multiplies
+    (ws_pipeline's pingpong_consumer)."""
+    if PINGPONG and (BN != 128 or TMA_STORE):
+        raise pk.KernelError(f"gemm_ws PINGPONG=1 holds two 128-wide accumulators a "
+                             f"warpgroup and stores C from registers: BN=128, TMA_STORE=0 "
+                             f"(got BN={BN}, TMA_STORE={TMA_STORE})")
     ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
                 ws_store(c, OUT, BN, TMA_STORE),
                 DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE,
-                LAYOUT=LAYOUT)
+                LAYOUT=LAYOUT, PINGPONG=PINGPONG)
 
 
 def ws_store(c, OUT, BN, TMA_STORE):
@@ -137,7 +146,8 @@ LAYOUTS = {"nt": pk.mma_ABt, "nn": pk.mma_AB, "tn": pk.mma_AtB}
 
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
-                LAYOUT="nt", before_loads=None, side_work=None, after_tiles=None):
+                LAYOUT="nt", PINGPONG=0, before_loads=None, side_work=None,
+                after_tiles=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
@@ -146,13 +156,18 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     t counting this workgroup's blocks (i = block t's index); persistent, each consumer wave
     then calls `after_tiles(g, i)` with its last block's index, if it had any. The producer
     warpgroup's other three waves, idle otherwise, run `side_work(i, 3)` (i = 0, 1, 2)
-    alongside, e.g. moving data between GPUs. LAYOUT: how A and B are stored (gemm_ws)."""
+    alongside, e.g. moving data between GPUs. LAYOUT: how A and B are stored (gemm_ws).
+
+    PINGPONG=1: the consumer warpgroups take turns over whole blocks instead of sharing
+    each one (see `pingpong_consumer`)."""
     if LAYOUT not in LAYOUTS:
         raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
+    if PINGPONG and (PROMOTE or after_tiles is not None):
+        raise pk.KernelError("gemm_ws PINGPONG=1 takes neither PROMOTE nor after_tiles")
     mma, a_kmajor, b_kmajor = LAYOUTS[LAYOUT], LAYOUT[0] == "n", LAYOUT[1] == "t"
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
     a_t = pk.st((64, bk) if a_kmajor else (bk, 64), DT, swizzle=8)
-    ring = pk.Ring(STAGES, fill=3, drain=8, a=[a_t, a_t],
+    ring = pk.Ring(STAGES, fill=3, drain=4 if PINGPONG else 8, a=[a_t, a_t],
                    b=pk.st((BN, bk) if b_kmajor else (bk, BN), DT, swizzle=8))
     steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
 
@@ -175,6 +190,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                 side_work(pk.wave_id() - 1, 3)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=232):
+            if PINGPONG:
+                pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma)
+                continue
             acc = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
             part = pk.empty(acc.type) if PROMOTE else None   # PROMOTE steps' products
             if PROMOTE:
@@ -216,3 +234,28 @@ def promote(acc, part) -> None:
     pk.mma_wait(part)
     acc += part
     pk.fill(part, 0.0)
+
+
+def pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma) -> None:
+    """Consumer warpgroup g of 2 taking every other block of the walk whole (both 64-row
+    halves, two accumulators) instead of half of every block. The producer fills the ring
+    in block order, so warpgroup g's next block streams in while it stores its last one
+    and the other warpgroup's mainloop keeps the tensor cores busy: the store overlaps the
+    other's products (CUTLASS's ping-pong), the ring serialising the two mainloops. Each
+    stage is released by the one warpgroup that read it."""
+    accs = [pk.empty(pk.rt((16, BN), pk.f32, role="acc")) for _ in range(2)]
+    for t in walk.share(g, 2):
+        m0, n0 = tile_of(walk.tile(t))
+        for acc in accs:
+            pk.fill(acc, 0.0)
+        for i in pk.range(steps):
+            k = t * steps + i
+            s = ring.wait(k)
+            mma(accs[0], s.a[0], s.b, in_flight=3)
+            mma(accs[1], s.a[1], s.b, in_flight=2)       # step k - 1's two groups retired
+            with pk.if_(i > 0):
+                ring.release(k - 1)
+        pk.mma_wait(*accs)
+        ring.release(t * steps + steps - 1)
+        for h in pk.static_range(2):
+            store(h, accs[h], m0, n0, t, walk.tile(t))

@@ -144,6 +144,13 @@ class TileWalk:
     def tile(self, t):
         return self.first + t * self.grid if self.persistent else ops.program_id(0)
 
+    def share(self, i: int, n: int):
+        """Every n-th of this workgroup's tiles, from its i-th (a pk.range loop over t =
+        i, i + n, ...): consumer group i of n taking turns, as in a ping-pong schedule."""
+        if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
+            raise error(f"walk.share(i, n) takes Python ints 0 <= i < n, got {i!r}, {n!r}")
+        return iter(ops.range(i, self.mine if self.persistent else 1, n))
+
 
 def tile_walk(count, persistent: bool = True) -> TileWalk:
     """See TileWalk."""

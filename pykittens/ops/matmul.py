@@ -67,7 +67,7 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
     and grouped windows of 4 to 32 block rows, then one workgroup per block (not
     persistent) under the rule's order and windows of 8 and 16, then, for 256-wide blocks,
     C stored through shared memory and TMA (three ring stages beside the staging) and
-    128-wide blocks."""
+    128-wide blocks, then 128-wide blocks with the consumers in ping-pong (16-bit)."""
     from ..chiplet import mapping as chip
     i = {**_stored(layout, m, k, n, lambda shape: Operand(shape, itemsize)),
          "c": Operand((m, n), itemsize)}
@@ -84,10 +84,15 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
         c = {**first, "MAP": spec, "PERSISTENT": 0}
         if c not in out:
             out.append(c)
+    narrow = gemm_ws_launch(i, target, bn=128, layout=layout)[1]
     if first["BN"] == 256:
         if i["c"].itemsize == 2 and n * 2 % 16 == 0:        # C through TMA, 3 stages
             out.append({**first, "TMA_STORE": 1, "STAGES": 3})
-        out.append(gemm_ws_launch(i, target, bn=128, layout=layout)[1])
+        out.append(narrow)
+    if not narrow["PROMOTE"]:                # the consumers taking turns over whole blocks
+        pingpong = {**narrow, "PINGPONG": 1, "STAGES": 4}
+        pingpong.pop("TMA_STORE", None)
+        out.append(pingpong)
     return out
 
 
