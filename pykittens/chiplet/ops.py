@@ -78,6 +78,11 @@ class Gemm:
     def output_bytes(self) -> int:
         return self.m * self.n * _dtype_bytes(self.out_dtype)
 
+    @property
+    def step_flops(self) -> int:
+        """Matrix FLOPs of one tile's main-loop step."""
+        return 2 * self.bm * self.bn * self.bk
+
     def streams(self, coords, line: int) -> list[Stream]:
         row, col = coords
         seg = self.bk * _dtype_bytes(self.dtype)
@@ -133,6 +138,11 @@ class Attention:
     @property
     def output_bytes(self) -> int:
         return self.batch * self.heads * self.seq * self.head_dim * _dtype_bytes(self.dtype)
+
+    @property
+    def step_flops(self) -> int:
+        """Matrix FLOPs of one workgroup's KV step: Q K^T and P V."""
+        return 4 * self.bq * self.bkv * self.head_dim
 
     def streams(self, coords, line: int) -> list[Stream]:
         b, h, q = (np.asarray(c) for c in coords)

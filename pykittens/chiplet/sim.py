@@ -62,6 +62,10 @@ class Machine:
     round_robin: bool
     wgs_per_cu: int = 1
     l2_partitions: int = 1  # >1: the L2 (l2_bytes in all) split into homing partitions
+    # closed-loop dispatch (Timing.closed_loop): one resident slot's share of the dense
+    # matrix peak (16-bit operands; 8-bit ones twice that) and of the DRAM bandwidth
+    slot_flops_per_s: float = 0.0
+    slot_dram_bytes_per_s: float = 0.0
 
     @classmethod
     def of(cls, target, *, wgs_per_cu: int = 1, l2_bytes: int | None = None,
@@ -78,8 +82,15 @@ class Machine:
             raise ValueError(f"l2_partitions must be a positive integer, got {parts!r}")
         if parts > 1 and (t.num_xcds != 1 or llc > 0):
             raise ValueError("a partitioned L2 is modeled on one die without an LLC")
+        slots = t.num_cus * wgs_per_cu
+        facts = {n for n, _, _ in t.perf_facts}
+        peak = t.fact("dense_bf16_flops")[0] if "dense_bf16_flops" in facts else 0.0
+        chip = t.chips[-1]               # the clock under a tensor-bound load, measured
+        if f"load_clock_hz/{chip}" in facts:
+            peak *= t.fact(f"load_clock_hz/{chip}")[0] / t.fact(f"clock_hz/{chip}")[0]
         return cls(t.name, t.num_xcds, t.cus_per_xcd, l2, llc, t.cache_line_bytes,
-                   t.dispatch_round_robin, wgs_per_cu, parts)
+                   t.dispatch_round_robin, wgs_per_cu, parts, peak / slots,
+                   t.hbm_bytes_per_s / slots)
 
     @property
     def resident(self) -> int:
@@ -98,6 +109,10 @@ class Timing:
     # Where dispatch is not round robin (Hopper): each tile takes steps * (1 + tile_jitter *
     # u) steps, u uniform in [0, 1). Fitted on the H200 measurements (docs/chiplet.md).
     tile_jitter: float = 0.05
+    # Closed loop (Hopper): a tile takes at least the time its DRAM reads need at its slot's
+    # share of the bandwidth, replayed twice more with the tiles' reads of the previous
+    # pass, so tiles that miss fall behind and the dispatch order drifts with the misses.
+    closed_loop: bool = False
 
     def __post_init__(self):
         if not (self.launch_skew >= 0 and self.phase_jitter >= 0 and self.tile_jitter >= 0):
@@ -156,7 +171,7 @@ def start_steps(n: int, steps: int, resident: int, timing: Timing) -> np.ndarray
 
 
 def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
-              persistent: int | None):
+              persistent: int | None, mem_steps=None):
     """(start step, placement) of each tile by launch index. Placement is the XCD on a
     chiplet machine, the L2 partition of the tile's SM on a partitioned one.
 
@@ -164,7 +179,8 @@ def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
     (the single-LRU Hopper model auto_mapping keeps): `start_steps`, slot d % R, XCD d % X;
     a persistent launch only sets R. Otherwise (Hopper): slot starts as in `start_steps`, tiles of jittered
     length, handed to the slot that frees first (persistent=None) or walked by a fixed
-    slot (persistent=R: workgroup w takes tiles w, w + R, ...)."""
+    slot (persistent=R: workgroup w takes tiles w, w + R, ...). `mem_steps` (closed loop):
+    each tile's DRAM time in steps, a floor under its length."""
     d = np.arange(n, dtype=np.int64)
     if machine.round_robin or (machine.l2_partitions == 1 and persistent is None):
         resident = persistent or machine.resident
@@ -174,7 +190,10 @@ def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
     rng = np.random.Generator(np.random.PCG64(timing.seed))
     jitter = rng.random(resident)
     free = (np.arange(resident) * timing.launch_skew + jitter * timing.phase_jitter).tolist()
-    length = (steps * (1.0 + timing.tile_jitter * rng.random(n))).tolist()
+    length = steps * (1.0 + timing.tile_jitter * rng.random(n))
+    if mem_steps is not None:                # closed loop: no faster than its DRAM reads
+        length = np.maximum(length, mem_steps)
+    length = length.tolist()
     start = np.empty(n)
     slot = np.empty(n, np.int64)
     if persistent:
@@ -195,8 +214,8 @@ def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
 
 
 def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
-           persistent: int | None = None):
-    """Every block access in time order: (item key, units, xcd), plus the unit size.
+           persistent: int | None = None, mem_steps=None):
+    """Every block access in time order: (item key, units, xcd, tile), plus the unit size.
 
     In each step, all reads of one stream come before the next stream's (prologue first),
     and a stream's reads are ordered by (start step, block): so requests for the same block
@@ -209,7 +228,7 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
     streams = op.streams(mapping(np.arange(n, dtype=np.int64)), machine.line_bytes)
     unit = functools.reduce(math.gcd, [s.nbytes for s in streams])
     steps = op.steps
-    t0, place = _schedule(n, steps, machine, timing, persistent)
+    t0, place = _schedule(n, steps, machine, timing, persistent, mem_steps)
     d = np.arange(n, dtype=np.int64)
     ticks = np.arange(t0.min(), t0.max() + steps, dtype=np.int64)
     parts, offset = [], 0
@@ -236,7 +255,7 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
         keys[pos] = off + (s.base[wg] * steps + k if s.per_step else s.base[wg])
         units[pos] = s.nbytes // unit
         wgs[pos] = wg
-    return keys, units, place[wgs], unit
+    return keys, units, place[wgs], wgs, unit
 
 
 def _expand(keys, units, span):
@@ -255,22 +274,25 @@ def home_partition(ukeys: np.ndarray, parts: int) -> np.ndarray:
 
 
 def partitioned_replay(ukeys: np.ndarray, upart: np.ndarray, home: np.ndarray,
-                       capacity: int, parts: int):
+                       capacity: int, parts: int, dram_mask: np.ndarray | None = None):
     """Replay unit requests through `parts` LRU partitions of `capacity` units each.
 
     Request i comes from an SM on partition upart[i] for a unit homed on home[i]. It looks
     up its own partition; on a miss for a unit homed elsewhere it looks up the home
     partition as well (both lookups counted, as ncu counts L2 tag lookups); a miss at home
     reads DRAM. A miss fills every partition it looked up. Returns (lookups, hits, DRAM
-    units, near hits per partition, requests per partition)."""
+    units, near hits per partition, requests per partition); `dram_mask`, if given, gets
+    True where a request read DRAM."""
     caches = [OrderedDict() for _ in range(parts)]
     near_hits = [0] * parts
     requests = np.bincount(upart, minlength=parts).tolist()
     far_lookups = home_hits = dram = 0
     if capacity <= 0:
         far = int((upart != home).sum())
+        if dram_mask is not None:
+            dram_mask[:] = True
         return len(ukeys) + far, 0, len(ukeys), near_hits, requests
-    for k, p, h in zip(ukeys.tolist(), upart.tolist(), home.tolist()):
+    for i, (k, p, h) in enumerate(zip(ukeys.tolist(), upart.tolist(), home.tolist())):
         c = caches[p]
         if k in c:
             c.move_to_end(k)
@@ -290,14 +312,18 @@ def partitioned_replay(ukeys: np.ndarray, upart: np.ndarray, home: np.ndarray,
             if len(c) > capacity:
                 c.popitem(last=False)
         dram += 1
+        if dram_mask is not None:
+            dram_mask[i] = True
     lookups = len(ukeys) + far_lookups
     return lookups, sum(near_hits) + home_hits, dram, near_hits, requests
 
 
-def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin):
+def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin,
+                          tiles=None):
     """The partitioned-L2 replay of a trace (see the module docstring). Repeats of a block
     within a run of identical consecutive requests, from a partition that already asked
-    for it in that run, are hits that change no LRU state: counted and skipped."""
+    for it in that run, are hits that change no LRU state: counted and skipped. With
+    `tiles` (each access's tile), also the DRAM bytes each tile read: (result, bytes)."""
     parts = machine.l2_partitions
     run = np.cumsum(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else keys
     _, first = np.unique(run * parts + part, return_index=True)
@@ -306,14 +332,16 @@ def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin
     span = int(units.max())
     ukeys = _expand(keys[fresh], units[fresh], span)
     upart = np.repeat(part[fresh], units[fresh])
+    mask = None if tiles is None else np.zeros(len(ukeys), bool)
     lookups, hits, dram, near_hits, requested = partitioned_replay(
-        ukeys, upart, home_partition(ukeys, parts), machine.l2_bytes // parts // unit, parts)
+        ukeys, upart, home_partition(ukeys, parts), machine.l2_bytes // parts // unit, parts,
+        mask)
     repeats = [int(units[~fresh & (part == p)].sum()) for p in range(parts)]
     lookups += sum(repeats)
     hits += sum(repeats)
     total = [r + q for r, q in zip(requested, repeats)]
     reads = dram * unit
-    return SimResult(
+    result = SimResult(
         op=op.describe(), mapping=mapping.spec, target=machine.name,
         l2_hit_rate=hits / lookups, llc_hit_rate=None,
         hbm_bytes=reads + op.output_bytes, hbm_read_bytes=reads,
@@ -322,6 +350,18 @@ def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin
         xcd_l2_hit_rates=tuple((h + q) / r if r else None
                                for h, q, r in zip(near_hits, repeats, total)),
         seconds=time.perf_counter() - t_begin, l2_lookup_bytes=lookups * unit)
+    if tiles is None:
+        return result
+    utile = np.repeat(tiles[fresh], units[fresh])
+    return result, np.bincount(utile[mask], minlength=mapping.size) * unit
+
+
+CLOSED_LOOP_PASSES = 3        # replays of a closed-loop launch (the first one open loop)
+
+
+def _dtype_bits(op) -> int:
+    from ..ir.types import dtype_of
+    return dtype_of(op.dtype).bits
 
 
 def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None = None,
@@ -341,7 +381,17 @@ def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None =
                                    or not isinstance(persistent, int) or persistent < 1):
         raise ValueError(f"persistent must be a positive number of workgroups, "
                          f"got {persistent!r}")
-    keys, units, xcd, unit = _trace(op, mapping, machine, timing, persistent)
+    keys, units, xcd, tiles, unit = _trace(op, mapping, machine, timing, persistent)
+    if machine.l2_partitions > 1 and timing.closed_loop and machine.slot_dram_bytes_per_s:
+        # a step's time at the slot's share of the matrix peak (8-bit operands at twice
+        # the 16-bit rate), and the DRAM bytes the slot's share of bandwidth moves in it
+        rate = machine.slot_flops_per_s * (2 if _dtype_bits(op) == 8 else 1)
+        step_bytes = machine.slot_dram_bytes_per_s * op.step_flops / rate
+        for _ in range(CLOSED_LOOP_PASSES - 1):
+            _, read = _simulate_partitioned(op, mapping, machine, keys, units, xcd, unit,
+                                            t_begin, tiles)
+            keys, units, xcd, tiles, unit = _trace(op, mapping, machine, timing, persistent,
+                                                   read / step_bytes)
     if machine.l2_partitions > 1:
         return _simulate_partitioned(op, mapping, machine, keys, units, xcd, unit, t_begin)
     span = int(units.max())

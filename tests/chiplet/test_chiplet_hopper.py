@@ -129,3 +129,28 @@ def test_cdna_ignores_the_hopper_timing_and_persistence_only_sets_the_slots():
     base = simulate(op, mp, "gfx950")
     assert simulate(op, mp, "gfx950", timing=Timing(tile_jitter=0.9)) == base
     assert simulate(op, mp, "gfx950", persistent=256).hbm_read_bytes == base.hbm_read_bytes
+
+
+def test_closed_loop_dispatch_follows_the_dram_time_of_each_tile():
+    """Timing(closed_loop=True): a tile lasts at least its DRAM reads' time at its slot's
+    share of the bandwidth. Unbounded bandwidth leaves the open-loop replay as it was; a
+    starved one slows the tiles that miss, the walk drifts, and the traffic changes. The
+    round-robin CDNA model has no such dispatch and ignores it."""
+    import dataclasses
+    op = chiplet.Gemm(2048, 4096, 1024, bm=128, bn=256, bk=64)
+    mp = M.gemm_grouped(*op.grid, 4)
+    closed = Timing(closed_loop=True)
+    base = hopper(8 << 20)
+    assert base.slot_dram_bytes_per_s > 0 and base.slot_flops_per_s > 0
+    for persistent in (None, 32):
+        open_loop = simulate(op, mp, machine=base, persistent=persistent)
+        fast = dataclasses.replace(base, slot_dram_bytes_per_s=1e30)
+        assert simulate(op, mp, machine=fast, timing=closed, persistent=persistent) == \
+            dataclasses.replace(open_loop, target=fast.name)
+        starved = dataclasses.replace(base, slot_dram_bytes_per_s=1e6)
+        slow = simulate(op, mp, machine=starved, timing=closed, persistent=persistent)
+        assert (slow.l2_hit_rate, slow.hbm_read_bytes) != \
+            (open_loop.l2_hit_rate, open_loop.hbm_read_bytes)
+    cdna = chiplet.Gemm(4096, 4096, 1024)
+    xm = M.gemm_xcd(*cdna.grid, 4, 32, 8)
+    assert simulate(cdna, xm, "gfx950", timing=closed) == simulate(cdna, xm, "gfx950")
