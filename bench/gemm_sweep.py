@@ -37,16 +37,12 @@ def sweep_shapes() -> list[tuple[int, int, int]]:
     return [(s, s, s) for s in SQUARES] + [(m, n, k) for m in TOKENS for n, k in LLAMA]
 
 
-def _stored(layout, m, n, k):
-    """Shapes of A and B as gemm_ws's LAYOUT stores them."""
-    return ((m, k) if layout[0] == "n" else (k, m)), ((n, k) if layout[1] == "t" else (k, n))
-
-
-def _plan(layout, m, n, k, itemsize=2):
-    from pykittens.kernels import Operand, gemm_ws_launch
-    a, b = _stored(layout, m, n, k)
-    i = {"a": Operand(a, itemsize), "b": Operand(b, itemsize), "c": Operand((m, n), 2)}
-    return gemm_ws_launch(i, TARGET, layout=layout)
+def _plan(layout, m, n, k, itemsize=2, **rule):
+    """gemm_ws_launch's (grid, consts) for the product stored as `layout`, bf16 C."""
+    from pykittens.kernels import gemm_ws_launch
+    from pykittens.ops.matmul import ws_operands
+    return gemm_ws_launch(ws_operands(layout, m, k, n, itemsize, out_itemsize=2), TARGET,
+                          layout=layout, **rule)
 
 
 def builds():
@@ -118,10 +114,8 @@ def step_sweep(rows, details):
         t_cublas, t_default, t_op = interleaved(
             [lambda: F.linear(x, w), lambda: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **consts),
              lambda: pko.linear(x, w)], reps)
-        problem = {"m": m, "k": k, "n": n, "layout": "nt", "dtype": str(x.dtype),
-                   "target": TARGET, "gpu": torch.cuda.get_device_name()}
-        cands = M.gemm_ws_candidates(TARGET, m, k, n, 2)
-        entry = _tune_entry(tune, problem, cands)
+        entry = tune.entry("gemm_ws", M.gemm_ws_problem(x, "nt", m, k, n),
+                           M.gemm_ws_candidates(TARGET, m, k, n, 2))
         best = entry["best"] if entry else None
         r = t_cublas / t_op
         ratios.append(r)
@@ -155,13 +149,6 @@ def interleaved(fns, reps, rounds=3) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def _tune_entry(tune, problem, candidates):
-    import json
-    from pykittens.toolchain.cache import lookup
-    raw = lookup(tune.KIND, tune._key("gemm_ws", problem, candidates))
-    return json.loads(raw) if raw else None
-
-
 def _short(c) -> str:
     """A tuned choice in a few characters: its block order and width."""
     if not c:
@@ -173,12 +160,12 @@ def step_layouts(rows, details):
     """gemm_ws reading each operand as stored, against cuBLAS on the same product."""
     import torch
     from pykittens.kernels.gemm import gemm_ws
+    from pykittens.ops.matmul import ws_stored
     from pykittens.runtime.launch import launch
     for m, n, k in ((1000, 1528, 776),) + LAYOUT_SHAPES:
         flops, reps = 2 * m * n * k, _reps(2 * m * n * k)
         for layout in ("nt", "nn", "tn"):
-            sa, sb = _stored(layout, m, n, k)
-            a, b = _rand(*sa), _rand(*sb)
+            a, b = ws_stored(layout, m, k, n, lambda shape: _rand(*shape)).values()
             A = a if layout[0] == "n" else a.t()
             B = b.t() if layout[1] == "t" else b
 
@@ -208,9 +195,7 @@ FP8_VARIANTS = {"promoted every K step": True, "promoted every 2": 2, "promoted 
 def _fp8_plans(s):
     """(label, grid, consts) of each fp8 build timed: the launch rule's (promoting every K
     step), promotion every 2 and 4 steps, and the tensor cores' own accumulation."""
-    from pykittens.kernels import Operand, gemm_ws_launch
-    i = {n: Operand((s, s), 1) for n in "ab"} | {"c": Operand((s, s), 2)}
-    return [(label, *gemm_ws_launch(i, TARGET, promote=p)) for label, p in FP8_VARIANTS.items()]
+    return [(label, *_plan("nt", s, s, s, 1, promote=p)) for label, p in FP8_VARIANTS.items()]
 
 
 def step_fp8(rows, details):

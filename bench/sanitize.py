@@ -153,19 +153,8 @@ def run_rows_staged():
                  (lambda x, r, w: pko.add_rms_norm(x, r, w, 1e-6)[0],
                   lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), (x, r, w))]
         for mine, ref, inputs in cases:
-            a = [t.clone().requires_grad_() for t in inputs]
-            f = [t.float().requires_grad_() for t in inputs]
-            got = torch.autograd.grad(mine(*a), a, dy)
-            want = torch.autograd.grad(ref(*f), f, dy.float())
-            for g, e in zip(got, want):
-                err = float((g.float() - e).norm() / e.norm())
-                if not err < 2e-2:
-                    wrong += 1
-                    print("WRONG:", m, n, err)
-    torch.cuda.synchronize()
-    print(f"rows_staged: {wrong} wrong gradients")
-    if wrong:
-        raise SystemExit(1)
+            wrong += _wrong_vs_float32(mine, ref, inputs, dy, (m, n))
+    _verdict("rows_staged", wrong, "wrong gradients")
 
 
 def run_linear():
@@ -180,18 +169,36 @@ def run_linear():
         x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
         w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
         dy = torch.randn(m, n, dtype=torch.bfloat16).to("cuda")
-        a = [t.clone().requires_grad_() for t in (x, w)]
-        f = [t.float().requires_grad_() for t in (x, w)]
-        y, y_ref = pko.linear(*a), F.linear(*f)
-        got = (y,) + torch.autograd.grad(y, a, dy)
-        want = (y_ref,) + torch.autograd.grad(y_ref, f, dy.float())
-        for g, e in zip(got, want):
-            err = float((g.float() - e).norm() / e.norm())
-            if not err < 2e-2:
-                wrong += 1
-                print("WRONG:", m, k, n, err)
+        wrong += _wrong_vs_float32(pko.linear, F.linear, (x, w), dy, (m, k, n), outputs=True)
+    _verdict("linear", wrong, "wrong results")
+
+
+def _wrong_vs_float32(mine, ref, inputs, dy, what, outputs=False) -> int:
+    """How many of mine's gradients for `dy` (and, with outputs, its output) are 2e-2 or
+    more (relative) from float32 torch's `ref` on the same inputs; each printed with
+    `what`."""
+    import torch
+    a = [t.clone().requires_grad_() for t in inputs]
+    f = [t.float().requires_grad_() for t in inputs]
+    y, y_ref = mine(*a), ref(*f)
+    got = torch.autograd.grad(y, a, dy)
+    want = torch.autograd.grad(y_ref, f, dy.float())
+    if outputs:
+        got, want = (y,) + got, (y_ref,) + want
+    wrong = 0
+    for g, e in zip(got, want):
+        err = float((g.float() - e).norm() / e.norm())
+        if not err < 2e-2:
+            wrong += 1
+            print("WRONG:", *what, err)
+    return wrong
+
+
+def _verdict(name: str, wrong: int, what: str) -> None:
+    """Print the count once the GPU is done; exit 1 when anything was wrong."""
+    import torch
     torch.cuda.synchronize()
-    print(f"linear: {wrong} wrong results")
+    print(f"{name}: {wrong} {what}")
     if wrong:
         raise SystemExit(1)
 

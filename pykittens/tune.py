@@ -24,16 +24,24 @@ def _key(name: str, problem: dict, candidates: list[dict]) -> str:
                      json.dumps(candidates, sort_keys=True))
 
 
-def cached(name: str, problem: dict, candidates: list[dict]) -> dict | None:
-    """The choice stored for this problem and candidate list, or None (not tuned yet, or
-    an entry that no longer names one of the candidates)."""
+def entry(name: str, problem: dict, candidates: list[dict]) -> dict | None:
+    """The stored record of tuning this problem over these candidates (its "best", the
+    "timings" of every candidate, the "failed" ones), or None (not tuned yet, or an entry
+    that is not one)."""
     raw = lookup(KIND, _key(name, problem, candidates))
     if raw is None:
         return None
     try:
-        best = json.loads(raw)["best"]
-    except (ValueError, KeyError, TypeError):
+        record = json.loads(raw)
+    except ValueError:
         return None
+    return record if isinstance(record, dict) else None
+
+
+def cached(name: str, problem: dict, candidates: list[dict]) -> dict | None:
+    """The choice stored for this problem and candidate list, or None (not tuned yet, or
+    an entry that no longer names one of the candidates)."""
+    best = (entry(name, problem, candidates) or {}).get("best")
     return best if best in candidates else None
 
 

@@ -287,7 +287,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     # the clock the kernel runs at: the chip's measured clock under a tensor-bound load
     # where there is one (an H200 holds its power cap lower), else the peak clock
     load = f"load_clock_hz/{chip}"
-    measured_load = any(n == load for n, _, _ in t.perf_facts)
+    measured_load = t.has_fact(load)
     run_clock = _fact(t, load, used) if measured_load else clock
     lp = plan(kernel_name, t.name, m, n, k, dtype, out)
     kernel, grid, consts = lp.kernel, lp.grid, lp.consts

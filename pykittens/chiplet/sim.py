@@ -46,6 +46,7 @@ import numpy as np
 
 from .. import targets
 from .mapping import Mapping, dispatch_xcd
+from .ops import _dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,9 @@ class Machine:
         if parts > 1 and (t.num_xcds != 1 or llc > 0):
             raise ValueError("a partitioned L2 is modeled on one die without an LLC")
         slots = t.num_cus * wgs_per_cu
-        facts = {n for n, _, _ in t.perf_facts}
-        peak = t.fact("dense_bf16_flops")[0] if "dense_bf16_flops" in facts else 0.0
+        peak = t.fact("dense_bf16_flops")[0] if t.has_fact("dense_bf16_flops") else 0.0
         chip = t.chips[-1]               # the clock under a tensor-bound load, measured
-        if f"load_clock_hz/{chip}" in facts:
+        if t.has_fact(f"load_clock_hz/{chip}"):
             peak *= t.fact(f"load_clock_hz/{chip}")[0] / t.fact(f"clock_hz/{chip}")[0]
         return cls(t.name, t.num_xcds, t.cus_per_xcd, l2, llc, t.cache_line_bytes,
                    t.dispatch_round_robin, wgs_per_cu, parts, peak / slots,
@@ -359,11 +359,6 @@ def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin
 CLOSED_LOOP_PASSES = 3        # replays of a closed-loop launch (the first one open loop)
 
 
-def _dtype_bits(op) -> int:
-    from ..ir.types import dtype_of
-    return dtype_of(op.dtype).bits
-
-
 def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None = None,
              timing: Timing | None = None, wgs_per_cu: int = 1,
              persistent: int | None = None) -> SimResult:
@@ -385,7 +380,7 @@ def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None =
     if machine.l2_partitions > 1 and timing.closed_loop and machine.slot_dram_bytes_per_s:
         # a step's time at the slot's share of the matrix peak (8-bit operands at twice
         # the 16-bit rate), and the DRAM bytes the slot's share of bandwidth moves in it
-        rate = machine.slot_flops_per_s * (2 if _dtype_bits(op) == 8 else 1)
+        rate = machine.slot_flops_per_s * (2 if _dtype_bytes(op.dtype) == 1 else 1)
         step_bytes = machine.slot_dram_bytes_per_s * op.step_flops / rate
         for _ in range(CLOSED_LOOP_PASSES - 1):
             _, read = _simulate_partitioned(op, mapping, machine, keys, units, xcd, unit,

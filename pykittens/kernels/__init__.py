@@ -419,8 +419,9 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
     step's products to the f32 accumulator unless promote=False (PROMOTE=1, BN = 128: the
     tensor cores' fp8 accumulation keeps fewer bits; without it, BN = 256 at their full
-    rate); promote=n promotes every n K steps instead (faster, less exact). A 16-bit C leaves through shared memory and TMA stores. TMA copies A and B: their
-    stored rows must be multiples of 16 bytes. bn=128 or 256 overrides the block width
+    rate); promote=n promotes every n K steps instead (faster, less exact). A 16-bit C of
+    128-wide blocks leaves through shared memory and TMA stores, 256-wide blocks store it
+    from registers. TMA copies A and B: their stored rows must be multiples of 16 bytes. bn=128 or 256 overrides the block width
     (an autotuner's candidate). layout: how A and B are stored (gemm_ws's LAYOUT; MN-major
     operands are 16-bit only)."""
     m, k, n = gemm_ws_dims(layout, i["a"].shape, i["b"].shape)
@@ -597,9 +598,9 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 __all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_dims", "gemm_ws_grid",
-           "gemm_ws_launch",
-           "ln_tma_consts", "rel_err", "row_launch", "stats_launch", "ln_launch",
-           "ln_grad_launch", "rms_grad_launch", "rope_launch", "softmax_grad_launch",
-           "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
+           "gemm_ws_launch", "ln_tma_consts", "rel_err", "row_launch", "stats_launch",
+           "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
+           "softmax_grad_launch", "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong",
+           "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
            "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",
            "scaled_add", "softmax", "softmax_bwd", "tma_scale", "ws_scale"]

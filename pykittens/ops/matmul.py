@@ -69,8 +69,7 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
     C stored through shared memory and TMA (three ring stages beside the staging) and
     128-wide blocks, then 128-wide blocks with the consumers in ping-pong (16-bit)."""
     from ..chiplet import mapping as chip
-    i = {**_stored(layout, m, k, n, lambda shape: Operand(shape, itemsize)),
-         "c": Operand((m, n), itemsize)}
+    i = ws_operands(layout, m, k, n, itemsize)
     _, first = gemm_ws_launch(i, target, layout=layout)
     out = [first]
     tm, tn = first["TM"], first["TN"]
@@ -96,10 +95,25 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
     return out
 
 
-def _stored(layout: str, m: int, k: int, n: int, make) -> dict:
+def ws_stored(layout: str, m: int, k: int, n: int, make) -> dict:
     """{"a": make(A's stored shape), "b": make(B's)} for gemm_ws's LAYOUT."""
     return {"a": make((m, k) if layout[0] == "n" else (k, m)),
             "b": make((n, k) if layout[1] == "t" else (k, n))}
+
+
+def ws_operands(layout: str, m: int, k: int, n: int, itemsize: int,
+                out_itemsize: int | None = None) -> dict:
+    """gemm_ws_launch's inputs (kernels.Operand) for an (m, k) x (k, n) product stored as
+    `layout`, C of `out_itemsize` bytes an element (default: the operands')."""
+    return {**ws_stored(layout, m, k, n, lambda shape: Operand(shape, itemsize)),
+            "c": Operand((m, n), out_itemsize or itemsize)}
+
+
+def gemm_ws_problem(a: torch.Tensor, layout: str, m: int, k: int, n: int) -> dict:
+    """What the autotuner's choice for a product of a's type on a's GPU depends on (its
+    disk-cache key, with the candidates)."""
+    return {"m": m, "k": k, "n": n, "layout": layout, "dtype": str(a.dtype),
+            "target": target_of(a), "gpu": torch.cuda.get_device_name(a.device)}
 
 
 def _tuned(a: torch.Tensor, form: str, m: int, k: int, n: int, consts: dict) -> dict:
@@ -113,15 +127,14 @@ def _tuned(a: torch.Tensor, form: str, m: int, k: int, n: int, consts: dict) -> 
     from .. import tune
     from ..runtime.launch import launch
     target = target_of(a)
-    problem = {"m": m, "k": k, "n": n, "layout": layout, "dtype": str(a.dtype),
-               "target": target, "gpu": torch.cuda.get_device_name(dev)}
+    problem = gemm_ws_problem(a, layout, m, k, n)
     candidates = gemm_ws_candidates(target, m, k, n, a.itemsize, layout)
     if torch.cuda.is_current_stream_capturing():     # no timing inside a graph capture
         return tune.cached("gemm_ws", problem, candidates) or consts
 
     def measure(c):
-        ops = _stored(layout, m, k, n,
-                      lambda shape: torch.randn(shape, device=dev).to(a.dtype))
+        ops = ws_stored(layout, m, k, n,
+                        lambda shape: torch.randn(shape, device=dev).to(a.dtype))
         y = a.new_empty((m, n))
         grid = gemm_ws_grid(c, target)
         return tune.graph_time(lambda: launch(gemm_ws, grid=grid, c=y, **ops, **c), 5)
@@ -140,9 +153,8 @@ def _plan(target: str, form: str, m: int, k: int, n: int, itemsize: int):
     choice)."""
     layout = ws_layout(target, form, m, k, n, itemsize)
     if layout is not None:
-        i = {**_stored(layout, m, k, n, lambda shape: Operand(shape, itemsize)),
-             "c": Operand((m, n), itemsize)}
-        return (gemm_ws, *gemm_ws_launch(i, target, layout=layout))
+        return (gemm_ws, *gemm_ws_launch(ws_operands(layout, m, k, n, itemsize), target,
+                                         layout=layout))
     if target in STEP_BYTES:
         return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize))
     i = {"a": Operand((m, k), itemsize), "b": Operand((k, n), itemsize)}

@@ -176,6 +176,10 @@ class Target:
                        f"{', '.join(n for n, _, _ in self.perf_facts) or 'none'} "
                        "(add it, cited, to its file in pykittens/targets)")
 
+    def has_fact(self, name: str) -> bool:
+        """Whether the target's file states the performance fact `name`."""
+        return any(n == name for n, _, _ in self.perf_facts)
+
     @property
     def num_cus(self) -> int:
         return self.num_xcds * self.cus_per_xcd
