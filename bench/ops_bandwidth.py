@@ -296,16 +296,26 @@ def _raw_launch_call():
 
 def step_host(rows, details):
     import pykittens as pk
+    from pykittens.ops import replay
     from pykittens.runtime import launch as launch_mod
     shapes = _host_inputs()
     for op in _ops():
         inputs = op.make(shapes[op.name])
         us = {name: _host_us(lambda fn=fn: fn(*inputs)) for name, fn in
               (("pykittens", op.pykittens), ("torch", op.torch))}
+        replayed = _tuple(op.pykittens(*inputs))
+        replay.ENABLED = False                 # the op's whole path on every call
+        try:
+            us["pykittens, no replay"] = _host_us(lambda: op.pykittens(*inputs))
+            same = all(torch.equal(a, b) for a, b in zip(replayed, _tuple(op.pykittens(*inputs))))
+        finally:
+            replay.ENABLED = True
         details.append({"step": "host", "op": op.name, "shape": shapes[op.name],
-                        "us_per_call": us})
+                        "us_per_call": us, "replay_matches_full_path": same})
         rows.append(["host", op.name, f"pykittens {us['pykittens']:.1f} us",
-                     f"torch {us['torch']:.1f} us", "per cached forward call"])
+                     f"torch {us['torch']:.1f} us",
+                     f"per cached forward call ({us['pykittens, no replay']:.1f} us "
+                     "without replay)" + ("" if same else ": replay differs FAIL")])
     kernel, args, grid, consts = _raw_launch_call()
     us = {}
     for fast in (True, False):
@@ -342,7 +352,7 @@ def _block(leaves, cos, sin, grads_out):
 
 
 def step_graph(rows, details):
-    from pykittens.runtime import launch as launch_mod
+    from pykittens.runtime import cuda
     leaves, cos, sin = _block_inputs()
     gouts = [_rand(*leaves[0].shape), _rand(*leaves[0].shape)]
     side = torch.cuda.Stream()
@@ -351,14 +361,14 @@ def step_graph(rows, details):
         for _ in range(3):
             _block(leaves, cos, sin, gouts)
     torch.cuda.current_stream().wait_stream(side)
-    launches, real = [], launch_mod.launch
-    launch_mod.launch = lambda *a, **k: launches.append(1) or real(*a, **k)
+    launches, real = [], cuda.Function.launch_checked      # every kernel launch passes here
+    cuda.Function.launch_checked = lambda *a, **k: launches.append(1) or real(*a, **k)
     try:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             static = _block(leaves, cos, sin, gouts)
     finally:
-        launch_mod.launch = real
+        cuda.Function.launch_checked = real
     with torch.no_grad():                                   # new inputs, in place
         for t in leaves:
             t.copy_(_rand(*t.shape, scale=0.1 if t.dim() == 1 else 1.0,

@@ -137,9 +137,12 @@ def test_gemm_ws_pingpong_consumers_take_turns_over_whole_blocks(layout, c_dtype
     consts = {**consts, "PINGPONG": 1, "TMA_STORE": 0}
     want = A.astype(np.float64) @ B.astype(np.float64).T
     assert grid == 9
-    for g in (9, 5, 2, 1):
+    # reverse wave order: the consumers run first, so one that waited for a ring step a
+    # whole block ahead of the stage's phase (without the turns) reads a stage too early
+    for g, order in ((9, "forward"), (5, "forward"), (2, "forward"), (1, "forward"),
+                     (2, "reverse")):
         out = pk.emulate(KERNELS["gemm_ws"].kernel, grid=(g,), target="sm_90a", **inputs,
-                         **consts)["c"]
+                         wave_order=order, **consts)["c"]
         assert rel_err(out, want) < (1e-6 if c_dtype == np.float32 else 1e-2)
     for bad in ({"BN": 256}, {"TMA_STORE": 1}, {"PROMOTE": 1}):
         with pytest.raises(pk.KernelError, match="PINGPONG=1"):

@@ -52,6 +52,54 @@ def test_a_wait_that_never_completes_is_a_deadlock(rng):
     assert "test_hopper_sync.py" in str(e.value)
 
 
+@pk.kernel(num_waves=12)
+def alternate(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], TURNS: pk.const = 0):
+    """Four blocks of two 32 x 64 steps through a two-stage ring, two consumer warpgroups
+    taking alternate blocks (as gemm_ws's ping-pong does); TURNS=1 orders them (each
+    starts a block once the other has waited for every step of the block before)."""
+    ring = pk.Ring(2, fill=4, drain=4, s=pk.st((32, 64), pk.f32))
+    turns = [pk.mbarrier(4) for _ in range(2)]
+    w = pk.wave_id() % 4
+    with pk.role(0, 4):
+        for step in pk.static_range(8):
+            st = ring.acquire(step)
+            pk.store(st.s, pk.load(pk.rt((8, 64), pk.f32), x, (32 * step + 8 * w, 0)),
+                     (8 * w, 0))
+            pk.arrive(st.full)
+    for g in pk.static_range(2):
+        with pk.role(4 + 4 * g, 4):
+            for block in pk.static_range(g, 4, 2):
+                if TURNS and block > 0:
+                    pk.wait(turns[g], ((block - 1) // 2) % 2)
+                for step in pk.static_range(2 * block, 2 * block + 2):
+                    st = ring.wait(step)
+                    pk.store(out, pk.load(pk.rt((8, 64), pk.f32), st.s, (8 * w, 0)),
+                             (32 * step + 8 * w, 0))
+                    ring.release(step)
+                if TURNS:
+                    pk.arrive(turns[1 - g])
+
+
+def test_a_wait_for_a_phase_two_ahead_is_caught_in_reverse_wave_order(rng):
+    """An mbarrier wait tells a stage's current phase only from the one before: consumer 1
+    waiting for step 2 of a two-stage ring passes at once if the stage has not completed
+    step 0 yet (phase parity 0 looks like "phase -1 done"). Forward order (the producer
+    first) hides it; running the consumers first shows it."""
+    x = rng.standard_normal((256, 64)).astype(np.float32)
+
+    def run(order, **c):
+        return pk.emulate(alternate, x, np.zeros_like(x), grid=1, target="sm_90a",
+                          wave_order=order, **c)["out"]
+    np.testing.assert_array_equal(run("forward"), x)           # hidden
+    with pytest.raises(pk.KernelError, match="shared memory") as e:
+        run("reverse")
+    assert "test_hopper_sync.py" in str(e.value)
+    for order in ("forward", "reverse"):                         # ordered: right either way
+        np.testing.assert_array_equal(run(order, TURNS=1), x)
+    with pytest.raises(ValueError, match="wave_order is one of forward, reverse"):
+        run("random")
+
+
 @needs_ptxas
 def test_hopper_ptx_and_cubin():
     res = compiler.code_object(ws_scale, "sm_90a", DT="bf16")

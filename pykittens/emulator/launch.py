@@ -1,6 +1,8 @@
 """`pk.emulate`: trace, lower and run a kernel on the CPU for a target."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..lang.kernel import Peers, peer_members
@@ -9,7 +11,8 @@ from ..runtime.args import bind_args, check_grid, check_kernel, check_program_ar
 from .machine import World, run_program
 
 
-def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kwargs) -> dict:
+def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False,
+            wave_order: str | None = None, **kwargs) -> dict:
     """Run `kernel` in the emulator as `target` would, over `grid` workgroups.
 
     Tensor and scalar arguments go by position or name; other keywords are compile-time
@@ -21,6 +24,12 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
 
     isa=True (gfx942, gfx950): compile the kernel for `target` and execute its code object
     instruction by instruction instead (`pykittens.isa`), checking wait-state hazards.
+
+    wave_order: which of a workgroup's runnable waves runs first, "forward" (wave 0) or
+    "reverse" (the last); default $PYKITTENS_WAVE_ORDER, else "forward" (so a test suite
+    can be run under both). The GPU promises neither; a kernel whose waits depend on the
+    order (e.g. an mbarrier wait for a phase two ahead of the barrier's, which its parity
+    lets through) reads unwritten memory under one of them and is reported.
     """
     check_kernel(kernel, "pk.emulate")
     if isa:
@@ -30,7 +39,8 @@ def emulate(kernel, *args, grid, target: str = "gfx950", isa: bool = False, **kw
     if any(isinstance(v, np.ndarray) and v.size == 0 for v in arrays.values()):
         out = {p.name: np.array(arrays[p.name]) for p in prog.params if p.kind == "gl"}
     else:
-        out = run_program(prog, arrays, grid)
+        out = run_program(prog, arrays, grid,
+                          wave_order or os.environ.get("PYKITTENS_WAVE_ORDER", "forward"))
     return _peers_as_lists(kernel, out)
 
 

@@ -520,8 +520,25 @@ class _Machine:
         so a stage released before its group retired shows as a race or a wrong result."""
         a = None if op.attrs["a_region"] is not None else self.get(w, op.srcs[0])
         regions = (self.at(w, op.attrs["region"]), self.at(w, op.attrs["a_region"]))
+        if self.world.wave_order == "reverse":   # the tensor cores may read it right away
+            for region, rows, cols in self._wgmma_operands(w, op, regions):
+                self._check_lds_read(w, op, _element_bytes(region, rows, cols))
         w.wgmma_groups.append((op, a, regions))
         self._retire_wgmma(w, op.attrs["in_flight"])
+
+    @staticmethod
+    def _wgmma_operands(w, op, regions):
+        """(shared tile, rows, cols) of the shared operands a wgmma group reads: B (K x N, or
+        N x K when K-major) and, from shared memory, this wave's 16 rows of A's 64 x K tile
+        (K x 64 when MN-major), as (element rows, cols) of each tile; A as K x 16 where
+        MN-major (transposed by the reader)."""
+        (region, a_region), n, k = regions, op.attrs["n"], op.attrs["k"]
+        kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
+        out = [(region, *((nn, kk) if op.attrs["b_kmajor"] else (kk, nn)))]
+        if a_region is not None:                     # rows of this wave within its warpgroup
+            rows = (w.wave % 4) * 16 + np.arange(16)[:, None]
+            out.append((a_region, *((rows, kk.T) if op.attrs["a_kmajor"] else (kk, rows.T))))
+        return out
 
     def x_wgmma_wait(self, w, op):
         self._retire_wgmma(w, op.attrs["in_flight"])
@@ -536,14 +553,12 @@ class _Machine:
         64 x K tile (K x 64 when MN-major), with swizzle, ordering and initialisation
         checks; acc in registers.
         The shared tiles are the stages picked when the group was issued."""
-        (region, a_region), n, k = regions, op.attrs["n"], op.attrs["k"]
-        kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
-        B = self._shared_matrix(w, op, region, *((nn, kk) if op.attrs["b_kmajor"] else
-                                                 (kk, nn)))
-        if a_region is not None:                     # rows of this wave within its warpgroup
-            rows = (w.wave % 4) * 16 + np.arange(16)[:, None]
-            A = self._shared_matrix(w, op, a_region, rows, kk.T) if op.attrs["a_kmajor"] \
-                else self._shared_matrix(w, op, a_region, kk, rows.T).T
+        (b_region, b_rows, b_cols), *a_tile = self._wgmma_operands(w, op, regions)
+        B = self._shared_matrix(w, op, b_region, b_rows, b_cols)
+        if a_tile:
+            A = self._shared_matrix(w, op, *a_tile[0])
+            if not op.attrs["a_kmajor"]:
+                A = A.T
         else:
             A = _matrix(op.attrs["a_layout"], a_regs, np.float64)
         if op.attrs.get("zero"):                 # scale-d = 0: acc is not read
@@ -813,9 +828,11 @@ class _Machine:
         gens = {w: self.run_block(w, self.p.body) for w in waves}
         state = {w: None for w in waves}        # None: runnable; op: blocked; "done"
         moved = False                           # since the world last resumed it
+        eager = self.world.wave_order == "reverse"
+        turns = waves[::-1] if eager else waves
         while True:
             progressed = False
-            for w in waves:
+            for w in turns:
                 st = state[w]
                 if st == "done" or (st is not None and st.kind in ("barrier", "wgmma")):
                     continue
@@ -825,6 +842,12 @@ class _Machine:
                     self._finish_wait(w, st)
                 try:
                     state[w] = next(gens[w])
+                    # reverse order: a wait that passes when reached does not give up the
+                    # wave's turn (the other waves' copies have not landed yet)
+                    while eager and state[w].kind == "mbar_wait" and \
+                            self._wait_done(w, state[w]):
+                        self._finish_wait(w, state[w])
+                        state[w] = next(gens[w])
                 except StopIteration:
                     state[w] = "done"
                     if w.wgmma_groups:
@@ -1048,10 +1071,14 @@ class World:
     one memory; accesses are ordered across workgroups only through flags (pk.signal /
     pk.wait_flag), which the race checks follow."""
 
-    def __init__(self, launches, resident: int):
-        """`launches`: (lane program, {param: array or number}, grid, label) each."""
+    def __init__(self, launches, resident: int, wave_order: str = "forward"):
+        """`launches`: (lane program, {param: array or number}, grid, label) each.
+        `wave_order`: which of a workgroup's runnable waves runs first (WAVE_ORDERS)."""
         from ..runtime.args import written_params
-        self.resident = resident
+        if wave_order not in WAVE_ORDERS:
+            raise ValueError(f"wave_order is one of {', '.join(WAVE_ORDERS)}, not "
+                             f"{wave_order!r}")
+        self.resident, self.wave_order = resident, wave_order
         self.ustride = max(p.num_waves for p, *_ in launches)
         self.sync = any(op.kind in ("signal", "flag_wait") for p, *_ in launches
                         for op in walk(p.body))
@@ -1151,9 +1178,17 @@ class World:
                        None, m.p.name)
 
 
-def run_program(prog: LaneProgram, args: dict, grid) -> dict:
+# The order in which a workgroup's runnable waves take turns (each runs until it blocks).
+# The GPU promises none: "forward" runs wave 0 (on Hopper, a producer) first, so copies
+# tend to land before anyone waits for them; "reverse" runs the last waves (consumers)
+# first, so a wait that a barrier's phase parity lets through too early (a phase two
+# ahead looks complete) reads memory nothing has written yet, and is reported.
+WAVE_ORDERS = ("forward", "reverse")
+
+
+def run_program(prog: LaneProgram, args: dict, grid, wave_order: str = "forward") -> dict:
     """Run `prog` over `grid` (tuple of up to 3 ints). `args` maps parameter names to numpy
     arrays (global tensors) or numbers (scalars); the same array under two names is one
     buffer. Returns the global tensors after the run (new arrays; the inputs are not
     modified)."""
-    return World([(prog, args, grid, "")], prog.target.num_cus).run()[0]
+    return World([(prog, args, grid, "")], prog.target.num_cus, wave_order).run()[0]

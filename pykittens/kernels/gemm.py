@@ -174,6 +174,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     def at(kmajor, row, k):           # a block's origin in its operand as stored
         return (row, k) if kmajor else (k, row)
     walk = pk.tile_walk(tiles, persistent=PERSISTENT)
+    # ping-pong: consumer g's turn[g] completes when the other has issued its block's
+    # mainloop, so that no consumer waits for a ring step two phases ahead of the stage
+    turns = [pk.mbarrier(4) for _ in range(2)] if PINGPONG else None
     with pk.role(0, 4, regs=40 if side_work is None else PRODUCER_REGS):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
@@ -191,7 +194,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=232):
             if PINGPONG:
-                pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma)
+                pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma, turns)
                 continue
             acc = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
             part = pk.empty(acc.type) if PROMOTE else None   # PROMOTE steps' products
@@ -236,18 +239,23 @@ def promote(acc, part) -> None:
     pk.fill(part, 0.0)
 
 
-def pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma) -> None:
+def pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma, turns) -> None:
     """Consumer warpgroup g of 2 taking every other block of the walk whole (both 64-row
     halves, two accumulators) instead of half of every block. The producer fills the ring
     in block order, so warpgroup g's next block streams in while it stores its last one
     and the other warpgroup's mainloop keeps the tensor cores busy: the store overlaps the
-    other's products (CUTLASS's ping-pong), the ring serialising the two mainloops. Each
-    stage is released by the one warpgroup that read it."""
+    other's products (CUTLASS's ping-pong). The mainloops take turns explicitly: block t's
+    starts once the other warpgroup has waited for every step of block t - 1 (turns[g]),
+    since an mbarrier wait tells only a stage's current phase from the one before — a
+    consumer running a whole block ahead would take a stage's earlier fill for its own.
+    Each stage is released by the one warpgroup that read it."""
     accs = [pk.empty(pk.rt((16, BN), pk.f32, role="acc")) for _ in range(2)]
     for t in walk.share(g, 2):
         m0, n0 = tile_of(walk.tile(t))
         for acc in accs:
             pk.fill(acc, 0.0)
+        with pk.if_(t > 0):             # the other's block t - 1: its ((t - 1) // 2)-th turn
+            pk.wait(turns[g], ((t - 1) // 2) % 2)
         for i in pk.range(steps):
             k = t * steps + i
             s = ring.wait(k)
@@ -255,6 +263,7 @@ def pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma) -> None:
             mma(accs[1], s.a[1], s.b, in_flight=2)       # step k - 1's two groups retired
             with pk.if_(i > 0):
                 ring.release(k - 1)
+        pk.arrive(turns[1 - g])                           # every step waited for
         pk.mma_wait(*accs)
         ring.release(t * steps + steps - 1)
         for h in pk.static_range(2):

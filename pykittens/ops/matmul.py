@@ -18,7 +18,7 @@ import torch
 from ..kernels import KERNELS, Operand, gemm_ws_grid, gemm_ws_launch
 from ..kernels.gemm import gemm, gemm_ws
 from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
-from .run import HALVES, check_same, check_tensor, custom_op, run, target_of
+from .run import HALVES, check_same, check_tensor, custom_op, replayable, run, target_of
 
 FORMS = ("nn", "nt", "tn")
 
@@ -64,8 +64,8 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
                        layout: str = "nt") -> list[dict]:
     """Constants of gemm_ws worth timing for an (m, k) x (k, n) product with operands stored
     as `layout`: the launch rule's choice first, then its block order replaced by row-major
-    and grouped windows of 4 to 32 block rows, then one workgroup per block (not
-    persistent) under the rule's order and windows of 8 and 16, then, for 256-wide blocks,
+    and grouped windows of 4 to 32 block rows, then, for 256-wide blocks, one workgroup per
+    block (not persistent) under the rule's order and windows of 8 and 16, then, for them,
     C stored through shared memory and TMA (three ring stages beside the staging) and
     128-wide blocks, then 128-wide blocks with the consumers in ping-pong (16-bit)."""
     from ..chiplet import mapping as chip
@@ -78,8 +78,11 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
         c = {**first, "MAP": spec}
         if c not in out:
             out.append(c)
-    for spec in [first["MAP"]] + [chip.gemm_grouped(tm, tn, w).spec for w in (8, 16)
-                                  if w < tm]:
+    # a block per workgroup: not with 128-wide blocks, whose TMA-staged C then hung the
+    # H200 (2048^3, measured 2026-12-01; the emulator finds no fault in either wave order)
+    per_block = [first["MAP"]] + [chip.gemm_grouped(tm, tn, w).spec for w in (8, 16)
+                                  if w < tm]
+    for spec in per_block if first["BN"] == 256 else ():
         c = {**first, "MAP": spec, "PERSISTENT": 0}
         if c not in out:
             out.append(c)
@@ -195,6 +198,7 @@ def _check(op, x_name, x, w_name, w):
     check_same(op, **{x_name: x, w_name: w})
 
 
+@replayable
 def linear(input, weight, bias=None):
     """torch.nn.functional.linear: input (..., K) times weight (N, K) transposed, plus bias
     (N,) if given; bfloat16 or float16, one dtype for all, float32 accumulation.
@@ -216,6 +220,7 @@ def linear(input, weight, bias=None):
     return y if bias is None else y + bias
 
 
+@replayable
 def matmul(input, other):
     """torch.matmul where `other` is a matrix (K, N) and input a matrix (M, K), a vector
     (K,) or a stack (..., M, K) of matrices (multiplied as one (M', K) matrix); bfloat16 or

@@ -11,7 +11,8 @@ from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
 from ..kernels.layernorm import layernorm, layernorm_bwd
 from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
-from .run import check_same, check_tensor, custom_op, placeholder, run, target_of
+from .run import (check_same, check_tensor, custom_op, kernel_output, placeholder, replayable,
+                  run, target_of)
 
 F32 = torch.float32
 
@@ -70,7 +71,7 @@ def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The output, and each row's mean and 1/std (rows 0 and 1 of a (2, rows) tensor)."""
     m, n = x.shape
-    y, stats = x.new_empty((m, n)), x.new_empty((2, m), dtype=F32)
+    y, stats = x.new_empty((m, n)), kernel_output(x, (2, m), F32)
     if x.numel() == 0:
         return y, stats
     grid, consts = stats_launch({"x": x}, target_of(x), launch=ln_launch)
@@ -132,6 +133,7 @@ def _ln_backward(ctx, dy, _dstats):
 _layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
 
 
+@replayable
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     """torch.nn.functional.layer_norm: normalise over the last dims `normalized_shape`
     (an int or a sequence) to zero mean and unit variance (biased), then scale by weight
@@ -152,7 +154,7 @@ def _rms_eps(x, eps):
 def _rms_forward(kernel, x, tensors: dict, weight, eps, outputs):
     """Launch or emulate a forward RMSNorm kernel with its statistics."""
     m = x.shape[0]
-    rstd = x.new_empty((m,), dtype=F32)
+    rstd = kernel_output(x, (m,), F32)
     if x.numel():
         row_bytes = (2 if "residual" in tensors else 1) * x.itemsize
         grid, consts = stats_launch({"x": x}, target_of(x), row_bytes=row_bytes)
@@ -235,6 +237,7 @@ for _op in (_rms_norm, _add_rms_norm):
     _op.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 
+@replayable
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     """torch.nn.functional.rms_norm: x / sqrt(mean(x^2) + eps) over the last dims
     `normalized_shape`, times weight (optional, of shape normalized_shape); eps=None is
@@ -244,6 +247,7 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     return _rms_norm(x, p["weight"], _rms_eps(x, eps))[0].view(input.shape)
 
 
+@replayable
 def add_rms_norm(x, residual, weight, eps: float | None = None):
     """The residual stream of a pre-norm block in one pass over memory: s = x + residual
     (rounded to their dtype, as the unfused sum is), then rms_norm(s, (n,), weight, eps)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels.rope import rope as rope_kernel, rope_launch
-from .run import check_same, check_tensor, custom_op, placeholder, run, target_of
+from .run import (check_same, check_tensor, custom_op, placeholder, replayable, run,
+                  target_of)
 
 
 @custom_op("pykittens::rope")
@@ -49,6 +50,7 @@ def _backward(ctx, dy):
 _rope.register_autograd(_backward, setup_context=_setup)
 
 
+@replayable
 def rope(x, cos, sin, interleaved: bool = False, positions=None):
     """Rotary position embedding of x (batch, seq, heads, head_dim), as FlashAttention's
     `apply_rotary_emb(x, cos, sin, interleaved)` takes it: cos and sin are (rows,

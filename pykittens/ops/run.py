@@ -9,6 +9,8 @@ import os
 import numpy as np
 import torch
 
+from .replay import kernel_output, on_gpu, recorder, replayable  # noqa: F401 (the ops' API)
+
 # the kernel schedule CPU tensors are emulated with (any pykittens target)
 EMULATE_TARGET = os.environ.get("PYKITTENS_EMULATE_TARGET", "sm_90a")
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)     # the row kernels' element types
@@ -124,9 +126,12 @@ def run(kernel, args: dict, grid, consts: dict, outputs=()) -> None:
     """Run `kernel` on the tensors of `args` (by parameter name): launched on their GPU, or
     emulated for CPU tensors with the results copied into the `outputs` tensors."""
     first = next(v for v in args.values() if isinstance(v, torch.Tensor))
-    if first.device.type != "cpu":
-        from ..runtime.launch import launch
-        launch(kernel, grid=grid, **args, **consts)
+    if on_gpu(first):
+        from ..runtime.launch import launch_plan
+        plan = launch_plan(kernel, grid=grid, **args, **consts)
+        rec = recorder()
+        if rec is not None:
+            rec.launched(plan, args)
         return
     from .. import emulate
     got = emulate(kernel, grid=grid, target=EMULATE_TARGET, **args, **consts)
@@ -137,7 +142,11 @@ def run(kernel, args: dict, grid, consts: dict, outputs=()) -> None:
 def placeholder(like: torch.Tensor, dims: int, dtype=None) -> torch.Tensor:
     """A tensor for a kernel parameter the chosen constants leave unread (an absent weight,
     a partial sum not asked for); 16-element rows keep the aligned build."""
-    return like.new_empty((1,) * (dims - 1) + (16,), dtype=dtype or like.dtype)
+    t = like.new_empty((1,) * (dims - 1) + (16,), dtype=dtype or like.dtype)
+    rec = recorder()
+    if rec is not None:
+        rec.placeholders.append(t)
+    return t
 
 
 def to_numpy(t):

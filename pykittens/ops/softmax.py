@@ -6,7 +6,7 @@ import torch
 
 from ..kernels import row_launch, softmax_grad_launch
 from ..kernels.softmax import softmax as softmax_kernel, softmax_bwd
-from .run import check_tensor, custom_op, run, target_of
+from .run import check_tensor, custom_op, replayable, run, target_of
 
 
 @custom_op("pykittens::softmax")
@@ -49,6 +49,7 @@ def _backward(ctx, dy):
 _softmax.register_autograd(_backward, setup_context=_setup)
 
 
+@replayable
 def softmax(input, dim: int = -1):
     """torch.softmax over the last dim (dim=-1 or input.dim() - 1), computed in float32 and
     rounded once to input's dtype (float32, bfloat16 or float16). Differentiable."""

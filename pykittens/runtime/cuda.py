@@ -352,27 +352,38 @@ class Function:
 
     def launch_checked(self, grid, block, buf, shared_bytes: int, stream: int) -> None:
         """cuLaunchKernel with arguments `launch` has already checked (grid and block as
-        3-tuples, the packed buffer, a stream handle): the part of a launch that repeats.
-        Straight through libcuda by ctypes where the module's context is already current
-        (a few microseconds less than the bindings' argument conversion and context
-        check), else through the bindings under _OnDevice."""
-        cbuf = ctypes.create_string_buffer(bytes(buf), max(len(buf), 1))
-        size = ctypes.c_size_t(len(buf))
-        extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(cbuf),
-                                      _BUFFER_SIZE, ctypes.addressof(size), _END)
+        3-tuples, the packed buffer or an ArgBuffer, a stream handle): the part of a launch
+        that repeats. Straight through libcuda by ctypes where the module's context is
+        already current (a few microseconds less than the bindings' argument conversion
+        and context check), else through the bindings under _OnDevice."""
+        args = buf if type(buf) is ArgBuffer else ArgBuffer(buf)
         raw = _raw_driver()
         if raw is not None and raw.current() == self.module.context_address():
             err = raw.cuLaunchKernel(int(self.handle), *grid, *block, shared_bytes, stream,
-                                     None, extra if buf else None)
+                                     None, args.extra)
             err = _DRIVER.CUresult(err) if err else 0
         else:
             with _OnDevice(self.module.device) as d:
                 err = d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes,
                                        d.CUstream(stream), None,
-                                       ctypes.addressof(extra) if buf else 0)
+                                       ctypes.addressof(args.extra) if args.extra else 0)
         if int(err[0] if isinstance(err, tuple) else err):
             check(err, f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
                   f"shared={shared_bytes})")
+
+
+class ArgBuffer:
+    """A kernel's packed arguments in memory the driver reads, with the `extra` array that
+    hands them to cuLaunchKernel: made once by a caller that launches one kernel again and
+    again, and rewritten in place (`data`, a writable buffer) before each launch — the
+    driver copies the arguments during the call."""
+
+    def __init__(self, packed):
+        self.data = ctypes.create_string_buffer(bytes(packed), max(len(packed), 1))
+        self._size = ctypes.c_size_t(len(packed))
+        self.extra = (ctypes.c_void_p * 5)(
+            _BUFFER_POINTER, ctypes.addressof(self.data), _BUFFER_SIZE,
+            ctypes.addressof(self._size), _END) if len(packed) else None
 
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------

@@ -16,6 +16,7 @@ tensor maps whose tensor moved) before the driver call, so it launches exactly w
 checked path would. PYKITTENS_FAST_LAUNCH=0 turns it off."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import struct
@@ -69,6 +70,13 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
     position or name; other keywords are compile-time constants. Tensors are written in
     place (as any GPU kernel would); returns None. Arguments are checked by the rules the
     emulator applies too (runtime.args); nothing runs when a tensor has no elements."""
+    launch_plan(kernel, *args, grid=grid, stream=stream, **kwargs)
+
+
+def launch_plan(kernel, *args, grid, stream=None, **kwargs):
+    """`launch`, returning the _Plan that launched it (None where nothing was launched):
+    a caller that knows where its next call's tensors come from replays it directly
+    (ops.replay)."""
     key = _signature(kernel, args, kwargs, grid) if FAST_PATH else None
     plan = None
     if key is not None:
@@ -77,13 +85,13 @@ def launch(kernel, *args, grid, stream=None, **kwargs):
         except TypeError:                    # an unhashable constant: the checked path
             key = None
     if plan is not None and plan(args, kwargs, stream):
-        return None
+        return plan
     plan = _checked_launch(kernel, args, kwargs, grid, stream)
     if key is not None and plan is not None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
         _plans[key] = plan
-    return None
+    return plan
 
 
 def _checked_launch(kernel, args, kwargs, grid, stream):
@@ -224,7 +232,13 @@ class _Plan:
         self.peers = [i for i, p in enumerate(kernel.params) if p.kind == "peers"]
         self.names = expanded_names(kernel.params, bound)
         self.grid, self.hip_entry, self.function = grid, hip_entry, function
-        self.block, self.shared, self.buf = block, shared, bytes(buf)
+        self.block, self.shared = block, shared
+        # the argument buffer, rewritten in place by each launch (under the lock: one
+        # plan may launch from several threads)
+        self.buf, self.lock = None, threading.Lock()
+        if function is not None:
+            from .cuda import ArgBuffer
+            self.buf = ArgBuffer(buf)
         self.params = {p.name: p for p in params}
         index = {n: i for i, n in enumerate(self.names)}
         # scalars: (index, the largest magnitude the checks accept)
@@ -251,8 +265,18 @@ class _Plan:
                 self.tmaps.append((index[a.param], off, a,
                                    [(bound[a.param].data_ptr(), bytes(v))]))
 
-    def _passes(self, vals) -> bool:
-        """The checks that depend on more than the signature."""
+    def values(self, args, kwargs) -> list:
+        """A call's arguments in ABI order (each pk.Peers as its ranks' tensors, the rank)."""
+        vals = list(args) + [kwargs[n] for n in self.kernel_names[len(args):]]
+        if self.peers:
+            for i in reversed(self.peers):
+                v = vals[i]
+                vals[i:i + 1] = [*v.tensors, v.rank]
+        return vals
+
+    def passes(self, vals) -> bool:
+        """The checks that depend on more than the signature (a tensor given as its address,
+        an int, counts as that tensor)."""
         for i, limit in self.scalars:
             v = vals[i]
             if limit is None:
@@ -261,7 +285,7 @@ class _Plan:
             elif not -limit <= v <= limit:            # overflow, or inf / nan: checked path
                 return False
         if len(self.tensors) > 1:
-            spans = sorted((vals[i].data_ptr(), n, i, layout) for i, n, layout in self.tensors)
+            spans = sorted((_address(vals[i]), n, i, layout) for i, n, layout in self.tensors)
             end, last = spans[0][0] + spans[0][1], spans[0]
             for s in spans[1:]:
                 if s[0] < end and not (s[0] == last[0] and s[3] == last[3] and
@@ -272,32 +296,39 @@ class _Plan:
         return True
 
     def __call__(self, args, kwargs, stream) -> bool:
-        vals = list(args) + [kwargs[n] for n in self.kernel_names[len(args):]]
-        if self.peers:                    # each pk.Peers as its ranks' tensors and the rank
-            for i in reversed(self.peers):
-                v = vals[i]
-                vals[i:i + 1] = [*v.tensors, v.rank]
-        if not self._passes(vals):
+        vals = self.values(args, kwargs)
+        if not self.passes(vals):
             return False
+        self.launch(vals, stream)
+        return True
+
+    def launch(self, vals, stream) -> None:
+        """Launch with these arguments (ABI order; tensors given by address where no tensor
+        map is made of them), which have passed `passes`."""
         if self.hip_entry is not None:
             from . import hip
             code, prog = self.hip_entry
             hip.launch(code, prog.name, prog.params, dict(zip(self.names, vals)),
                        grid=self.grid, num_waves=prog.num_waves, stream=stream)
-            return True
+            return
         from . import cuda
-        buf = bytearray(self.buf)
-        for i, off, kind, fmt in self.fields:
-            v = vals[i]
-            struct.pack_into(fmt, buf, off, v.data_ptr() if kind == "ptr" else v)
-        for i, off, karg, cell in self.tmaps:
-            t = vals[i]
-            ptr, enc = cell[0]
-            if t.data_ptr() != ptr:                       # the tensor moved: a new map
-                ptr, enc = t.data_ptr(), cuda.encode_tensor_map(
-                    t, karg.tma, self.params[karg.param].type.dtype)
-                cell[0] = (ptr, enc)
-            buf[off:off + 128] = enc
-        self.function.launch_checked(self.grid, self.block, buf, self.shared,
-                                     cuda.stream_handle(stream, self.function.module.device))
-        return True
+        handle = cuda.stream_handle(stream, self.function.module.device)
+        with self.lock:
+            buf = self.buf.data
+            for i, off, kind, fmt in self.fields:
+                v = vals[i]
+                struct.pack_into(fmt, buf, off, _address(v) if kind == "ptr" else v)
+            for i, off, karg, cell in self.tmaps:
+                t = vals[i]
+                ptr, enc = cell[0]
+                if t.data_ptr() != ptr:                   # the tensor moved: a new map
+                    ptr, enc = t.data_ptr(), cuda.encode_tensor_map(
+                        t, karg.tma, self.params[karg.param].type.dtype)
+                    cell[0] = (ptr, enc)
+                    ctypes.memmove(ctypes.addressof(buf) + off, enc, 128)
+            self.function.launch_checked(self.grid, self.block, self.buf, self.shared, handle)
+
+
+def _address(v) -> int:
+    """A tensor's address, or an address given as an int."""
+    return v if type(v) is int else v.data_ptr()

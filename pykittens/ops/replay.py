@@ -1,0 +1,251 @@
+"""Replaying cached op calls: the host-time fast path of `pykittens.ops`.
+
+An eager op call on GPU tensors checks its arguments, picks a kernel's launch constants,
+allocates its outputs and launches — 50 to 200 µs of Python per call, more than the kernel
+itself at small shapes. Everything but the allocations and the launch depends only on the
+call's *signature*: each tensor's dtype, shape, strides, device and address modulo 16, and
+every other argument's value. So a `replayable` op records, on the second call with a
+signature, what it did: each launch's pk.launch plan (runtime.launch._Plan) and, for each
+of the kernel's tensor arguments, where it came from — an input (at a byte offset), an
+output the op returned, a buffer the kernel writes whole (`kernel_output`), or a
+placeholder the kernel never touches (kept). Later calls with the signature allocate the
+outputs and buffers and launch the plans with the new addresses; nothing else runs.
+
+A call is recorded only when the op's work is all of that: a kernel argument made by any
+other torch operation (a `.contiguous()` copy, `y + bias`), inputs sharing memory, an
+output that is a view of another tensor, or a launch through anything but pk.launch's CUDA
+path make the signature one that always takes the full path. So do tensors that need a
+gradient, tracing (torch.compile, dispatch modes), CPU tensors (the emulator) and
+tensor subclasses. The first call with a signature is never recorded: it may compile or
+autotune. PYKITTENS_REPLAY=0 turns replay off."""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
+
+ENABLED = os.environ.get("PYKITTENS_REPLAY", "1") != "0"
+MAX_CALLS = 4096          # signatures kept per op (shapes that keep changing must not grow it)
+_SEEN, _FULL = "seen", "full"         # first call done; the full path every time
+_state = threading.local()
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    """Whether op kernels on t launch on a GPU (rather than run in the emulator)."""
+    return t.device.type != "cpu"
+
+
+def replayable(fn):
+    """An op whose eager calls on GPU tensors replay their launches (see the module)."""
+    calls: dict = {}
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        if not ENABLED or torch.compiler.is_compiling() or \
+                getattr(_state, "recorder", None) is not None:
+            return fn(*args, **kwargs)
+        key, tensors = _signature(args, kwargs)
+        if key is None:
+            return fn(*args, **kwargs)
+        try:
+            entry = calls.get(key)
+        except TypeError:                         # an unhashable argument
+            return fn(*args, **kwargs)
+        if type(entry) is _Replay:
+            out = entry(tensors)
+            if out is not None:
+                return out
+            return fn(*args, **kwargs)            # the checks this call needs, with the
+        if entry is _FULL:                        # full path's errors
+            return fn(*args, **kwargs)
+        if entry is None:
+            out = fn(*args, **kwargs)
+            _remember(calls, key, _SEEN)
+            return out
+        recorder = _state.recorder = _Recorder(tensors)
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            _state.recorder = None
+        _remember(calls, key, recorder.replay(out) or _FULL)
+        return out
+
+    op.replay_calls = calls                       # for tests: what each signature holds
+    return op
+
+
+def _remember(calls: dict, key, entry) -> None:
+    if len(calls) >= MAX_CALLS:
+        calls.clear()
+    calls[key] = entry
+
+
+def _signature(args, kwargs):
+    """(key, the tensors in argument order), or (None, None) for a call that takes the full
+    path: a tensor that is not a plain GPU tensor or needs a gradient, an argument that is
+    not a tensor, number, string, None or tuple of those, a dispatch mode active."""
+    if _dispatch_mode() is not None:
+        return None, None
+    grad = torch.is_grad_enabled()
+    key, tensors = [], []
+    for v in (*args, *kwargs.values()):
+        t = type(v)
+        if t is torch.Tensor:
+            if (grad and v.requires_grad) or not on_gpu(v):
+                return None, None
+            key.append((v.dtype, v.shape, v.stride(), v.get_device(), v.data_ptr() & 15))
+            tensors.append(v)
+        elif t in (int, float, bool, str) or v is None:
+            key.append((t, v))
+        elif t in (tuple, list, torch.Size) and all(type(x) in (int, float) for x in v):
+            key.append((t, tuple(v)))
+        else:
+            return None, None
+    if kwargs:
+        key.append(tuple(kwargs))
+    return tuple(key), tensors
+
+
+def recorder():
+    """The recorder of the op call running on this thread, or None."""
+    return getattr(_state, "recorder", None)
+
+
+def kernel_output(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
+    """A new tensor that a kernel of this op writes whole before anything reads it (an
+    output, or statistics the op keeps to itself): a replayed call allocates it afresh."""
+    t = like.new_empty(shape, dtype=dtype)
+    rec = recorder()
+    if rec is not None:
+        rec.buffers.append(t)
+    return t
+
+
+class _Recorder:
+    """What one op call did: its inputs, buffers, placeholders and launches."""
+
+    def __init__(self, tensors):
+        self.inputs = tensors
+        self.buffers, self.placeholders, self.launches = [], [], []
+
+    def launched(self, plan, args: dict) -> None:
+        """A kernel launched (plan: pk.launch's, or None where nothing was launched)."""
+        self.launches.append((plan, args))
+
+    def replay(self, out):
+        """The _Replay of this call, or None where it is not one (module docstring)."""
+        outs = list(out) if type(out) in (tuple, list) else [out]
+        if not self.launches or not all(type(o) is torch.Tensor for o in outs):
+            return None
+        ins = self.inputs
+        storages = [_storage(t) for t in ins + outs]
+        if len(set(storages)) != len(storages):     # inputs shared, or an output an input
+            return None
+        if not all(o.storage_offset() == 0 and o.untyped_storage().nbytes() ==
+                   _span_bytes(o) for o in outs):     # each output a whole new tensor
+            return None
+        # buffers that are not outputs: one that a single launch touches is written and
+        # never read (its values are never seen), so the recorded one is kept and passed
+        # again; one that launches pass on to each other is allocated on every call
+        bufs = [b for b in self.buffers if _storage(b) not in storages]
+        uses = {_storage(b): 0 for b in bufs}
+        for _, args in self.launches:
+            for s in {_storage(v) for v in args.values() if type(v) is torch.Tensor}:
+                if s in uses:
+                    uses[s] += 1
+        keep = self.placeholders + [b for b in bufs if uses[_storage(b)] <= 1]
+        bufs = [b for b in bufs if uses[_storage(b)] > 1]
+        if not all(b.storage_offset() == 0 and b.untyped_storage().nbytes() ==
+                   _span_bytes(b) for b in bufs):
+            return None
+        bases = ins + outs + bufs
+        where = {s: i for i, s in enumerate(_storage(t) for t in bases)}
+        kept = {_storage(p) for p in keep}
+        launches = []
+        for plan, args in self.launches:
+            if plan is None or plan.hip_entry is not None or plan.peers:
+                return None
+            vals = plan.values((), args)
+            template, sources = list(vals), []
+            tmaps = {i for i, *_ in plan.tmaps}
+            for i, v in enumerate(vals):
+                if type(v) is not torch.Tensor:
+                    continue                               # a scalar: the same every call
+                s = _storage(v)
+                if s in kept:
+                    template[i] = v if i in tmaps else v.data_ptr()
+                    continue
+                if s not in where:
+                    return None                            # made by another torch op
+                base = bases[where[s]]
+                nbytes = v.data_ptr() - base.data_ptr()
+                view = None
+                if i in tmaps:             # a tensor map is made of it: a view, not an address
+                    if v.dtype != base.dtype:
+                        return None
+                    view = (tuple(v.shape), tuple(v.stride()), nbytes // v.element_size())
+                sources.append((i, where[s], nbytes, view))
+            launches.append((plan, template, sources))
+        return _Replay([_span_bytes(t) for t in ins], [_geometry(o) for o in outs],
+                       [_geometry(b) for b in bufs], launches,
+                       None if type(out) in (tuple, list) else 0, type(out), keep)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _span_bytes(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    return (sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _geometry(t: torch.Tensor):
+    return tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+class _Replay:
+    """A recorded op call, made again on new tensors of the same signature."""
+
+    def __init__(self, spans, outs, bufs, launches, single, kind, keep):
+        self.spans, self.outs, self.bufs = spans, outs, bufs
+        self.launches, self.single, self.kind = launches, single, kind
+        self.keep = keep                      # the tensors whose addresses it passes as is
+
+    def __call__(self, tensors):
+        """The op's result on `tensors` (its inputs in argument order), or None where inputs
+        overlap in memory (the full path's checks decide whether that is allowed).
+        Launches are checked for nothing else: their scalars are the recorded call's, and
+        the outputs and buffers are new (pk.launch's plan checks the rest for the
+        signature)."""
+        if len(tensors) > 1 and _overlapping(tensors, self.spans):
+            return None
+        device = tensors[0].device
+        empty = torch.empty_strided
+        outs = [empty(s, st, dtype=dt, device=device) for s, st, dt in self.outs]
+        bases = tensors + outs
+        if self.bufs:
+            bases += [empty(s, st, dtype=dt, device=device) for s, st, dt in self.bufs]
+        for plan, template, sources in self.launches:
+            vals = list(template)
+            for i, b, nbytes, view in sources:
+                base = bases[b]
+                if view is None:
+                    vals[i] = base.data_ptr() + nbytes
+                else:
+                    shape, stride, offset = view
+                    vals[i] = base.as_strided(shape, stride, base.storage_offset() + offset)
+            plan.launch(vals, None)
+        if self.single is not None:
+            return outs[0]
+        return self.kind(outs)
+
+
+def _overlapping(tensors, spans) -> bool:
+    """Whether any two of the tensors (each `spans` bytes from its address) share memory."""
+    ranges = sorted((t.data_ptr(), n) for t, n in zip(tensors, spans) if n)
+    return any(a + n > b for (a, n), (b, _) in zip(ranges, ranges[1:]))

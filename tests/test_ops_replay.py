@@ -1,0 +1,226 @@
+"""ops' replay of cached calls (pykittens.ops.replay) on CPU tensors standing in for GPU
+ones: `run`'s launches go to a stand-in plan that runs the kernel in the emulator on the
+memory at the addresses it is handed, so a replayed call is right only if every kernel
+argument's address (input, output, buffer, placeholder, offset) is. Replayed calls must
+give what the full path gives for the same inputs, skip the op's body, and never be made
+for signatures whose calls do more than allocate and launch."""
+import ctypes
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pykittens as pk  # noqa: E402
+import pykittens.ops as pko  # noqa: E402
+from pykittens.ops import replay  # noqa: E402
+from pykittens.ops import run as run_mod  # noqa: E402
+from pykittens.runtime import launch as launch_mod  # noqa: E402
+from pykittens.runtime.args import ArgumentError  # noqa: E402
+
+
+def at_address(ptr: int, shape, stride, dtype) -> torch.Tensor:
+    """The tensor of this geometry at a CPU address (it aliases that memory)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    span = (sum((d - 1) * s for d, s in zip(shape, stride)) + 1) * size
+    raw = (ctypes.c_ubyte * span).from_address(ptr)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).as_strided(shape, stride)
+
+
+class EmulatedPlan:
+    """A launch plan whose launch emulates the kernel on the memory its arguments name:
+    tensors given by address (as replay gives them) or as tensors (tensor-mapped ones; every
+    other tensor parameter is declared tensor-mapped, so both kinds are exercised)."""
+
+    def __init__(self, kernel, grid, consts, args, log):
+        self.kernel, self.grid, self.consts, self.log = kernel, grid, consts, log
+        self.kernel_names = kernel.param_names
+        self.peers, self.hip_entry, self.fail = [], None, False
+        self.geometry = {n: (tuple(v.shape), tuple(v.stride()), v.dtype)
+                         for n, v in args.items() if isinstance(v, torch.Tensor)}
+        tensors = [i for i, n in enumerate(self.kernel_names) if n in self.geometry]
+        self.tmaps = [(i, None, None, None) for i in tensors[::2]]
+
+    def values(self, args, kwargs):
+        return list(args) + [kwargs[n] for n in self.kernel_names[len(args):]]
+
+    def passes(self, vals):
+        return not self.fail
+
+    def launch(self, vals, stream):
+        self.log.append(("launch", self.kernel.name))
+        tmapped = {i for i, *_ in self.tmaps}
+        args = {}
+        for i, (name, v) in enumerate(zip(self.kernel_names, vals)):
+            if name in self.geometry:
+                assert i not in tmapped or type(v) is torch.Tensor, name
+                shape, stride, dtype = self.geometry[name]
+                args[name] = at_address(v if type(v) is int else v.data_ptr(), shape, stride,
+                                        dtype)
+            else:
+                args[name] = v
+        got = pk.emulate(self.kernel, grid=self.grid, target="sm_90a", **args, **self.consts)
+        for name in self.geometry:
+            args[name].copy_(run_mod.from_numpy(got[name], args[name].dtype))
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """CPU tensors count as GPU tensors; launches go to EmulatedPlans. Returns the log of
+    ('plan', kernel) (a launch through run, the op's body running) and ('launch', kernel)
+    entries."""
+    log = []
+
+    def launch_plan(kernel, *args, grid, stream=None, **kwargs):
+        names = kernel.param_names
+        plan = EmulatedPlan(kernel, grid, {k: v for k, v in kwargs.items() if k not in names},
+                            {n: kwargs[n] for n in names}, log)
+        log.append(("plan", kernel.name))
+        plan.launch(plan.values((), kwargs), stream)
+        return plan
+
+    monkeypatch.setattr(run_mod, "on_gpu", lambda t: True)
+    monkeypatch.setattr(replay, "on_gpu", lambda t: True)
+    monkeypatch.setattr(launch_mod, "launch_plan", launch_plan)
+    return log
+
+
+def _rand(*shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _tables(rows, half):
+    angles = torch.arange(rows)[:, None] * torch.arange(1, half + 1)[None, :] * 0.01
+    return angles.cos(), angles.sin()
+
+
+# op, inputs(seed) -> (args, kwargs)
+CASES = {
+    "rms_norm": (pko.rms_norm, lambda s: ((_rand(3, 5, 64, seed=s), (64,),
+                                           _rand(64, seed=s + 9)), {"eps": 1e-5})),
+    "rms_norm of a slice": (pko.rms_norm, lambda s: ((_rand(9, 64, seed=s)[1:], (64,),
+                                                     _rand(80, seed=s + 9)[16:]), {})),
+    "rms_norm no weight": (pko.rms_norm, lambda s: ((_rand(8, 64, seed=s), (64,)), {})),
+    "add_rms_norm": (pko.add_rms_norm, lambda s: ((_rand(8, 64, seed=s), _rand(8, 64, seed=s + 1),
+                                                   _rand(64, seed=s + 2)), {})),
+    "layer_norm f32": (pko.layer_norm, lambda s: ((_rand(8, 96, dtype=torch.float32, seed=s),
+                                                   (96,), _rand(96, dtype=torch.float32),
+                                                   _rand(96, dtype=torch.float32)), {})),
+    "softmax": (pko.softmax, lambda s: ((_rand(2, 4, 128, seed=s),), {"dim": -1})),
+    "rope": (pko.rope, lambda s: ((_rand(1, 8, 2, 64, seed=s), *_tables(8, 32)), {})),
+    "linear": (pko.linear, lambda s: ((_rand(2, 40, 64, seed=s), _rand(48, 64, seed=s + 5)),
+                                      {})),
+    "matmul w.t()": (pko.matmul, lambda s: ((_rand(40, 64, seed=s),
+                                             _rand(48, 64, seed=s + 5).t()), {})),
+}
+
+
+def _flat(out):
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replayed_call_gives_the_full_paths_result(gpu_like, name):
+    op, inputs = CASES[name]
+    op.replay_calls.clear()
+    for seed in (1, 2):                              # the first call, then the recorded one
+        op(*inputs(seed)[0], **inputs(seed)[1])
+    (entry,) = op.replay_calls.values()
+    assert type(entry) is replay._Replay, name
+    args, kwargs = inputs(3)
+    gpu_like.clear()
+    got = op(*args, **kwargs)
+    assert gpu_like and all(kind == "launch" for kind, _ in gpu_like), \
+        f"{name}: the op's body ran on a replayed call: {gpu_like}"
+    want = op.__wrapped__(*args, **kwargs)           # the full path on the same inputs
+    for g, w in zip(_flat(got), _flat(want), strict=True):
+        assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
+        assert torch.equal(g, w), name
+    # outputs are new tensors on every call, not the recorded call's
+    assert all(g.data_ptr() != w.data_ptr() for g, w in zip(_flat(got), _flat(op(*args,
+                                                                                  **kwargs))))
+
+
+def _entry_after_two_calls(op, *args, **kwargs):
+    op.replay_calls.clear()
+    outs = [op(*args, **kwargs) for _ in range(2)]
+    return list(op.replay_calls.values()), outs
+
+
+def test_calls_doing_more_than_launching_always_take_the_full_path(gpu_like):
+    x, w = _rand(8, 64), _rand(64)
+    # inputs sharing memory: which one a kernel argument came from is ambiguous
+    entries, outs = _entry_after_two_calls(pko.add_rms_norm, x, x, w)
+    assert entries == [replay._FULL]
+    want = pko.add_rms_norm.__wrapped__(x, x.clone(), w)
+    assert all(torch.equal(a, b) for a, b in zip(outs[1], want))
+    # the bias added by torch after the kernel: the kernel's output is not the result
+    entries, _ = _entry_after_two_calls(pko.linear, _rand(40, 64), _rand(48, 64), _rand(48))
+    assert entries == [replay._FULL]
+    # positions converted by torch (a new tensor the kernel reads)
+    x4 = _rand(1, 8, 2, 64)
+    cos, sin = _tables(8, 32)
+    entries, _ = _entry_after_two_calls(pko.rope, x4, cos, sin,
+                                        positions=torch.arange(8))
+    assert entries == [replay._FULL]
+
+
+def test_calls_never_recorded(gpu_like, monkeypatch):
+    x, w = _rand(8, 64), _rand(64)
+    xg = x.clone().requires_grad_()
+    entries, _ = _entry_after_two_calls(pko.rms_norm, xg, (64,), w)
+    assert entries == []                              # a gradient needed: autograd's path
+    with torch.no_grad():
+        entries, _ = _entry_after_two_calls(pko.rms_norm, xg, (64,), w)
+    assert len(entries) == 1 and type(entries[0]) is replay._Replay
+    entries, _ = _entry_after_two_calls(pko.rms_norm, x, [64], w, eps=np.float32(1e-5))
+    assert entries == []                              # a numpy scalar: not a key
+    monkeypatch.setattr(replay, "ENABLED", False)
+    entries, _ = _entry_after_two_calls(pko.rms_norm, x, (64,), w)
+    assert entries == []
+
+
+def test_each_signature_its_own_replay(gpu_like):
+    op = pko.rms_norm
+    op.replay_calls.clear()
+    x, w = _rand(8, 64), _rand(64)
+    for _ in range(2):
+        op(x, (64,), w, 1e-5)
+        op(x, (64,), w, 1e-6)                          # eps: a value in the key
+        op(x[:, :32], (32,), w[:32], 1e-5)             # other shape and strides
+        op(x.float(), (64,), w.float(), 1e-5)          # other dtype
+    assert len(op.replay_calls) == 4
+    assert all(type(e) is replay._Replay for e in op.replay_calls.values())
+    got = op(x, (64,), w, 1e-6)
+    assert torch.equal(got, op.__wrapped__(x, (64,), w, 1e-6))
+
+
+def test_inputs_that_overlap_take_the_full_path(gpu_like):
+    """A replay checks only what the signature does not fix: whether inputs share memory
+    (the full path decides whether that is allowed: pk.launch refuses views that overlap
+    without being the same)."""
+    op = pko.add_rms_norm
+    op.replay_calls.clear()
+    x, r, w = _rand(8, 64), _rand(8, 64, seed=1), _rand(64)
+    op(x, r, w)
+    op(x, r, w)
+    (entry,) = op.replay_calls.values()
+    assert type(entry) is replay._Replay
+    big = _rand(12, 64, seed=2)
+    a, b = big[:8], big[4:]                          # same signature, rows 4..7 shared
+    gpu_like.clear()
+    with pytest.raises(ArgumentError, match="overlap in memory"):
+        op(a, b, w)                                  # the full path's check, its message
+    assert ("plan", "add_rmsnorm") in gpu_like
+    got = op(a, b.clone(), w)                        # apart again: replayed
+    assert torch.equal(got[0], op.__wrapped__(a, b.clone(), w)[0])
+
+
+def test_signatures_kept_are_bounded(gpu_like, monkeypatch):
+    monkeypatch.setattr(replay, "MAX_CALLS", 3)
+    op = pko.softmax
+    op.replay_calls.clear()
+    for n in range(16, 16 * 6, 16):
+        op(_rand(2, n))
+    assert len(op.replay_calls) <= 3
