@@ -35,7 +35,7 @@ class EmulatedPlan:
     def __init__(self, kernel, grid, consts, args, log):
         self.kernel, self.grid, self.consts, self.log = kernel, grid, consts, log
         self.kernel_names = kernel.param_names
-        self.peers, self.hip_entry, self.fail = [], None, False
+        self.peers, self.hip_entry = [], None
         self.geometry = {n: (tuple(v.shape), tuple(v.stride()), v.dtype)
                          for n, v in args.items() if isinstance(v, torch.Tensor)}
         tensors = [i for i, n in enumerate(self.kernel_names) if n in self.geometry]
@@ -43,9 +43,6 @@ class EmulatedPlan:
 
     def values(self, args, kwargs):
         return list(args) + [kwargs[n] for n in self.kernel_names[len(args):]]
-
-    def passes(self, vals):
-        return not self.fail
 
     def launch(self, vals, stream):
         self.log.append(("launch", self.kernel.name))
