@@ -303,11 +303,17 @@ class NVPTXRenderer(Renderer):
         self.start_block(done)
 
     def r_mbar_init(self, op):
+        """The init, then a fence of the async proxy: the TMA unit completes transactions
+        on the barrier through that proxy, and without the fence may act on what the shared
+        memory held before the init (a previous workgroup's barrier on this SM)."""
         a = self._mbar_addr(op.attrs["region"])
         count = op.attrs["count"]
-        self._lane0(lambda: self.ins(
-            f'call void asm sideeffect "mbarrier.init.shared::cta.b64 [$0], $1;", '
-            f'"r,r"(i32 {a.text}, i32 {count})'))
+
+        def init():
+            self.ins(f'call void asm sideeffect "mbarrier.init.shared::cta.b64 [$0], $1;", '
+                     f'"r,r"(i32 {a.text}, i32 {count})')
+            self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
+        self._lane0(init)
 
     def _async_proxy_fence(self, op):
         """Shared memory written by ordinary stores (st.shared, stmatrix) that the tensor
