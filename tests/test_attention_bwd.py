@@ -95,6 +95,16 @@ def test_atomic_dq_schedule(rng, d, causal):
     check(got, want)
 
 
+@pytest.mark.parametrize("dq_schedule", ["atomic", "pass"])
+def test_consumers_first(rng, monkeypatch, dq_schedule):
+    """Every pass (forward included) with each workgroup's last waves run first and a wait
+    that passes keeping its wave running (the emulator's reverse wave order): a consumer
+    wait that a barrier's phase parity let through early would read a stage too soon."""
+    monkeypatch.setenv("PYKITTENS_WAVE_ORDER", "reverse")
+    got, want = backward(*inputs(rng, 1, 4, 2, 150, 260, 64), 1, dq_schedule)
+    check(got, want)
+
+
 @pytest.mark.parametrize("early", [0, 1])
 @pytest.mark.parametrize("d,causal", [(128, 0), (64, 1)])
 def test_atomic_dq_schedule_lse_early(rng, d, causal, early):

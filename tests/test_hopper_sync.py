@@ -100,6 +100,35 @@ def test_a_wait_for_a_phase_two_ahead_is_caught_in_reverse_wave_order(rng):
         run("random")
 
 
+@pk.kernel(num_waves=8)
+def one_stage(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):
+    """Four 32 x 64 steps through a ring of one stage, indexed by a runtime step."""
+    ring = pk.Ring(1, fill=4, drain=4, s=pk.st((32, 64), pk.f32))
+    w = pk.wave_id() % 4
+    with pk.role(0, 4):
+        for step in pk.range(4):
+            st = ring.acquire(step)
+            pk.store(st.s, pk.load(pk.rt((8, 64), pk.f32), x, (32 * step + 8 * w, 0)),
+                     (8 * w, 0))
+            pk.arrive(st.full)
+    with pk.role(4, 4):
+        for step in pk.range(4):
+            st = ring.wait(step)
+            pk.store(out, pk.load(pk.rt((8, 64), pk.f32), st.s, (8 * w, 0)),
+                     (32 * step + 8 * w, 0))
+            ring.release(step)
+
+
+def test_a_ring_of_one_stage(rng):
+    """The single stage of a ring is its barriers' and tile's region itself (its mbarrier
+    was once initialised under another name than the one its waits used)."""
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    for order in ("forward", "reverse"):
+        got = pk.emulate(one_stage, x, np.zeros_like(x), grid=1, target="sm_90a",
+                         wave_order=order)["out"]
+        np.testing.assert_array_equal(got, x)
+
+
 @needs_ptxas
 def test_hopper_ptx_and_cubin():
     res = compiler.code_object(ws_scale, "sm_90a", DT="bf16")

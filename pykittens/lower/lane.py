@@ -107,7 +107,10 @@ class LDSRegion:
     stage: object = None         # lane register of a runtime stage index, or None
 
     def element(self, i: int) -> "LDSRegion":
-        """Stage i as a region of its own (a static address)."""
+        """Stage i as a region of its own (a static address). Of a single stage, the
+        region itself: the name its mbarrier was initialised under, its whole size."""
+        if self.count == 1:
+            return LDSRegion(self.name, self.base, self.size, self.tile)
         return LDSRegion(f"{self.name}[{i}]", self.base + i * self.stride, self.stride,
                          self.tile)
 
