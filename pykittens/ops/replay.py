@@ -116,7 +116,10 @@ def recorder():
 
 def kernel_output(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
     """A new tensor that a kernel of this op writes whole before anything reads it (an
-    output, or statistics the op keeps to itself): a replayed call allocates it afresh."""
+    output, or statistics the op keeps to itself). A replayed call allocates it afresh, or,
+    where it is not returned and only one launch touches it (so nothing ever reads what
+    that launch wrote), passes the recorded one again: concurrent calls then write the
+    same unread bytes. A kernel that reads such a buffer back must not get one."""
     t = like.new_empty(shape, dtype=dtype)
     rec = recorder()
     if rec is not None:
