@@ -7,7 +7,8 @@ the fastest, cached on disk per (kernel, problem, GPU) so the timing runs once.
 The cache lives with the code objects ($PYKITTENS_CACHE, kind "tune"); its key covers the
 problem, the candidates themselves (a changed candidate list tunes again) and pykittens'
 version. A candidate that fails to build or run is skipped and reported in the entry; when
-every one fails, tune raises with their errors. `pykittens.ops.linear` / `matmul` tune the
+every one fails, tune raises with their errors. One whose first call does not finish in a
+minute (graph_time) stops the tuning with KernelHang naming it. `pykittens.ops.linear` / `matmul` tune the
 Hopper GEMM this way when PYKITTENS_AUTOTUNE=1 (ops.matmul.gemm_ws_candidates)."""
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ def tune(name: str, problem: dict, candidates: list[dict], measure, rounds: int 
                 continue
             try:
                 times.setdefault(i, []).append(float(measure(c)))
+            except KernelHang as e:                     # the GPU is lost to this process
+                raise KernelHang(f"autotuning {name}: candidate {c}: {e}") from None
             except Exception as e:   # noqa: BLE001 - a candidate that cannot run is skipped
                 times.pop(i, None)
                 failed.append({"consts": c, "error": repr(e)})
@@ -84,12 +87,36 @@ def tune(name: str, problem: dict, candidates: list[dict], measure, rounds: int 
     return best
 
 
+FIRST_CALL_S = 60.0       # a candidate's first call longer than this: taken for a hang
+
+
+class KernelHang(RuntimeError):
+    """GPU work did not finish in its time: a kernel that waits for something that never
+    comes (the GPU stays busy with it; the process cannot use the GPU again)."""
+
+
+def finish(query, seconds: float, what: str, clock=None, sleep=None) -> None:
+    """Wait until `query()` (an event's) says the GPU work is done, at most `seconds`;
+    raise KernelHang naming `what` after that, rather than wait forever."""
+    import time
+    clock, sleep = clock or time.monotonic, sleep or time.sleep
+    end = clock() + seconds
+    while not query():
+        if clock() > end:
+            raise KernelHang(f"{what} did not finish in {seconds:.0f} s: a hung kernel (the "
+                             "GPU is still running it; restart the process)")
+        sleep(1e-4)
+
+
 def graph_time(fn, reps: int = 20) -> float:
     """Median seconds of one call of `fn` (GPU work on torch's current stream), replaying a
     CUDA graph of `reps` calls so no launch gap is timed: how the tuner and the benchmarks
     time kernels."""
     import torch
     fn()
+    done = torch.cuda.Event()
+    done.record()
+    finish(done.query, FIRST_CALL_S, "the first call of a timed kernel")
     torch.cuda.synchronize()
     side = torch.cuda.Stream()                  # warm up off the capture stream
     side.wait_stream(torch.cuda.current_stream())

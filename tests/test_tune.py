@@ -73,6 +73,30 @@ def test_failures_are_skipped_and_named(cache_dir):
         tune.tune("gemm_ws", {"m": 3}, [], broken)
 
 
+def test_a_hung_candidate_stops_the_tuning_and_is_named(cache_dir):
+    """A kernel that never finishes leaves the GPU busy for good: no skipping it (every
+    later candidate would wait behind it); the error names it, and nothing is stored."""
+    t = [0.0]
+
+    def clock():
+        return t[0]
+
+    def sleep(s):
+        t[0] += s * 1000                        # the wait goes by fast
+    tune.finish(iter([False, False, True]).__next__, 60, "work", clock, sleep)  # in time
+    with pytest.raises(tune.KernelHang, match="the first call did not finish in 60 s"):
+        tune.finish(lambda: False, 60, "the first call", clock, sleep)
+
+    def measure(c):
+        if c["BN"] == 128:
+            raise tune.KernelHang("the first call did not finish in 60 s")
+        return TIMES[CANDS.index(c)]
+    with pytest.raises(tune.KernelHang, match=r"autotuning gemm_ws: candidate \{'MAP': "
+                                              r"'row-major', 'BN': 128\}"):
+        tune.tune("gemm_ws", {"m": 4}, CANDS, measure)
+    assert tune.cached("gemm_ws", {"m": 4}, CANDS) is None
+
+
 def test_a_corrupt_or_stale_entry_tunes_again(cache_dir):
     calls = []
     problem = {"m": 4096}
