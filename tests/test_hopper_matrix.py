@@ -90,6 +90,31 @@ def test_gemm_ws_with_a_tma_stored_bf16_c(dt, shape, rng):
     assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ops
 
 
+@pytest.mark.parametrize("consts", [{}, {"TMA_STORE": 1, "STAGES": 3}, {"PERSISTENT": 0},
+                                    {"DT": "e4m3"}, {"LAYOUT": "tn"}])
+def test_gemm_ws_with_its_consumers_first(consts, rng):
+    """The emulator's reverse wave order (consumers run first, a wait that passes keeps its
+    wave running, wgmma operands checked at issue) over gemm_ws's variants, two persistent
+    workgroups over nine blocks of 128 x 256: no ring wait may run ahead of its stage."""
+    from pykittens.kernels import gemm_ws_grid, gemm_ws_launch
+    dt = consts.get("DT", "bf16")
+    layout = consts.get("LAYOUT", "nt")               # "tn": A stored K x M, B K x N
+    m, n, k = 296, 520, 384                           # rows of 16-byte multiples (TMA)
+    A = rng.standard_normal((m, k)).astype(pk.dtype_of(dt).np)
+    B = rng.standard_normal((n, k)).astype(pk.dtype_of(dt).np)
+    t = layout == "tn"
+    inputs = {"a": np.ascontiguousarray(A.T) if t else A,
+              "b": np.ascontiguousarray(B.T) if t else B,
+              "c": np.full((m, n), np.nan, pk.bf16.np)}
+    _, rule = gemm_ws_launch(inputs, "sm_90a", layout=layout)
+    c = {**rule, **{key: v for key, v in consts.items() if key not in ("DT", "LAYOUT")}}
+    grid = (2,) if c.get("PERSISTENT", 1) else gemm_ws_grid(c, "sm_90a")
+    out = pk.emulate(KERNELS["gemm_ws"].kernel, grid=grid, target="sm_90a",
+                     wave_order="reverse", **inputs, **c)["c"]
+    want = A.astype(np.float64) @ B.astype(np.float64).T
+    assert rel_err(out, want) < 2e-2
+
+
 def test_gemm_ws_rejects_k_rows_tma_cannot_copy():
     spec = KERNELS["gemm_ws"]
     bad = {"a": np.zeros((64, 100), pk.bf16.np), "b": np.zeros((64, 100), pk.bf16.np)}
