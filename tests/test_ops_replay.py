@@ -76,7 +76,6 @@ def gpu_like(monkeypatch):
         plan.launch(plan.values((), kwargs), stream)
         return plan
 
-    monkeypatch.setattr(run_mod, "on_gpu", lambda t: True)
     monkeypatch.setattr(replay, "on_gpu", lambda t: True)
     monkeypatch.setattr(launch_mod, "launch_plan", launch_plan)
     return log
@@ -110,6 +109,14 @@ CASES = {
                                       {})),
     "matmul w.t()": (pko.matmul, lambda s: ((_rand(40, 64, seed=s),
                                              _rand(48, 64, seed=s + 5).t()), {})),
+    "attention": (pko.attention, lambda s: ((_rand(1, 80, 2, 64, seed=s),
+                                             _rand(1, 72, 1, 64, seed=s + 1),
+                                             _rand(1, 72, 1, 64, seed=s + 2)),
+                                            {"causal": True})),
+    "attention with lse": (pko.attention, lambda s: ((_rand(1, 64, 2, 64, seed=s),
+                                                      _rand(1, 64, 2, 64, seed=s + 1),
+                                                      _rand(1, 64, 2, 64, seed=s + 2)),
+                                                     {"return_lse": True})),
 }
 
 

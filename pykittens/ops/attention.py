@@ -11,7 +11,8 @@ from ..kernels.attention import attention_fwd, attention_fwd_launch
 from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
                                      attention_bwd_launch, attention_bwd_prep)
 from .run import EMULATE_TARGET, HALVES as DTYPES, custom_op, from_numpy as _from_numpy
-from .run import to_numpy as _to_numpy
+from . import replay
+from .run import kernel_output, replayable, run, target_of, to_numpy as _to_numpy
 
 
 def _check(q, k, v, scale, causal=False):
@@ -62,17 +63,16 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     b, nq, hq, _ = q.shape
     o = torch.empty_like(q)
-    lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
+    lse = kernel_output(q, (b, hq, nq), torch.float32)
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     views = [x.transpose(1, 2) for x in (q, k, v, o)]       # (B, H, N, D)
-    if q.device.type == "cpu":
+    if not replay.on_gpu(q):
         return _emulate(views, lse, causal, scale)
-    from ..runtime.launch import gpu_target, launch
-    target = gpu_target(q.device.index or 0)
-    grid, consts = attention_fwd_launch({"q": views[0], "k": views[1], "v": views[2]}, target,
-                                        CAUSAL=int(causal))
-    launch(attention_fwd, *views, lse, scale, grid=grid, **consts)
+    grid, consts = attention_fwd_launch({"q": views[0], "k": views[1], "v": views[2]},
+                                        target_of(q), CAUSAL=int(causal))
+    run(attention_fwd, dict(zip(("q", "k", "v", "o"), views), lse=lse, scale=scale), grid,
+        consts)
     return o, lse
 
 
@@ -185,6 +185,7 @@ def _backward(ctx, do, dlse):
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+@replayable
 def attention(q, k, v, causal: bool = False, scale: float | None = None,
               return_lse: bool = False, deterministic: bool = False):
     """Scaled dot-product attention on (batch, seq, heads, head_dim) tensors, as

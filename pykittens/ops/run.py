@@ -9,7 +9,8 @@ import os
 import numpy as np
 import torch
 
-from .replay import kernel_output, on_gpu, recorder, replayable  # noqa: F401 (the ops' API)
+from . import replay
+from .replay import kernel_output, recorder, replayable  # noqa: F401 (the ops' API)
 
 # the kernel schedule CPU tensors are emulated with (any pykittens target)
 EMULATE_TARGET = os.environ.get("PYKITTENS_EMULATE_TARGET", "sm_90a")
@@ -126,7 +127,7 @@ def run(kernel, args: dict, grid, consts: dict, outputs=()) -> None:
     """Run `kernel` on the tensors of `args` (by parameter name): launched on their GPU, or
     emulated for CPU tensors with the results copied into the `outputs` tensors."""
     first = next(v for v in args.values() if isinstance(v, torch.Tensor))
-    if on_gpu(first):
+    if replay.on_gpu(first):
         from ..runtime.launch import launch_plan
         plan = launch_plan(kernel, grid=grid, **args, **consts)
         rec = recorder()
