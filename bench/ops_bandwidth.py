@@ -296,26 +296,18 @@ def _raw_launch_call():
 
 def step_host(rows, details):
     import pykittens as pk
-    from pykittens.ops import replay
     from pykittens.runtime import launch as launch_mod
     shapes = _host_inputs()
     for op in _ops():
-        inputs = op.make(shapes[op.name])
-        us = {name: _host_us(lambda fn=fn: fn(*inputs)) for name, fn in
-              (("pykittens", op.pykittens), ("torch", op.torch))}
-        replayed = _tuple(op.pykittens(*inputs))
-        replay.ENABLED = False                 # the op's whole path on every call
-        try:
-            us["pykittens, no replay"] = _host_us(lambda: op.pykittens(*inputs))
-            same = all(torch.equal(a, b) for a, b in zip(replayed, _tuple(op.pykittens(*inputs))))
-        finally:
-            replay.ENABLED = True
-        details.append({"step": "host", "op": op.name, "shape": shapes[op.name],
-                        "us_per_call": us, "replay_matches_full_path": same})
-        rows.append(["host", op.name, f"pykittens {us['pykittens']:.1f} us",
-                     f"torch {us['torch']:.1f} us",
-                     f"per cached forward call ({us['pykittens, no replay']:.1f} us "
-                     "without replay)" + ("" if same else ": replay differs FAIL")])
+        _host_row(rows, details, op.name, shapes[op.name], op.pykittens, op.torch,
+                  op.make(shapes[op.name]))
+    q, k, v = (_rand(1, 128, 8, HEAD_DIM) for _ in range(3))      # a decode-sized call
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
+                                              is_causal=True).transpose(1, 2)
+    _host_row(rows, details, "attention", tuple(q.shape),
+              lambda q, k, v: pko.attention(q, k, v, causal=True), sdpa, (q, k, v))
     kernel, args, grid, consts = _raw_launch_call()
     us = {}
     for fast in (True, False):
@@ -328,6 +320,27 @@ def step_host(rows, details):
                     "checked_us": us[False]})
     rows.append(["host", "pk.launch rmsnorm", f"fast path {us[True]:.1f} us",
                  f"checked {us[False]:.1f} us", f"{us[False] / us[True]:.1f}x less host time"])
+
+
+def _host_row(rows, details, name, shape, pykittens, peer, inputs):
+    """Host time per cached call of one op: replayed, on the full path, and torch's; and
+    whether the replayed result equals the full path's."""
+    from pykittens.ops import replay
+    us = {who: _host_us(lambda fn=fn: fn(*inputs)) for who, fn in
+          (("pykittens", pykittens), ("torch", peer))}
+    replayed = _tuple(pykittens(*inputs))
+    replay.ENABLED = False                 # the op's whole path on every call
+    try:
+        us["pykittens, no replay"] = _host_us(lambda: pykittens(*inputs))
+        same = all(torch.equal(a, b) for a, b in zip(replayed, _tuple(pykittens(*inputs))))
+    finally:
+        replay.ENABLED = True
+    details.append({"step": "host", "op": name, "shape": shape, "us_per_call": us,
+                    "replay_matches_full_path": same})
+    rows.append(["host", name, f"pykittens {us['pykittens']:.1f} us",
+                 f"torch {us['torch']:.1f} us",
+                 f"per cached forward call ({us['pykittens, no replay']:.1f} us "
+                 "without replay)" + ("" if same else ": replay differs FAIL")])
 
 
 BLOCK = (4096, 4096)           # the graph step's activations (heads of HEAD_DIM columns)
