@@ -52,6 +52,20 @@ def test_a_wait_that_never_completes_is_a_deadlock(rng):
     assert "test_hopper_sync.py" in str(e.value)
 
 
+def _fill(ring, x, step, w):
+    """Producer wave w: 8 rows of 32 x 64 step `step` of x into the ring."""
+    st = ring.acquire(step)
+    pk.store(st.s, pk.load(pk.rt((8, 64), pk.f32), x, (32 * step + 8 * w, 0)), (8 * w, 0))
+    pk.arrive(st.full)
+
+
+def _drain(ring, out, step, w):
+    """Consumer wave w: its 8 rows of step `step` from the ring into out."""
+    st = ring.wait(step)
+    pk.store(out, pk.load(pk.rt((8, 64), pk.f32), st.s, (8 * w, 0)), (32 * step + 8 * w, 0))
+    ring.release(step)
+
+
 @pk.kernel(num_waves=12)
 def alternate(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], TURNS: pk.const = 0):
     """Four blocks of two 32 x 64 steps through a two-stage ring, two consumer warpgroups
@@ -62,20 +76,14 @@ def alternate(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], TURNS: pk.const = 0):
     w = pk.wave_id() % 4
     with pk.role(0, 4):
         for step in pk.static_range(8):
-            st = ring.acquire(step)
-            pk.store(st.s, pk.load(pk.rt((8, 64), pk.f32), x, (32 * step + 8 * w, 0)),
-                     (8 * w, 0))
-            pk.arrive(st.full)
+            _fill(ring, x, step, w)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4):
             for block in pk.static_range(g, 4, 2):
                 if TURNS and block > 0:
                     pk.wait(turns[g], ((block - 1) // 2) % 2)
                 for step in pk.static_range(2 * block, 2 * block + 2):
-                    st = ring.wait(step)
-                    pk.store(out, pk.load(pk.rt((8, 64), pk.f32), st.s, (8 * w, 0)),
-                             (32 * step + 8 * w, 0))
-                    ring.release(step)
+                    _drain(ring, out, step, w)
                 if TURNS:
                     pk.arrive(turns[1 - g])
 
@@ -107,16 +115,10 @@ def one_stage(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):
     w = pk.wave_id() % 4
     with pk.role(0, 4):
         for step in pk.range(4):
-            st = ring.acquire(step)
-            pk.store(st.s, pk.load(pk.rt((8, 64), pk.f32), x, (32 * step + 8 * w, 0)),
-                     (8 * w, 0))
-            pk.arrive(st.full)
+            _fill(ring, x, step, w)
     with pk.role(4, 4):
         for step in pk.range(4):
-            st = ring.wait(step)
-            pk.store(out, pk.load(pk.rt((8, 64), pk.f32), st.s, (8 * w, 0)),
-                     (32 * step + 8 * w, 0))
-            ring.release(step)
+            _drain(ring, out, step, w)
 
 
 def test_a_ring_of_one_stage(rng):
