@@ -8,7 +8,12 @@ and the op replaying the tuned choice; then gemm_ws reading MN-major operands as
 
     PYKITTENS_CACHE=$PWD/.pkc_gemm python3 bench/gemm_sweep.py --prebuild    # no GPU: PTX
     PYKITTENS_CACHE=$PWD/.pkc_gemm PYTHONPATH=. python3 bench/gemm_sweep.py   # on the GPU
-    ... bench/gemm_sweep.py layouts fp8     # only those steps (layouts, sweep, fp8)
+    ... bench/gemm_sweep.py layouts fp8     # only those steps (candidates, layouts, sweep,
+                                            # fp8)
+
+`candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
+child process with a time limit, so a build that faults or hangs the GPU is named before the
+tuner times it.
 
 Times are medians of CUDA-graph replays (pykittens.tune.graph_time) over three rounds that
 time the contenders in turn (the H200's clock drifts by several percent over a run, so
@@ -48,6 +53,9 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
 def builds():
     """(constants) of every gemm_ws build the GPU run makes (DT, OUT included)."""
     from pykittens.ops.matmul import gemm_ws_candidates
+    for m, n, k in CANDIDATE_SHAPES:
+        for c in probed_candidates(m, n, k):
+            yield {**c, "DT": "bf16", "OUT": "bf16"}
     for m, n, k in sweep_shapes():
         for c in gemm_ws_candidates(TARGET, m, k, n, 2):
             yield {**c, "DT": "bf16", "OUT": "bf16"}
@@ -236,6 +244,64 @@ def step_fp8(rows, details):
                          f"err {err:.1e} / {e_peer:.1e}", "ok" if err < 2e-2 else "FAIL"])
 
 
+CANDIDATE_SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096))
+CANDIDATE_S = 60          # a candidate's launch taking longer than this: reported as a hang
+
+
+def probed_candidates(m, n, k) -> list[dict]:
+    """What step_candidates runs: every autotuner candidate of the product, and the one
+    block per workgroup with 128-wide blocks and TMA-staged C that hung the H200 once (the
+    tuner leaves it out)."""
+    from pykittens.ops.matmul import gemm_ws_candidates
+    cands = gemm_ws_candidates(TARGET, m, k, n, 2)
+    narrow = _plan("nt", m, n, k, bn=128)[1]
+    hung = {**narrow, "PERSISTENT": 0, "TMA_STORE": 1}
+    return cands + ([hung] if hung not in cands else [])
+
+
+def step_candidates(rows, details):
+    """Each candidate launched once in a child process with a time limit, checked against
+    cuBLAS: which ones fault or hang (a hung kernel cannot be stopped, only its process)."""
+    import json
+    import subprocess
+    for m, n, k in CANDIDATE_SHAPES:
+        for i, c in enumerate(probed_candidates(m, n, k)):
+            cmd = [sys.executable, __file__, "--one", json.dumps([m, n, k, i])]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=CANDIDATE_S)
+                lines = r.stdout.strip().splitlines()
+                got = json.loads(lines[-1]) if r.returncode == 0 and lines else \
+                    {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+            except subprocess.TimeoutExpired:
+                got = {"error": f"no result in {CANDIDATE_S} s (hung)"}
+            details.append({"shape": [m, n, k], "consts": c, **got})
+            ok = "rel_err" in got and got["rel_err"] < 1e-2
+            rows.append(["candidate", f"{m}x{n}x{k}", "", "", "",
+                         f"{got['rel_err']:.1e}" if "rel_err" in got else "",
+                         _short(c) + (" TMA C" if c.get("TMA_STORE") else "") +
+                         (" ping-pong" if c.get("PINGPONG") else ""),
+                         "ok" if ok else f"{got.get('error', 'wrong')} FAIL"])
+
+
+def run_one(spec: str) -> int:
+    """Child of step_candidates: candidate i of (m, n, k) launched once, its error against
+    cuBLAS printed as JSON."""
+    import json
+    import torch
+    import torch.nn.functional as F
+    from pykittens.kernels import gemm_ws_grid
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    m, n, k, i = json.loads(spec)
+    c = probed_candidates(m, n, k)[i]
+    x, w = _rand(m, k), _rand(n, k)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch(gemm_ws, grid=gemm_ws_grid(c, TARGET), a=x, b=w, c=y, **c)
+    torch.cuda.synchronize()
+    print(json.dumps({"rel_err": _rel(y, F.linear(x, w))}))
+    return 0
+
+
 def main() -> int:
     import torch
     from pykittens.bench import run_steps
@@ -243,9 +309,13 @@ def main() -> int:
            f"CUDA {torch.version.cuda}")
     header = ["step", "M x N x K", "peer TFLOP/s", "default", "tuned op", "ratio", "choice",
               "check"]
-    return run_steps("gemm_sweep", {"layouts": step_layouts, "sweep": step_sweep,
-                                    "fp8": step_fp8}, env, header=header)
+    return run_steps("gemm_sweep", {"candidates": step_candidates, "layouts": step_layouts,
+                                    "sweep": step_sweep, "fp8": step_fp8}, env, header=header)
 
 
 if __name__ == "__main__":
-    sys.exit(prebuild() if "--prebuild" in sys.argv else main())
+    if "--prebuild" in sys.argv:
+        sys.exit(prebuild())
+    if "--one" in sys.argv:
+        sys.exit(run_one(sys.argv[sys.argv.index("--one") + 1]))
+    sys.exit(main())
