@@ -58,8 +58,8 @@ def replayable(fn):
             out = entry(tensors)
             if out is not None:
                 return out
-            return fn(*args, **kwargs)            # the checks this call needs, with the
-        if entry is _FULL:                        # full path's errors
+            return fn(*args, **kwargs)            # overlapping inputs: the full path decides
+        if entry is _FULL:
             return fn(*args, **kwargs)
         if entry is None:
             out = fn(*args, **kwargs)
