@@ -308,6 +308,7 @@ def step_host(rows, details):
                                               is_causal=True).transpose(1, 2)
     _host_row(rows, details, "attention", tuple(q.shape),
               lambda q, k, v: pko.attention(q, k, v, causal=True), sdpa, (q, k, v))
+    _replay_pieces(rows, details)
     kernel, args, grid, consts = _raw_launch_call()
     us = {}
     for fast in (True, False):
@@ -341,6 +342,32 @@ def _host_row(rows, details, name, shape, pykittens, peer, inputs):
                  f"torch {us['torch']:.1f} us",
                  f"per cached forward call ({us['pykittens, no replay']:.1f} us "
                  "without replay)" + ("" if same else ": replay differs FAIL")])
+
+
+def _replay_pieces(rows, details):
+    """Where a replayed rms_norm call's host time goes: its signature, one output
+    allocation, one launch of its plan, against the whole call."""
+    from pykittens.ops import replay
+    x, w = _rand(8, 1024), _rand(1024)
+    args = (x, (1024,), w, EPS)
+    for _ in range(3):                              # seen, recorded, replayed
+        pko.rms_norm(*args)
+    entry = next(e for e in pko.rms_norm.replay_calls.values() if type(e) is replay._Replay)
+    plan, template, sources = entry.launches[0]
+    vals = list(template)
+    out = torch.empty_like(x)
+    for i, b, nbytes, view in sources:              # rms_norm's arguments: addresses
+        vals[i] = [x, w, out][b].data_ptr() + nbytes    # (inputs, then its output)
+    us = {"whole": _host_us(lambda: pko.rms_norm(*args)),
+          "signature": _host_us(lambda: replay._signature(args, {})),
+          "allocation": _host_us(lambda: torch.empty_like(x)),
+          "launch": _host_us(lambda: plan.launch(vals, None)),
+          "torch.softmax": _host_us(lambda: torch.softmax(x, -1))}
+    details.append({"step": "host", "op": "rms_norm replay pieces", "us": us})
+    rows.append(["host", "rms_norm replayed, pieces", f"whole {us['whole']:.1f} us",
+                 f"signature {us['signature']:.1f} us, an allocation "
+                 f"{us['allocation']:.1f} us", f"launch {us['launch']:.1f} us (torch.softmax "
+                 f"{us['torch.softmax']:.1f} us on this host)"])
 
 
 BLOCK = (4096, 4096)           # the graph step's activations (heads of HEAD_DIM columns)
