@@ -8,8 +8,9 @@ The cache lives with the code objects ($PYKITTENS_CACHE, kind "tune"); its key c
 problem, the candidates themselves (a changed candidate list tunes again) and pykittens'
 version. A candidate that fails to build or run is skipped and reported in the entry; when
 every one fails, tune raises with their errors. One whose first call does not finish in a
-minute (graph_time) stops the tuning with KernelHang naming it. `pykittens.ops.linear` / `matmul` tune the
-Hopper GEMM this way when PYKITTENS_AUTOTUNE=1 (ops.matmul.gemm_ws_candidates)."""
+minute (graph_time) stops the tuning with KernelHang naming it. `pykittens.ops.linear` /
+`matmul` tune the Hopper GEMM this way when PYKITTENS_AUTOTUNE=1
+(ops.matmul.gemm_ws_candidates)."""
 from __future__ import annotations
 
 import json

@@ -421,9 +421,9 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     tensor cores' fp8 accumulation keeps fewer bits; without it, BN = 256 at their full
     rate); promote=n promotes every n K steps instead (faster, less exact). A 16-bit C of
     128-wide blocks leaves through shared memory and TMA stores, 256-wide blocks store it
-    from registers. TMA copies A and B: their stored rows must be multiples of 16 bytes. bn=128 or 256 overrides the block width
-    (an autotuner's candidate). layout: how A and B are stored (gemm_ws's LAYOUT; MN-major
-    operands are 16-bit only)."""
+    from registers. TMA copies A and B: their stored rows must be multiples of 16 bytes.
+    bn=128 or 256 overrides the block width (an autotuner's candidate). layout: how A and B
+    are stored (gemm_ws's LAYOUT; MN-major operands are 16-bit only)."""
     m, k, n = gemm_ws_dims(layout, i["a"].shape, i["b"].shape)
     esz = rows.itemsize(i["a"])
     if layout != "nt" and esz != 2:

@@ -80,12 +80,12 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
             out.append(c)
     # a block per workgroup: not with 128-wide blocks, whose TMA-staged C then hung the
     # H200 (2048^3, measured 2026-12-01; the emulator finds no fault in either wave order)
-    per_block = [first["MAP"]] + [chip.gemm_grouped(tm, tn, w).spec for w in (8, 16)
-                                  if w < tm]
-    for spec in per_block if first["BN"] == 256 else ():
-        c = {**first, "MAP": spec, "PERSISTENT": 0}
-        if c not in out:
-            out.append(c)
+    if first["BN"] == 256:
+        for spec in [first["MAP"]] + [chip.gemm_grouped(tm, tn, w).spec for w in (8, 16)
+                                      if w < tm]:
+            c = {**first, "MAP": spec, "PERSISTENT": 0}
+            if c not in out:
+                out.append(c)
     narrow = gemm_ws_launch(i, target, bn=128, layout=layout)[1]
     if first["BN"] == 256:
         if i["c"].itemsize == 2 and n * 2 % 16 == 0:        # C through TMA, 3 stages
@@ -135,10 +135,11 @@ def _tuned(a: torch.Tensor, form: str, m: int, k: int, n: int, consts: dict) -> 
     if torch.cuda.is_current_stream_capturing():     # no timing inside a graph capture
         return tune.cached("gemm_ws", problem, candidates) or consts
 
+    # one set of operands for every candidate and round
+    ops = ws_stored(layout, m, k, n, lambda shape: torch.randn(shape, device=dev).to(a.dtype))
+    y = a.new_empty((m, n))
+
     def measure(c):
-        ops = ws_stored(layout, m, k, n,
-                        lambda shape: torch.randn(shape, device=dev).to(a.dtype))
-        y = a.new_empty((m, n))
         grid = gemm_ws_grid(c, target)
         return tune.graph_time(lambda: launch(gemm_ws, grid=grid, c=y, **ops, **c), 5)
 

@@ -147,8 +147,7 @@ class _Recorder:
         storages = [_storage(t) for t in ins + outs]
         if len(set(storages)) != len(storages):     # inputs shared, or an output an input
             return None
-        if not all(o.storage_offset() == 0 and o.untyped_storage().nbytes() ==
-                   _span_bytes(o) for o in outs):     # each output a whole new tensor
+        if not all(map(_whole, outs)):               # each output a whole new tensor
             return None
         # buffers that are not outputs: one that a single launch touches is written and
         # never read (its values are never seen), so the recorded one is kept and passed
@@ -161,8 +160,7 @@ class _Recorder:
                     uses[s] += 1
         keep = self.placeholders + [b for b in bufs if uses[_storage(b)] <= 1]
         bufs = [b for b in bufs if uses[_storage(b)] > 1]
-        if not all(b.storage_offset() == 0 and b.untyped_storage().nbytes() ==
-                   _span_bytes(b) for b in bufs):
+        if not all(map(_whole, bufs)):
             return None
         bases = ins + outs + bufs
         where = {s: i for i, s in enumerate(_storage(t) for t in bases)}
@@ -199,6 +197,11 @@ class _Recorder:
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """Whether t is all of its storage (so a tensor of its geometry can stand in for it)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == _span_bytes(t)
 
 
 def _span_bytes(t: torch.Tensor) -> int:
