@@ -95,23 +95,6 @@ def test_atomic_dq_schedule(rng, d, causal):
     check(got, want)
 
 
-@pytest.mark.parametrize("d,causal", [(64, 1), (128, 0)])
-def test_dq_added_from_registers(rng, d, causal):
-    """DQ_ATOMIC=2 (Hopper): the consumer waves add dQ with vector reductions from their
-    registers instead of staging it for the TMA unit; the same gradients, no dQ staging in
-    shared memory, and no bulk reduction in the code."""
-    got, want = backward(*inputs(rng, 1, 4, 2, 150, 260, d), causal, "atomic", DQ_ATOMIC=2)
-    check(got, want)
-    consts = dict(DT="bf16", D=d, CAUSAL=causal, BM=64, STAGES=2, LSE_EARLY=1)
-    ptx = compiler.assembly(attention_bwd, "sm_90a", DQ_ATOMIC=2, **consts)
-    assert "red.global.add.v2.f32" in ptx and "cp.reduce.async.bulk" not in ptx
-    smem = {a: compiler.lane_ir(attention_bwd, "sm_90a", DQ_ATOMIC=a, **consts).lds_bytes
-            for a in (1, 2)}
-    assert smem[1] - smem[2] >= 64 * d * 4              # the staging tiles are gone
-    with pytest.raises(pk.KernelError, match="DQ_ATOMIC is 0 .* or, on sm_90a, 2"):
-        compiler.lane_ir(attention_bwd, "gfx950", DQ_ATOMIC=2, **consts)
-
-
 @pytest.mark.parametrize("dq_schedule", ["atomic", "pass"])
 def test_consumers_first(rng, monkeypatch, dq_schedule):
     """Every pass (forward included) with each workgroup's last waves run first and a wait

@@ -54,13 +54,7 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
     library launch): 1 leaves out dQ's TMA reductions, 2 the consumers' wait for each
     other's dS (a race: wrong dQ) - variants for bench/attention_bwd.py, to place the time.
     LSE_EARLY (Hopper): the next step's LSE and delta are loaded right after dK's product is
-    issued rather than at the end of the step (attention_bwd_launch sets it). DQ_ATOMIC=2
-    (Hopper): dQ added by the consumer waves from registers instead of staged through
-    shared memory for TMA reductions (a schedule variant; not timed on a GPU yet)."""
-    if DQ_ATOMIC not in (0, 1, 2) or (DQ_ATOMIC == 2 and TARGET != "sm_90a"):
-        raise pk.KernelError(f"attention_bwd DQ_ATOMIC is 0 (dQ by its own pass), 1 (added "
-                             f"by TMA reductions) or, on sm_90a, 2 (added from registers); "
-                             f"not {DQ_ATOMIC!r} on {TARGET}")
+    issued rather than at the end of the step (attention_bwd_launch sets it)."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                     DQ_ATOMIC, diag=DQ_DIAG, early=LSE_EARLY)
@@ -121,10 +115,8 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     ds_ready = pk.mbarrier(8)
     # dQ's 64-column blocks leave through shared memory: the consumers write a block, a
     # producer wave has the TMA unit add it into `dq` and waits for the copy to read it, so
-    # the consumers go on (the tile is free again long before the next step's block).
-    # DQ_ATOMIC=2: each consumer wave adds its rows from registers (red.global.add.v4.f32)
-    staged = DQ_ATOMIC == 1
-    if staged:
+    # the consumers go on (the tile is free again long before the next step's block)
+    if DQ_ATOMIC:
         dq_stage = [pk.empty(pk.st((BM, 64), pk.f32, swizzle=8)) for _ in range(D // 64)]
         dq_ready = [pk.mbarrier(4) for _ in range(D // 64)]
         dq_free = [pk.mbarrier(1) for _ in range(D // 64)]
@@ -145,7 +137,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 st = ring.acquire(step)
                 pk.tma_load(st.q, q, at(h, qs + q0), st.full)
                 pk.tma_load(st.do, do, at(h, qs + q0), st.full)
-        if staged:
+        if DQ_ATOMIC:
             with pk.if_(pk.wave_id() == 1):              # dQ's writer
                 for step in pk.range(steps):
                     h, q0 = block(step)
@@ -201,9 +193,6 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                         dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
                         pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=1)
                         pk.mma_AB(dq_part, sds[1][step % 2], kt[1].atom(j))  # dS K, all keys
-                        if not staged:
-                            pk.atomic_add(dq, dq_part * scale, (b, h, q0 + 16 * w, 64 * j))
-                            continue
                         with pk.if_(step >= 1):         # the writer has read the tile
                             pk.wait(dq_free[j], (step - 1) % 2)
                         pk.store(dq_stage[j], dq_part * scale, (16 * w, 0))
