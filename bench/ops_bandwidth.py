@@ -294,6 +294,11 @@ def _raw_launch_call():
     return KERNELS["rmsnorm"].kernel, args, grid, consts
 
 
+def _decode_qkv():
+    """q, k, v of a decode-sized attention call (the host step times it)."""
+    return [_rand(1, 128, 8, HEAD_DIM) for _ in range(3)]
+
+
 def step_host(rows, details):
     import pykittens as pk
     from pykittens.runtime import launch as launch_mod
@@ -301,7 +306,7 @@ def step_host(rows, details):
     for op in _ops():
         _host_row(rows, details, op.name, shapes[op.name], op.pykittens, op.torch,
                   op.make(shapes[op.name]))
-    q, k, v = (_rand(1, 128, 8, HEAD_DIM) for _ in range(3))      # a decode-sized call
+    q, k, v = _decode_qkv()
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
@@ -348,26 +353,43 @@ def _replay_pieces(rows, details):
     """Where a replayed rms_norm call's host time goes: its signature, one output
     allocation, one launch of its plan, against the whole call."""
     from pykittens.ops import replay
+    from pykittens.runtime import cuda
     x, w = _rand(8, 1024), _rand(1024)
     args = (x, (1024,), w, EPS)
     for _ in range(3):                              # seen, recorded, replayed
         pko.rms_norm(*args)
     entry = next(e for e in pko.rms_norm.replay_calls.values() if type(e) is replay._Replay)
-    plan, template, sources = entry.launches[0]
+    plan, template, addressed, _ = entry.launches[0]
     vals = list(template)
+    handle = cuda.stream_handle(None, 0)
+    raw, h = cuda._raw_driver(), int(plan.function.handle)
     out = torch.empty_like(x)
-    for i, b, nbytes, view in sources:              # rms_norm's arguments: addresses
+    for i, b, nbytes in addressed:                  # rms_norm's arguments: addresses
         vals[i] = [x, w, out][b].data_ptr() + nbytes    # (inputs, then its output)
     us = {"whole": _host_us(lambda: pko.rms_norm(*args)),
           "signature": _host_us(lambda: replay._signature(args, {})),
           "allocation": _host_us(lambda: torch.empty_like(x)),
           "launch": _host_us(lambda: plan.launch(vals, None)),
+          "overlap check": _host_us(lambda: replay._overlapping(
+              [x.data_ptr(), w.data_ptr()], entry.spans)),
+          "stream": _host_us(lambda: cuda.stream_handle(None, 0)),
+          "context check": _host_us(lambda: cuda._raw_driver().current()),
+          "launcher": _host_us(lambda: plan.launcher(handle)),
+          "checked driver launch": _host_us(lambda: plan.function.launch_checked(
+              plan.grid, plan.block, plan.buf, plan.shared, handle)),
+          "bare cuLaunchKernel": _host_us(lambda: raw.cuLaunchKernel(
+              h, *plan.grid, *plan.block, plan.shared, handle, None, plan.buf.extra)),
           "torch.softmax": _host_us(lambda: torch.softmax(x, -1))}
     details.append({"step": "host", "op": "rms_norm replay pieces", "us": us})
     rows.append(["host", "rms_norm replayed, pieces", f"whole {us['whole']:.1f} us",
                  f"signature {us['signature']:.1f} us, an allocation "
                  f"{us['allocation']:.1f} us", f"launch {us['launch']:.1f} us (torch.softmax "
                  f"{us['torch.softmax']:.1f} us on this host)"])
+    rows.append(["host", "rms_norm replayed, launch", f"launcher {us['launcher']:.1f} us",
+                 f"typed cuLaunchKernel {us['bare cuLaunchKernel']:.1f} us (checked "
+                 f"{us['checked driver launch']:.1f} us, context check "
+                 f"{us['context check']:.1f} us)", f"stream {us['stream']:.1f} us, overlap "
+                 f"check {us['overlap check']:.1f} us"])
 
 
 BLOCK = (4096, 4096)           # the graph step's activations (heads of HEAD_DIM columns)

@@ -35,7 +35,7 @@ _state = threading.local()
 
 def on_gpu(t: torch.Tensor) -> bool:
     """Whether op kernels on t launch on a GPU (rather than run in the emulator)."""
-    return t.device.type != "cpu"
+    return not t.is_cpu
 
 
 def replayable(fn):
@@ -47,7 +47,7 @@ def replayable(fn):
         if not ENABLED or torch.compiler.is_compiling() or \
                 getattr(_state, "recorder", None) is not None:
             return fn(*args, **kwargs)
-        key, tensors = _signature(args, kwargs)
+        key, tensors, addresses = _signature(args, kwargs)
         if key is None:
             return fn(*args, **kwargs)
         try:
@@ -55,7 +55,7 @@ def replayable(fn):
         except TypeError:                         # an unhashable argument
             return fn(*args, **kwargs)
         if type(entry) is _Replay:
-            out = entry(tensors)
+            out = entry(tensors, addresses)
             if out is not None:
                 return out
             return fn(*args, **kwargs)            # overlapping inputs: the full path decides
@@ -83,30 +83,38 @@ def _remember(calls: dict, key, entry) -> None:
     calls[key] = entry
 
 
+_SCALARS = (int, float, bool, str, type(None))
+_SEQUENCES = (tuple, list, torch.Size)
+_NO_SIGNATURE = None, None, None
+
+
 def _signature(args, kwargs):
-    """(key, the tensors in argument order), or (None, None) for a call that takes the full
-    path: a tensor that is not a plain GPU tensor or needs a gradient, an argument that is
-    not a tensor, number, string, None or tuple of those, a dispatch mode active."""
+    """(key, the tensors in argument order, their addresses), or (None, None, None) for a
+    call that takes the full path: a tensor that is not a plain GPU tensor or needs a
+    gradient, an argument that is not a tensor, number, string, None or tuple of those, a
+    dispatch mode active. (Every replayed call runs this: it is written for speed.)"""
     if _dispatch_mode() is not None:
-        return None, None
+        return _NO_SIGNATURE
     grad = torch.is_grad_enabled()
-    key, tensors = [], []
-    for v in (*args, *kwargs.values()):
+    key, tensors, addresses = [], [], []
+    for v in (*args, *kwargs.values()) if kwargs else args:
         t = type(v)
         if t is torch.Tensor:
             if (grad and v.requires_grad) or not on_gpu(v):
-                return None, None
-            key.append((v.dtype, v.shape, v.stride(), v.get_device(), v.data_ptr() & 15))
+                return _NO_SIGNATURE
+            ptr = v.data_ptr()
+            key.append((v.dtype, v.shape, v.stride(), v.get_device(), ptr & 15))
             tensors.append(v)
-        elif t in (int, float, bool, str) or v is None:
+            addresses.append(ptr)
+        elif t in _SCALARS:
             key.append((t, v))
-        elif t in (tuple, list, torch.Size) and all(type(x) in (int, float) for x in v):
+        elif t in _SEQUENCES and all(type(x) in (int, float) for x in v):
             key.append((t, tuple(v)))
         else:
-            return None, None
+            return _NO_SIGNATURE
     if kwargs:
         key.append(tuple(kwargs))
-    return tuple(key), tensors
+    return tuple(key), tensors, addresses
 
 
 def recorder():
@@ -170,7 +178,7 @@ class _Recorder:
             if plan is None or plan.hip_entry is not None or plan.peers:
                 return None
             vals = plan.values((), args)
-            template, sources = list(vals), []
+            template, addressed, viewed = list(vals), [], []
             tmaps = {i for i, *_ in plan.tmaps}
             for i, v in enumerate(vals):
                 if type(v) is not torch.Tensor:
@@ -183,13 +191,14 @@ class _Recorder:
                     return None                            # made by another torch op
                 base = bases[where[s]]
                 nbytes = v.data_ptr() - base.data_ptr()
-                view = None
                 if i in tmaps:             # a tensor map is made of it: a view, not an address
                     if v.dtype != base.dtype:
                         return None
-                    view = (tuple(v.shape), tuple(v.stride()), nbytes // v.element_size())
-                sources.append((i, where[s], nbytes, view))
-            launches.append((plan, template, sources))
+                    viewed.append((i, where[s], tuple(v.shape), tuple(v.stride()),
+                                   nbytes // v.element_size()))
+                else:
+                    addressed.append((i, where[s], nbytes))
+            launches.append((plan, template, addressed, viewed))
         return _Replay([_span_bytes(t) for t in ins], [_geometry(o) for o in outs],
                        [_geometry(b) for b in bufs], launches,
                        None if type(out) in (tuple, list) else 0, type(out), keep)
@@ -222,13 +231,13 @@ class _Replay:
         self.launches, self.single, self.kind = launches, single, kind
         self.keep = keep                      # the tensors whose addresses it passes as is
 
-    def __call__(self, tensors):
-        """The op's result on `tensors` (its inputs in argument order), or None where inputs
-        overlap in memory (the full path's checks decide whether that is allowed).
-        Launches are checked for nothing else: their scalars are the recorded call's, and
-        the outputs and buffers are new (pk.launch's plan checks the rest for the
-        signature)."""
-        if len(tensors) > 1 and _overlapping(tensors, self.spans):
+    def __call__(self, tensors, addresses):
+        """The op's result on `tensors` (its inputs in argument order, at `addresses`), or
+        None where inputs overlap in memory (the full path's checks decide whether that is
+        allowed). Launches are checked for nothing else: their scalars are the recorded
+        call's, and the outputs and buffers are new (pk.launch's plan checks the rest for
+        the signature). (Every replayed call runs this: it is written for speed.)"""
+        if len(tensors) > 1 and _overlapping(addresses, self.spans):
             return None
         device = tensors[0].device
         empty = torch.empty_strided
@@ -236,22 +245,24 @@ class _Replay:
         bases = tensors + outs
         if self.bufs:
             bases += [empty(s, st, dtype=dt, device=device) for s, st, dt in self.bufs]
-        for plan, template, sources in self.launches:
+        ptrs = addresses + [t.data_ptr() for t in bases[len(tensors):]]
+        for plan, template, addressed, viewed in self.launches:
             vals = list(template)
-            for i, b, nbytes, view in sources:
+            for i, b, nbytes in addressed:
+                vals[i] = ptrs[b] + nbytes
+            for i, b, shape, stride, offset in viewed:
                 base = bases[b]
-                if view is None:
-                    vals[i] = base.data_ptr() + nbytes
-                else:
-                    shape, stride, offset = view
-                    vals[i] = base.as_strided(shape, stride, base.storage_offset() + offset)
+                vals[i] = base.as_strided(shape, stride, base.storage_offset() + offset)
             plan.launch(vals, None)
         if self.single is not None:
             return outs[0]
         return self.kind(outs)
 
 
-def _overlapping(tensors, spans) -> bool:
-    """Whether any two of the tensors (each `spans` bytes from its address) share memory."""
-    ranges = sorted((t.data_ptr(), n) for t, n in zip(tensors, spans) if n)
+def _overlapping(addresses, spans) -> bool:
+    """Whether any two tensors (at `addresses`, each `spans` bytes long) share memory."""
+    if len(addresses) == 2:                            # most ops: no sorting
+        (a, b), (n, m) = addresses, spans
+        return bool(n and m and a < b + m and b < a + n)
+    ranges = sorted((p, n) for p, n in zip(addresses, spans) if n)
     return any(a + n > b for (a, n), (b, _) in zip(ranges, ranges[1:]))

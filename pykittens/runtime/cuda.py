@@ -18,6 +18,7 @@ on a machine without cuda.bindings or a GPU, and the first driver use raises Cud
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import struct
 import threading
@@ -138,6 +139,9 @@ class _RawDriver:
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.cuLaunchKernel = lib.cuLaunchKernel
+        # the same entry point without argtypes, for callers that hand it C values they
+        # converted once (Launcher): no conversion of eleven arguments per call
+        self.launch_c_values = lib["cuLaunchKernel"]
 
     def current(self) -> int:
         """The current context's address (0 where none; -1 on an error). A buffer per
@@ -384,6 +388,30 @@ class ArgBuffer:
         self.extra = (ctypes.c_void_p * 5)(
             _BUFFER_POINTER, ctypes.addressof(self.data), _BUFFER_SIZE,
             ctypes.addressof(self._size), _END) if len(packed) else None
+
+
+class Launcher:
+    """One kernel launched again and again with the same grid, block, shared memory and
+    ArgBuffer (rewritten in place between launches): the call pk.launch's plans and replayed
+    op calls make. Its constant arguments are converted to C values once, and it does not
+    ask the driver which context is current: a launch made while another context is
+    current (or none) fails without running, and then goes through launch_checked, which
+    makes the module's context current or names the error."""
+
+    def __init__(self, function: "Function", grid, block, shared: int, args: ArgBuffer):
+        self.function, self.grid, self.block, self.shared = function, grid, block, shared
+        self.args = args
+        raw = _raw_driver()
+        self._call = None if raw is None else functools.partial(
+            raw.launch_c_values, ctypes.c_void_p(int(function.handle)),
+            *(ctypes.c_uint(v) for v in (*grid, *block, shared)))
+        self._extra = ctypes.cast(args.extra, ctypes.c_void_p) if args.extra else None
+
+    def __call__(self, stream: int) -> None:
+        """Launch on the stream with this handle (an int; 0 is the legacy default)."""
+        if self._call is None or self._call(ctypes.c_void_p(stream), None, self._extra):
+            self.function.launch_checked(self.grid, self.block, self.args, self.shared,
+                                         stream)
 
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------

@@ -235,10 +235,11 @@ class _Plan:
         self.block, self.shared = block, shared
         # the argument buffer, rewritten in place by each launch (under the lock: one
         # plan may launch from several threads)
-        self.buf, self.lock = None, threading.Lock()
+        self.buf, self.lock, self.launcher = None, threading.Lock(), None
         if function is not None:
-            from .cuda import ArgBuffer
+            from .cuda import ArgBuffer, Launcher
             self.buf = ArgBuffer(buf)
+            self.launcher = Launcher(function, grid, block, shared, self.buf)
         self.params = {p.name: p for p in params}
         index = {n: i for i, n in enumerate(self.names)}
         # scalars: (index, the largest magnitude the checks accept)
@@ -253,17 +254,30 @@ class _Plan:
                 lo, hi = memory_span(v)
                 self.tensors.append((index[p.name], hi - lo,
                                      (str(v.dtype), tuple(v.shape), tuple(v.stride()))))
-        self.fields, self.tmaps = [], []
+        # the arguments a launch rewrites: runs of adjacent pointer and scalar arguments,
+        # each packed by one struct call — [Struct, offset, [(index, is a pointer)]] — and
+        # tensor maps; the rest (sizes, strides) is the same for every launch of the plan
+        self.runs, self.tmaps = [], []
+        run_end = None                         # where the open run ends (None: no open run)
         for a, off, v in zip(kargs, offsets(kargs) if kargs else (), values):
-            if a.kind == "ptr":
-                self.fields.append((index[a.param], off, "ptr", FORMAT["ptr"]))
-            elif a.kind == "scalar":
-                self.fields.append((index[a.param], off, a.dtype, FORMAT[a.dtype]))
-            elif a.kind == "tmap":
+            if a.kind in ("ptr", "scalar"):
+                fmt = FORMAT["ptr" if a.kind == "ptr" else a.dtype][1:]
+                if run_end is None:
+                    self.runs.append(["<", off, []])
+                    run_end = off
+                run = self.runs[-1]
+                run[0] += "x" * (off - run_end) + fmt          # alignment padding, then it
+                run[2].append((index[a.param], a.kind == "ptr"))
+                run_end = off + struct.calcsize("<" + fmt)
+                continue
+            run_end = None
+            if a.kind == "tmap":
                 # [index, offset, karg, (address, encoded map)]: the pair replaced at once,
                 # so concurrent callers never see a map of another address
                 self.tmaps.append((index[a.param], off, a,
                                    [(bound[a.param].data_ptr(), bytes(v))]))
+        for run in self.runs:
+            run[0] = struct.Struct(run[0])
 
     def values(self, args, kwargs) -> list:
         """A call's arguments in ABI order (each pk.Peers as its ranks' tensors, the rank)."""
@@ -315,9 +329,9 @@ class _Plan:
         handle = cuda.stream_handle(stream, self.function.module.device)
         with self.lock:
             buf = self.buf.data
-            for i, off, kind, fmt in self.fields:
-                v = vals[i]
-                struct.pack_into(fmt, buf, off, _address(v) if kind == "ptr" else v)
+            for packer, off, items in self.runs:
+                packer.pack_into(buf, off, *[vals[i] if not ptr or type(vals[i]) is int
+                                             else vals[i].data_ptr() for i, ptr in items])
             for i, off, karg, cell in self.tmaps:
                 t = vals[i]
                 ptr, enc = cell[0]
@@ -326,7 +340,7 @@ class _Plan:
                         t, karg.tma, self.params[karg.param].type.dtype)
                     cell[0] = (ptr, enc)
                     ctypes.memmove(ctypes.addressof(buf) + off, enc, 128)
-            self.function.launch_checked(self.grid, self.block, self.buf, self.shared, handle)
+            self.launcher(handle)
 
 
 def _address(v) -> int:

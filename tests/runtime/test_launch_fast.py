@@ -219,3 +219,61 @@ def test_the_fast_path_keeps_the_argument_rules(driver, monkeypatch):
     assert not checked                                     # the plan launched it
     assert fast == run(inplace, driver, fast=False) and checked == [1]
     assert len(launch_mod._plans) == 1
+
+
+class FakeLibcuda:
+    """libcuda through ctypes as cuda.Launcher and launch_checked call it: records what
+    each launch hands the driver, answers `refuse` (a CUresult) to the untyped call and
+    reports `current` as the thread's context."""
+
+    def __init__(self, current=1234, refuse=0):
+        self.current_ctx, self.refuse, self.launches = current, refuse, []
+
+    def current(self):
+        return self.current_ctx
+
+    def launch_c_values(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        assert params is None
+        if self.refuse:
+            return self.refuse
+        f, gx, gy, gz, bx, by, bz, shared, stream, extra = (
+            v.value for v in (f, gx, gy, gz, bx, by, bz, shared, stream, extra))
+        return self.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, None, extra)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        """(the typed call: ints, and `extra` as its array)"""
+        address = extra if type(extra) is int else ctypes.addressof(extra)
+        words = (ctypes.c_void_p * 5).from_address(address)
+        size = ctypes.c_size_t.from_address(words[3]).value
+        self.launches.append(((gx, gy, gz), (bx, by, bz), shared, stream,
+                              ctypes.string_at(words[1], size)))
+        return 0
+
+
+@pytest.mark.parametrize("make", [rms_call, gemm_call])
+def test_plans_launch_through_libcuda_with_c_values(driver, monkeypatch, make):
+    """A plan's launcher hands libcuda (untyped, C values converted once) exactly what the
+    bindings get on the checked path, for each call's own tensors."""
+    calls = [make(seed=s) for s in (0, 1)]
+    want = [run(c, driver, fast=False) for c in calls]
+    lib = FakeLibcuda()
+    monkeypatch.setattr(rc, "_RAW", [lib])
+    got = []
+    for c in (calls[0], calls[1], calls[0]):       # the first one plans (the checked path)
+        n = len(driver.launches)
+        run(c, driver, fast=True)
+        assert len(driver.launches) == n                       # not through the bindings
+        got.append(lib.launches[-1])
+    assert got == [want[0], want[1], want[0]]
+
+
+def test_a_launch_refused_for_another_context_goes_through_the_bindings(driver, monkeypatch):
+    """With another context current, libcuda refuses the launch (nothing runs); the launcher
+    then makes the module's context current and launches once through the bindings."""
+    call = rms_call()
+    want = run(call, driver, fast=False)
+    lib = FakeLibcuda(current=999, refuse=201)            # CUDA_ERROR_INVALID_CONTEXT
+    monkeypatch.setattr(rc, "_RAW", [lib])
+    n = len(driver.launches)
+    assert run(call, driver, fast=True) == want
+    assert len(driver.launches) == n + 1 and not lib.launches
