@@ -13,7 +13,7 @@ installed, the cubin) of each; carry .pkcache to the GPU machine and the run the
 traces and lowers (milliseconds per kernel) and loads. Its first row says how many PTX
 builds it still had to make.
 
-Steps (name some on the command line to run only those): copy, ops, host, graph, report.
+Steps (name some on the command line to run only those): copy, ops, host, graph, variants, report.
   copy    device-to-device copy bandwidth: the ceiling the row ops are measured against
   ops     each op at each shape: forward and gradients against torch in float32, then the
           forward and forward+backward timed as CUDA graph replays (backward = the
@@ -22,6 +22,9 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
           and pk.launch's fast path against its checked path
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
+  variants  the forward row ops under other schedules than the launch rule's (wide rows
+          in fewer waves holding more each; the norms' weights held from the start), as
+          fractions of the copy
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
 step fails. It stops timing after BUDGET_S seconds (the rows say what was skipped).
@@ -230,6 +233,66 @@ def step_ops(rows, details):
     rows.extend(_summary_rows(_state["results"]))
 
 
+# the forward row ops under schedules other than the launch rule's (module settings of
+# pykittens.kernels.rows): double shares (a wave per 32 registers of the row per lane, so
+# fewer waves holding more) on wide rows, and the norms' weight and bias held in registers
+# from the start
+WIDE = {(4096, 12288): 6, (8192, 12288): 6, (4096, 16384): 8}
+VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
+
+
+def _variant_calls():
+    """(shape, variant, op, the forward's closure) of step "variants": closures that pick
+    their schedule when called (replay off: every call takes the launch rule)."""
+    from pykittens.kernels import rows as rows_mod
+    from pykittens.ops import replay
+    ops = {op.name: op for op in _ops()}
+
+    def under(settings, fn, inputs):
+        def call():
+            saved = {k: getattr(rows_mod, k) for k in settings}
+            enabled, replay.ENABLED = replay.ENABLED, False
+            try:
+                for k, v in settings.items():
+                    setattr(rows_mod, k, v)
+                return fn(*inputs)
+            finally:
+                replay.ENABLED = enabled
+                for k, v in saved.items():
+                    setattr(rows_mod, k, v)
+        return call
+    for shape in SHAPES + tuple(WIDE):
+        variants = {"launch rule": {}}
+        if shape in WIDE:
+            variants[f"{WIDE[shape]} waves of double shares"] = {
+                "SPLIT_WIDE_WAVES": WIDE[shape]}
+        for name in VARIANT_OPS:
+            op = ops[name]
+            inputs = op.make(shape)
+            held = {"weights held": {"HOLD_VECS": True}} if name != "softmax" else {}
+            for variant, settings in {**variants, **held}.items():
+                yield shape, variant, op, under(settings, op.pykittens, inputs)
+
+
+def step_variants(rows, details):
+    """The forward row ops under each variant (_variant_calls), three interleaved rounds
+    of CUDA-graph timings (medians), as fractions of the device copy."""
+    from pykittens.bench.gpu import graph_time
+    if _state["copy"] is None:
+        step_copy(rows, details)
+    calls = list(_variant_calls())
+    times = {i: [] for i in range(len(calls))}
+    for _ in range(3):
+        for i, (shape, variant, op, fn) in enumerate(calls):
+            times[i].append(graph_time(fn, 20))
+    for i, (shape, variant, op, fn) in enumerate(calls):
+        frac = op.moved[0](shape) / sorted(times[i])[1] / _state["copy"]
+        details.append({"step": "variants", "op": op.name, "shape": shape,
+                        "variant": variant, "s": times[i], "of_copy": frac})
+        rows.append(["variants", op.name, "x".join(map(str, shape)), variant,
+                     f"{100 * frac:.1f}% of copy"])
+
+
 def _cell(by, op, shape, mode):
     """'pk/torch[/quack]' as % of copy (row ops) or TFLOP/s (linear)."""
     vals = []
@@ -359,7 +422,7 @@ def _replay_pieces(rows, details):
     for _ in range(3):                              # seen, recorded, replayed
         pko.rms_norm(*args)
     entry = next(e for e in pko.rms_norm.replay_calls.values() if type(e) is replay._Replay)
-    plan, template, addressed, _ = entry.launches[0]
+    plan, template, addressed = entry.launches[0]
     vals = list(template)
     handle = cuda.stream_handle(None, 0)
     raw, h = cuda._raw_driver(), int(plan.function.handle)
@@ -585,6 +648,8 @@ def prebuild_all(verbose=True) -> dict:
                 _fwd_bwd(op, op.pykittens, op.make(shape))[1]()
         leaves, cos, sin = _block_inputs()
         _block(leaves, cos, sin, [torch.empty(leaves[0].shape, dtype=DT)] * 2)
+        for *_, call in _variant_calls():
+            call()
         kernel, args, grid, consts = _raw_launch_call()
         build(kernel, dict(zip(kernel.param_names, args)), grid, consts)
     return built
@@ -621,7 +686,7 @@ def main() -> int:
            "quack": "yes" if _quack("rmsnorm") else "not importable",
            "cache": os.environ.get("PYKITTENS_CACHE", "(default)")}
     steps = {"copy": step_copy, "ops": step_ops, "host": step_host, "graph": step_graph,
-             "report": step_report}
+             "variants": step_variants, "report": step_report}
 
     def builds(rows, details):
         details.append({"step": "builds", "ptx_built_at_run_time": len(misses)})

@@ -29,8 +29,8 @@ def at_address(ptr: int, shape, stride, dtype) -> torch.Tensor:
 
 class EmulatedPlan:
     """A launch plan whose launch emulates the kernel on the memory its arguments name:
-    tensors given by address (as replay gives them) or as tensors (tensor-mapped ones; every
-    other tensor parameter is declared tensor-mapped, so both kinds are exercised)."""
+    tensors given by address (as replay gives them, tensor-mapped ones too: the plan
+    re-encodes their maps) or as tensors (the first, planning call)."""
 
     def __init__(self, kernel, grid, consts, args, log):
         self.kernel, self.grid, self.consts, self.log = kernel, grid, consts, log
@@ -38,19 +38,15 @@ class EmulatedPlan:
         self.peers, self.hip_entry = [], None
         self.geometry = {n: (tuple(v.shape), tuple(v.stride()), v.dtype)
                          for n, v in args.items() if isinstance(v, torch.Tensor)}
-        tensors = [i for i, n in enumerate(self.kernel_names) if n in self.geometry]
-        self.tmaps = [(i, None, None, None) for i in tensors[::2]]
 
     def values(self, args, kwargs):
         return list(args) + [kwargs[n] for n in self.kernel_names[len(args):]]
 
     def launch(self, vals, stream):
         self.log.append(("launch", self.kernel.name))
-        tmapped = {i for i, *_ in self.tmaps}
         args = {}
-        for i, (name, v) in enumerate(zip(self.kernel_names, vals)):
+        for name, v in zip(self.kernel_names, vals):
             if name in self.geometry:
-                assert i not in tmapped or type(v) is torch.Tensor, name
                 shape, stride, dtype = self.geometry[name]
                 args[name] = at_address(v if type(v) is int else v.data_ptr(), shape, stride,
                                         dtype)

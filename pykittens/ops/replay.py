@@ -178,27 +178,20 @@ class _Recorder:
             if plan is None or plan.hip_entry is not None or plan.peers:
                 return None
             vals = plan.values((), args)
-            template, addressed, viewed = list(vals), [], []
-            tmaps = {i for i, *_ in plan.tmaps}
+            template, addressed = list(vals), []
             for i, v in enumerate(vals):
                 if type(v) is not torch.Tensor:
                     continue                               # a scalar: the same every call
                 s = _storage(v)
                 if s in kept:
-                    template[i] = v if i in tmaps else v.data_ptr()
+                    template[i] = v.data_ptr()
                     continue
                 if s not in where:
                     return None                            # made by another torch op
                 base = bases[where[s]]
-                nbytes = v.data_ptr() - base.data_ptr()
-                if i in tmaps:             # a tensor map is made of it: a view, not an address
-                    if v.dtype != base.dtype:
-                        return None
-                    viewed.append((i, where[s], tuple(v.shape), tuple(v.stride()),
-                                   nbytes // v.element_size()))
-                else:
-                    addressed.append((i, where[s], nbytes))
-            launches.append((plan, template, addressed, viewed))
+                # an address (the plan re-encodes a tensor map of the same geometry there)
+                addressed.append((i, where[s], v.data_ptr() - base.data_ptr()))
+            launches.append((plan, template, addressed))
         return _Replay([_span_bytes(t) for t in ins], [_geometry(o) for o in outs],
                        [_geometry(b) for b in bufs], launches,
                        None if type(out) in (tuple, list) else 0, type(out), keep)
@@ -246,13 +239,10 @@ class _Replay:
         if self.bufs:
             bases += [empty(s, st, dtype=dt, device=device) for s, st, dt in self.bufs]
         ptrs = addresses + [t.data_ptr() for t in bases[len(tensors):]]
-        for plan, template, addressed, viewed in self.launches:
+        for plan, template, addressed in self.launches:
             vals = list(template)
             for i, b, nbytes in addressed:
                 vals[i] = ptrs[b] + nbytes
-            for i, b, shape, stride, offset in viewed:
-                base = bases[b]
-                vals[i] = base.as_strided(shape, stride, base.storage_offset() + offset)
             plan.launch(vals, None)
         if self.single is not None:
             return outs[0]

@@ -142,6 +142,10 @@ class _RawDriver:
         # the same entry point without argtypes, for callers that hand it C values they
         # converted once (Launcher): no conversion of eleven arguments per call
         self.launch_c_values = lib["cuLaunchKernel"]
+        try:                                       # (the same way: TensorMap.encode)
+            self.encode_tiled = lib["cuTensorMapEncodeTiled"]
+        except AttributeError:                     # a driver older than Hopper's
+            self.encode_tiled = None
 
     def current(self) -> int:
         """The current context's address (0 where none; -1 on an error). A buffer per
@@ -406,6 +410,11 @@ class Launcher:
             raw.launch_c_values, ctypes.c_void_p(int(function.handle)),
             *(ctypes.c_uint(v) for v in (*grid, *block, shared)))
         self._extra = ctypes.cast(args.extra, ctypes.c_void_p) if args.extra else None
+        device = function.module.device
+        self.stream_handle = functools.partial(stream_handle, device=device)
+        current = _torch_current_stream()
+        self.current_stream = functools.partial(current, device) if current is not None \
+            else functools.partial(stream_handle, None, device)
 
     def __call__(self, stream: int) -> None:
         """Launch on the stream with this handle (an int; 0 is the legacy default)."""
@@ -477,17 +486,27 @@ def check_param_layout(name: str, layout: list[tuple[int, int]], nbytes: int,
                         "pass exactly the kernel's parameters, packed per ir.abi")
 
 
+def _torch_current_stream():
+    """torch's current raw stream of a device as a function of the device index (the
+    handle as an int, no Stream object made), or None without torch or that function."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_handle(stream, device: int) -> int:
     """A CUstream handle as an int: None -> torch's current stream on `device` (0, the
     legacy default stream, without torch); a torch.cuda.Stream; a CUstream; or an int."""
     if stream is None:
+        raw = _torch_current_stream()
+        if raw is not None:
+            return int(raw(device))
         try:
             import torch
         except ImportError:
             return 0
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # no Stream object
-        if raw is not None:
-            return int(raw(device))
         return int(torch.cuda.current_stream(device).cuda_stream)
     if hasattr(stream, "cuda_stream"):
         s_dev = getattr(getattr(stream, "device", None), "index", None)
@@ -561,40 +580,80 @@ def encode_tensor_map(t, desc, dtype) -> bytes:
     (the last two dims; one element of the others) of tensor `t`, which may be a strided
     view (e.g. (B, H, N, D) of a (B, N, H, D) tensor): elements outside it read as zero;
     128B swizzle when the shared tile is swizzled."""
-    import ctypes
-    d = driver()
-    kinds = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-             "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "i32": "CU_TENSOR_MAP_DATA_TYPE_INT32"}
-    name = T.dtype_of(dtype).name
-    dt = getattr(d.CUtensorMapDataType, kinds.get(name, "CU_TENSOR_MAP_DATA_TYPE_UINT8"))
-    esz = T.dtype_of(dtype).bytes
-    rank = t.dim()
-    sizes = [int(x) for x in reversed(t.shape)]                   # innermost first
-    strides = [int(t.stride(i)) * esz for i in reversed(range(rank - 1))]
-    if any(b % 16 for b in strides) or t.data_ptr() % 16 or t.stride(rank - 1) != 1:
-        raise ValueError(f"TMA needs a 16-byte aligned tensor with unit stride in its last "
-                         f"dim and other strides of a multiple of 16 bytes; this one has "
-                         f"strides {tuple(t.stride())} of {esz}-byte elements")
-    swz = d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if desc.swizzle128 else \
-        d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
-    u32, u64 = d.cuuint32_t, d.cuuint64_t      # the bindings want the typed integers
-    box = [desc.box[1], desc.box[0]] + [1] * (rank - 2)
+    return TensorMap(t, desc, dtype).encode(t.data_ptr())
 
-    def encode():
-        return d.cuTensorMapEncodeTiled(
-            dt, u32(rank), t.data_ptr(), [u64(x) for x in sizes], [u64(x) for x in strides],
-            [u32(x) for x in box], [u32(1)] * rank,
-            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    err, tmap = encode()
-    if int(err) == _INVALID_CONTEXT:
-        # no context current on this thread (autograd's backward threads, when a pykittens
-        # kernel is their first CUDA work): encode in the tensor's device's primary context
-        with _OnDevice(t.device.index or 0):
-            err, tmap = encode()
-    check((err,), "cuTensorMapEncodeTiled")
-    return ctypes.string_at(int(tmap.getPtr()), 128)
+
+_TMAP_KINDS = {"bf16": "BFLOAT16", "f16": "FLOAT16", "f32": "FLOAT32", "i32": "INT32"}
+
+
+class TensorMap:
+    """cuTensorMapEncodeTiled's arguments for one tensor geometry (shape, strides, element
+    type) and box, all but the address: made once, so that a launch replayed on a tensor
+    of that geometry somewhere else re-encodes its map from the new address alone (through
+    libcuda by ctypes where it loads, the arguments converted once; else the bindings)."""
+
+    def __init__(self, t, desc, dtype):
+        d = driver()
+        esz = T.dtype_of(dtype).bytes
+        rank = t.dim()
+        sizes = [int(x) for x in reversed(t.shape)]                   # innermost first
+        strides = [int(t.stride(i)) * esz for i in reversed(range(rank - 1))]
+        if any(b % 16 for b in strides) or t.stride(rank - 1) != 1:
+            raise ValueError(f"TMA needs a 16-byte aligned tensor with unit stride in its "
+                             f"last dim and other strides of a multiple of 16 bytes; this one "
+                             f"has strides {tuple(t.stride())} of {esz}-byte elements")
+        box = [desc.box[1], desc.box[0]] + [1] * (rank - 2)
+        kind = _TMAP_KINDS.get(T.dtype_of(dtype).name, "UINT8")
+        self.enums = (getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"),
+                      d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      getattr(d.CUtensorMapSwizzle, "CU_TENSOR_MAP_SWIZZLE_128B"
+                              if desc.swizzle128 else "CU_TENSOR_MAP_SWIZZLE_NONE"),
+                      d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                      d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        self.rank, self.sizes, self.strides, self.box = rank, sizes, strides, box
+        self.device = t.device.index or 0
+        raw = _raw_driver()
+        self._c = None
+        if raw is not None and raw.encode_tiled is not None:
+            c = ctypes
+            dt, interleave, swizzle, l2, oob = (c.c_int(int(e)) for e in self.enums)
+            self._mem = c.create_string_buffer(128 + 64)   # CUtensorMap is 64-byte aligned
+            self._out = (c.addressof(self._mem) + 63) & ~63
+            self._c = (raw.encode_tiled, c.c_void_p(self._out), dt, c.c_uint(rank),
+                       (c.c_uint64 * rank)(*sizes), (c.c_uint64 * max(rank - 1, 1))(*strides),
+                       (c.c_uint32 * rank)(*box), (c.c_uint32 * rank)(*[1] * rank),
+                       interleave, swizzle, l2, oob)
+
+    def encode(self, address: int) -> bytes:
+        """The 128-byte map of a tensor of this geometry at `address`."""
+        if address % 16:
+            raise ValueError(f"TMA needs a 16-byte aligned tensor; this one is at "
+                             f"{address:#x}")
+        if self._c is not None:
+            fn, out, dt, rank, *arrays = self._c
+            if not fn(out, dt, rank, ctypes.c_void_p(address), *arrays):
+                return ctypes.string_at(self._out, 128)
+        return self._encode_bound(address)    # no libcuda, or an error for check to name
+
+    def _encode_bound(self, address):
+        d = driver()
+        u32, u64 = d.cuuint32_t, d.cuuint64_t      # the bindings want the typed integers
+        dt, interleave, swizzle, l2, oob = self.enums
+
+        def encode():
+            return d.cuTensorMapEncodeTiled(
+                dt, u32(self.rank), address, [u64(x) for x in self.sizes],
+                [u64(x) for x in self.strides], [u32(x) for x in self.box],
+                [u32(1)] * self.rank, interleave, swizzle, l2, oob)
+        err, tmap = encode()
+        if int(err) == _INVALID_CONTEXT:
+            # no context current on this thread (autograd's backward threads, when a
+            # pykittens kernel is their first CUDA work): encode in the tensor's device's
+            # primary context
+            with _OnDevice(self.device):
+                err, tmap = encode()
+        check((err,), "cuTensorMapEncodeTiled")
+        return ctypes.string_at(int(tmap.getPtr()), 128)
 
 
 def launch(function: Function, params, bound: dict, grid, block, *, shared_bytes: int = 0,

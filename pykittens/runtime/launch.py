@@ -272,10 +272,12 @@ class _Plan:
                 continue
             run_end = None
             if a.kind == "tmap":
-                # [index, offset, karg, (address, encoded map)]: the pair replaced at once,
-                # so concurrent callers never see a map of another address
-                self.tmaps.append((index[a.param], off, a,
-                                   [(bound[a.param].data_ptr(), bytes(v))]))
+                # (index, offset, karg, [the address the buffer's map is of, the map's
+                # encoder for this geometry]): a launch re-encodes a tensor that moved
+                from .cuda import TensorMap
+                t = bound[a.param]
+                self.tmaps.append((index[a.param], off, a, [t.data_ptr(), TensorMap(
+                    t, a.tma, self.params[a.param].type.dtype)]))
         for run in self.runs:
             run[0] = struct.Struct(run[0])
 
@@ -325,22 +327,20 @@ class _Plan:
             hip.launch(code, prog.name, prog.params, dict(zip(self.names, vals)),
                        grid=self.grid, num_waves=prog.num_waves, stream=stream)
             return
-        from . import cuda
-        handle = cuda.stream_handle(stream, self.function.module.device)
+        launcher = self.launcher
+        handle = launcher.current_stream() if stream is None else \
+            launcher.stream_handle(stream)
         with self.lock:
             buf = self.buf.data
             for packer, off, items in self.runs:
                 packer.pack_into(buf, off, *[vals[i] if not ptr or type(vals[i]) is int
                                              else vals[i].data_ptr() for i, ptr in items])
             for i, off, karg, cell in self.tmaps:
-                t = vals[i]
-                ptr, enc = cell[0]
-                if t.data_ptr() != ptr:                   # the tensor moved: a new map
-                    ptr, enc = t.data_ptr(), cuda.encode_tensor_map(
-                        t, karg.tma, self.params[karg.param].type.dtype)
-                    cell[0] = (ptr, enc)
-                    ctypes.memmove(ctypes.addressof(buf) + off, enc, 128)
-            self.launcher(handle)
+                ptr = vals[i] if type(vals[i]) is int else vals[i].data_ptr()
+                if ptr != cell[0]:                   # the tensor moved: a new map
+                    ctypes.memmove(ctypes.addressof(buf) + off, cell[1].encode(ptr), 128)
+                    cell[0] = ptr
+            launcher(handle)
 
 
 def _address(v) -> int:

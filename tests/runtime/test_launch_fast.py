@@ -18,11 +18,19 @@ from pykittens.runtime import launch as launch_mod  # noqa: E402
 pytestmark = pytest.mark.usefixtures("module_cache")
 
 
-class _Enum:
-    """Enum members as the bindings give them: objects with a name."""
+class _Member:
+    """An enum member as the bindings give it: a name and an int value."""
 
+    def __init__(self, name):
+        self.name = name
+
+    def __int__(self):
+        return len(self.name)
+
+
+class _Enum:
     def __getattr__(self, name):
-        return SimpleNamespace(name=name)
+        return _Member(name)
 
 
 class FakeDriver:
@@ -218,6 +226,8 @@ class FakeLibcuda:
     each launch hands the driver, answers `refuse` (a CUresult) to the untyped call and
     reports `current` as the thread's context."""
 
+    encode_tiled = None                 # tensor maps: through the bindings (FakeDriver)
+
     def __init__(self, current=1234, refuse=0):
         self.current_ctx, self.refuse, self.launches = current, refuse, []
 
@@ -269,3 +279,34 @@ def test_a_launch_refused_for_another_context_goes_through_the_bindings(driver, 
     n = len(driver.launches)
     assert run(call, driver, fast=True) == want
     assert len(driver.launches) == n + 1 and not lib.launches
+
+
+class FakeEncoder:
+    """libcuda's cuTensorMapEncodeTiled as TensorMap calls it (C values): writes the map
+    FakeDriver writes (the address, then zeros) and records the geometry it was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, out, dt, rank, address, sizes, strides, box, elems, *enums):
+        n = rank.value
+        self.calls.append((address.value, list(sizes)[:n], list(strides)[:n - 1]))
+        ctypes.memmove(out.value, struct.pack("<Q", address.value) + bytes(120), 128)
+        return 0
+
+
+def test_moved_tensors_get_maps_encoded_from_their_address(driver, monkeypatch):
+    """A plan re-encodes the tensor map of a tensor that moved through libcuda, from the
+    new address and the geometry it recorded once: the launch carries what the checked
+    path's maps (through the bindings) would."""
+    calls = [gemm_call(seed=s) for s in (0, 1)]
+    want = [run(c, driver, fast=False) for c in calls]
+    lib, encoder = FakeLibcuda(), FakeEncoder()
+    lib.encode_tiled = encoder
+    monkeypatch.setattr(rc, "_RAW", [lib])
+    got = [run(c, driver, fast=True) and lib.launches[-1] for c in (calls[0], calls[1])]
+    assert got == want
+    a, b, c = calls[1][1]                      # the second call's tensors: all moved
+    encoded = {address: (sizes, strides) for address, sizes, strides in encoder.calls}
+    for t in (a, b):
+        assert encoded[t.data_ptr()] == (list(reversed(t.shape)), [t.stride(0) * 2])
