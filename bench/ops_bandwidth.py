@@ -22,9 +22,8 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
           and pk.launch's fast path against its checked path
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
-  variants  the forward row ops under other schedules than the launch rule's (wide rows
-          in fewer waves holding more each; the norms' weights held from the start), as
-          fractions of the copy
+  variants  the forward row ops on wide rows under the launch rule and in fewer waves
+          holding twice as much of a row each, as fractions of the copy
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
 step fails. It stops timing after BUDGET_S seconds (the rows say what was skipped).
@@ -235,8 +234,7 @@ def step_ops(rows, details):
 
 # the forward row ops under schedules other than the launch rule's (module settings of
 # pykittens.kernels.rows): double shares (a wave per 32 registers of the row per lane, so
-# fewer waves holding more) on wide rows, and the norms' weight and bias held in registers
-# from the start
+# fewer waves holding more) on wide rows
 WIDE = {(4096, 12288): 6, (8192, 12288): 6, (4096, 16384): 8}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 
@@ -261,16 +259,13 @@ def _variant_calls():
                 for k, v in saved.items():
                     setattr(rows_mod, k, v)
         return call
-    for shape in SHAPES + tuple(WIDE):
-        variants = {"launch rule": {}}
-        if shape in WIDE:
-            variants[f"{WIDE[shape]} waves of double shares"] = {
-                "SPLIT_WIDE_WAVES": WIDE[shape]}
+    for shape, wide in WIDE.items():
+        variants = {"launch rule": {}, f"{wide} waves of double shares":
+                    {"SPLIT_WIDE_WAVES": wide}}
         for name in VARIANT_OPS:
             op = ops[name]
             inputs = op.make(shape)
-            held = {"weights held": {"HOLD_VECS": True}} if name != "softmax" else {}
-            for variant, settings in {**variants, **held}.items():
+            for variant, settings in variants.items():
                 yield shape, variant, op, under(settings, op.pykittens, inputs)
 
 
