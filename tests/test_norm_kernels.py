@@ -181,6 +181,31 @@ def test_layernorm_without_weight_or_bias_and_its_statistics(sched):
         assert rel_err(got["stats"][1], 1 / np.sqrt(var + 1e-5)) < 1e-5
 
 
+@pytest.mark.parametrize("shape", [(7, 1024), (3, 4096)])
+def test_layernorm_of_exact_rows_skips_the_masks(shape):
+    """Rows of exactly the held width: the launch rule promises it (N_EXACT=1, no column
+    masks) and the result is float64's; the same promise on ragged rows would sum what lies
+    past their end (so the masks it saves were doing work)."""
+    from pykittens.kernels import ln_launch
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32) + 2
+    grid, consts = ln_launch({"x": x}, "sm_90a")
+    assert consts.get("N_EXACT") == 1 and consts["N_MAX"] == shape[1]
+    ragged = x[:, :shape[1] - 100].copy()
+    assert not ln_launch({"x": ragged}, "sm_90a")[1].get("N_EXACT")
+
+    def stats(x, consts):
+        got = pk.emulate(layernorm, x, np.zeros(1, np.float32), np.zeros(1, np.float32),
+                         np.full_like(x, np.nan), np.zeros((2, len(x)), np.float32), 1e-5,
+                         grid=grid, target="sm_90a", WEIGHT=0, BIAS=0, STATS=1, **consts)
+        return got["stats"]
+    x64 = x.astype(np.float64)
+    got = stats(x, consts)
+    assert rel_err(got[0], x64.mean(1)) < 1e-6
+    assert rel_err(got[1], 1 / np.sqrt(x64.var(1) + 1e-5)) < 1e-5
+    wrong = stats(ragged, consts)                     # the promise broken: masks skipped
+    assert rel_err(wrong[1], 1 / np.sqrt(ragged.astype(np.float64).var(1) + 1e-5)) > 1e-2
+
+
 def test_column_sum_of_many_partials():
     spec, errs = run_spec("column_sum", (300, 1030), "bf16", "gfx950")
     assert errs["out"]["rel_err"] <= spec.tolerance("bf16")

@@ -137,8 +137,12 @@ def _staged(i, target, names, sums: int):
 
 
 def ln_launch(i, target):
-    """LayerNorm's loop prefetches the next column block (measured faster on the H200)."""
-    return row_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
+    """LayerNorm's loop prefetches the next column block (measured faster on the H200);
+    held rows of exactly N_MAX columns skip the column masks (N_EXACT)."""
+    grid, consts = row_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
+    if (consts.get("SPLIT") or consts.get("RESIDENT")) and i["x"].shape[1] == consts["N_MAX"]:
+        consts = {**consts, "N_EXACT": 1}
+    return grid, consts
 
 
 # ---- layernorm --------------------------------------------------------------------------------

@@ -15,17 +15,18 @@ import pykittens as pk
 from .rows import ColumnSums, Feed, Rows
 
 
-def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS):
+def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS, N_EXACT=0):
     """Rows of x whose block j (an f32 tile) is `xb(j)`, one row per wave: one pass over the
     blocks sums d = x - k and d^2 for a shift k, the row's first element (so a large mean
     does not cancel: the sums are of deviations from a value of the row), giving the mean
     k + sum(d) / n and the variance sum(d^2) / n - (sum(d) / n)^2 with one reduction of
     the waves' sums; a second pass writes the output (times block j of the weight wv(j),
-    plus the bias bv(j), each where given)."""
+    plus the bias bv(j), each where given). N_EXACT: held rows fill their blocks exactly
+    (n == N_MAX), so no d outside the row needs masking (a select per element saved)."""
     k = pk.load(rows.row, x, (rows.r0, 0))
     s, q = pk.zeros(rows.row), pk.zeros(rows.row)
     for j in rows.blocks():
-        d = rows.mask(xb(j) - k, j)
+        d = xb(j) - k if N_EXACT and rows.held else rows.mask(xb(j) - k, j)
         pk.row_sum(d, into=s)
         pk.row_sum(d * d, into=q)
     s, q = rows.total(s), rows.total(q)          # one round of barriers for both
@@ -38,14 +39,16 @@ def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS):
 
 
 def _store_affine(rows, out, normed, wv, bv, j):
-    """Block j of out = normed() * wv(j) + bv(j) (each where given); w and b are read
-    first, so their loads are in flight during the math."""
+    """Block j of out = normed() * wv(j) + bv(j) (each where given; both: one fused
+    multiply-add); w and b are read first, so their loads are in flight during the math."""
     gamma = wv(j) if wv is not None else None
     beta = bv(j) if bv is not None else None
     y = normed()
-    if gamma is not None:
+    if gamma is not None and beta is not None:
+        y = pk.fma(y, gamma, beta)
+    elif gamma is not None:
         y = y * gamma
-    if beta is not None:
+    elif beta is not None:
         y = y + beta
     rows.store(out, y, j)
 
@@ -63,16 +66,18 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
               RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
               TMA: pk.const = 0, PREFETCH: pk.const = 0, SPLIT: pk.const = 0,
               WEIGHT: pk.const = 1, BIAS: pk.const = 1, STATS: pk.const = 0,
-              STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
+              STAGES: pk.const = 0, PROGRAMS: pk.const = 0, N_EXACT: pk.const = 0):
     """out = (x - mean) / sqrt(var + eps) * w + b per row (w, b: WEIGHT, BIAS); with STATS
-    also stats[0] = mean and stats[1] = rstd = 1 / sqrt(var + eps), a column per row."""
+    also stats[0] = mean and stats[1] = rstd = 1 / sqrt(var + eps), a column per row.
+    N_EXACT=1 promises rows of exactly N_MAX columns (held schedules; the launch rule sets
+    it where they are): no column masks."""
     if SPLIT or RESIDENT:
         rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
         feed = Feed(rows, [x], STAGES=STAGES, PROGRAMS=PROGRAMS)
         wv, bv = rows.vecs(w, WEIGHT, held=bool(STAGES)),\
             rows.vecs(b, BIAS, held=bool(STAGES))
         for (xb,), _ in feed.walk(loop=bool(STAGES)):
-            _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS)
+            _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS, N_EXACT)
         return
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
