@@ -1,6 +1,7 @@
-"""Launch forward row ops once each for Nsight Compute, bf16, at one shape (default
-4096 x 12288): layer_norm (weight, bias), rms_norm (weight), softmax. On the GPU machine
-(repo root, PTX prebuilt: bench/ops_bandwidth.py --prebuild):
+"""Launch row ops once each for Nsight Compute, bf16, at one shape (default 4096 x 12288):
+layer_norm (weight, bias), rms_norm (weight), softmax forward; with --bwd, then layer_norm's
+and rms_norm's gradients (their backward kernels and the column sums of dw, db). On the GPU
+machine (repo root, PTX prebuilt: bench/ops_bandwidth.py --prebuild):
 
     ncu --clock-control none --set full --import-source no \\
         -k regex:'^(layernorm|rmsnorm|softmax)$' -o $OUT/rows python3 bench/rows_profile.py
@@ -17,7 +18,8 @@ import pykittens.ops as pko
 
 
 def main(argv) -> int:
-    m, n = (int(a) for a in argv[:2]) if len(argv) >= 2 else (4096, 12288)
+    sizes = [a for a in argv if not a.startswith("--")]
+    m, n = (int(a) for a in sizes[:2]) if len(sizes) >= 2 else (4096, 12288)
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     with torch.no_grad():
@@ -25,6 +27,13 @@ def main(argv) -> int:
                     lambda: pko.rms_norm(x, (n,), w, 1e-5),
                     lambda: pko.softmax(x, -1)):
             run()
+            torch.cuda.synchronize()
+    if "--bwd" in argv:
+        dy = torch.randn_like(x)
+        xs, ws, bs = (t.detach().requires_grad_() for t in (x, w, b))
+        for y, leaves in ((pko.layer_norm(xs, (n,), ws, bs, 1e-5), (xs, ws, bs)),
+                          (pko.rms_norm(xs, (n,), ws, 1e-5), (xs, ws))):
+            torch.autograd.grad(y, leaves, dy)
             torch.cuda.synchronize()
     return 0
 
