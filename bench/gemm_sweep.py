@@ -249,14 +249,10 @@ CANDIDATE_S = 60          # a candidate's launch taking longer than this: report
 
 
 def probed_candidates(m, n, k) -> list[dict]:
-    """What step_candidates runs: every autotuner candidate of the product, and the one
-    block per workgroup with 128-wide blocks and TMA-staged C that hung the H200 once (the
-    tuner leaves it out)."""
+    """What step_candidates runs: every autotuner candidate of the product (the build that
+    hung, gemm_ws now refuses: bench/litmus/gemm_hang.py)."""
     from pykittens.ops.matmul import gemm_ws_candidates
-    cands = gemm_ws_candidates(TARGET, m, k, n, 2)
-    narrow = _plan("nt", m, n, k, bn=128)[1]
-    hung = {**narrow, "PERSISTENT": 0, "TMA_STORE": 1}
-    return cands + ([hung] if hung not in cands else [])
+    return gemm_ws_candidates(TARGET, m, k, n, 2)
 
 
 def step_candidates(rows, details):

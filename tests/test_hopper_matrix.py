@@ -175,6 +175,19 @@ def test_gemm_ws_pingpong_consumers_take_turns_over_whole_blocks(layout, c_dtype
                              **{**consts, "DT": "bf16", "OUT": "bf16", **bad})
 
 
+def test_gemm_ws_refuses_the_configuration_that_hung_the_h200():
+    """One 128-wide block per workgroup, C staged for the TMA unit, four ring stages: hung
+    the H200 (bench/litmus/gemm_hang.py), so it is an error naming what to use instead;
+    its neighbours that ran there still build."""
+    base = {"DT": "bf16", "OUT": "bf16", "BN": 128, "TM": 8, "TN": 8, "TMA_STORE": 1}
+    with pytest.raises(pk.KernelError, match="PERSISTENT=1, STAGES=3 or TMA_STORE=0"):
+        compiler.lane_ir(KERNELS["gemm_ws"].kernel, "sm_90a", **base, PERSISTENT=0,
+                         STAGES=4)
+    for fine in ({"PERSISTENT": 1, "STAGES": 4}, {"PERSISTENT": 0, "STAGES": 3},
+                 {"PERSISTENT": 0, "STAGES": 4, "TMA_STORE": 0}):
+        compiler.lane_ir(KERNELS["gemm_ws"].kernel, "sm_90a", **{**base, **fine})
+
+
 def test_gemm_ws_layout_errors():
     from pykittens.kernels import gemm_ws_launch
     z = lambda *s, dt=pk.bf16: np.zeros(s, dt.np)                  # noqa: E731
