@@ -169,14 +169,14 @@ def norm_backward(rows, xb, dyb, wv, mu, rs, dx, dws, dbs, extra=None):
         if center:
             pk.row_sum(gj, into=gs)
     gx, gs = rows.total(gx), rows.total(gs) if center else None   # one round of barriers
-    c = gx / rows.n
-    a = gs / rows.n if center else None
+    # dx = g rs - a rs - xhat (c rs), c = mean(g xhat), a = mean(g): two fused multiply-adds
+    # an element, the products of the row's scalars made once
+    c_rs = -(gx / rows.n) * rs
+    a_rs = -(gs / rows.n) * rs if center else None
     for j in rows.blocks():
         xh = xhat(j)
-        d = g(j) - xh * c
-        if center:
-            d = d - a
-        d = d * rs
+        t = pk.fma(g(j), rs, a_rs) if center else g(j) * rs
+        d = pk.fma(xh, c_rs, t)
         if extra is not None:
             d = d + extra(j)
         rows.store(dx, d, j)
