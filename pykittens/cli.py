@@ -187,7 +187,7 @@ def cmd_bench(a) -> int:
 
 def library_plan(kernel_name, target, m, n, k, dtype, out_dtype):
     """How the library launches an (m, k) x (n, k) GEMM: the analysis.model.Launch of
-    gemm_ws / gemm_pingpong / gemm, from the kernels' own launch rules."""
+    gemm_ws / gemm_pingpong / gemm_basic, from the kernels' own launch rules."""
     from . import kernels as K
     from .analysis.model import Launch
     from .ir.types import dtype_of
@@ -200,11 +200,11 @@ def library_plan(kernel_name, target, m, n, k, dtype, out_dtype):
     if kernel_name == "gemm_pingpong":
         grid, consts = K.gemm_pingpong_launch(m, n, k, target, esz)
         return Launch(K.gemm_pingpong, grid, consts, 256, 256, consts["BK"])
-    if kernel_name == "gemm":
-        grid, consts = K.KERNELS["gemm"].launch({"a": K.Operand((m, k), esz),
-                                                 "b": K.Operand((k, n), esz)}, target)
-        d = K.gemm.const_defaults
-        return Launch(K.gemm, grid, consts, d["BM"], d["BN"], d["BK"])
+    if kernel_name == "gemm_basic":
+        grid, consts = K.KERNELS["gemm_basic"].launch({"a": K.Operand((m, k), esz),
+                                                       "b": K.Operand((k, n), esz)}, target)
+        d = K.gemm_basic.const_defaults
+        return Launch(K.gemm_basic, grid, consts, d["BM"], d["BN"], d["BK"])
     raise CliError(f"no launch plan for {kernel_name!r}")
 
 
@@ -257,8 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     mo = sub.add_parser("model", help="modeled time and TFLOP/s of a library GEMM, read "
                         "from its code object's main loop (docs/PERF.md compares it with "
                         "measurements)")
-    mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950) or gemm "
-                    "(gfx942, gfx950)")
+    mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950) or "
+                    "gemm_basic (gfx942, gfx950)")
     mo.add_argument("--target", required=True, choices=TARGETS)
     mo.add_argument("--shape", type=int, nargs=3, required=True, metavar=("M", "N", "K"))
     mo.add_argument("--dtype", default="bf16", help="operand type: bf16, f16, e4m3 or e5m2 "

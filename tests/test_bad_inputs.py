@@ -829,10 +829,10 @@ def test_cli_user_file_mistakes(argv, code, msg, tmp_path, capsys):
 
 
 def test_cli_defaults_that_used_to_fail(tmp_path, capsys):
-    """`pykittens emulate gemm` (its first dtype by default) and a KernelSpec with one shape
-    run without options."""
-    assert main(["emulate", "gemm", "--target", "gfx942"]) == 0
-    assert "gemm gfx942 bf16" in capsys.readouterr().out
+    """`pykittens emulate gemm_basic` (its first dtype by default) and a KernelSpec with one
+    shape run without options."""
+    assert main(["emulate", "gemm_basic", "--target", "gfx942"]) == 0
+    assert "gemm_basic gfx942 bf16" in capsys.readouterr().out
     f = _file(tmp_path, "mine.py", SPEC_SRC)
     assert main(["emulate", f"{f}:ONE", "--target", "sm_90a"]) == 0
     assert "shape=(4, 64)" in capsys.readouterr().out

@@ -49,7 +49,7 @@ def test_interior_iteration_of_the_pinned_gemm(target):
 
 @pytest.mark.parametrize("target", CDNA)
 def test_library_gemm_interior_iteration(target):
-    spec = KERNELS["gemm"]
+    spec = KERNELS["gemm_basic"]
     insts, loop, path, _ = loop_and_path(spec.kernel, target, **spec.compile_consts)
     run = [insts[i][0] for i in path]
     body = [insts[i][0] for i in loop.body]

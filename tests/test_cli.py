@@ -13,7 +13,7 @@ def test_demo_quick_runs_every_section(capsys):
     assert main(["demo", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "no GPU here" in out and "all emulator checks passed" in out
-    for name in ("scaled_add", "softmax", "layernorm", "gemm"):
+    for name in ("scaled_add", "softmax", "layernorm", "gemm_basic"):
         for target in ("gfx942", "gfx950", "sm_90a"):
             assert any(line.startswith(name) and target in line and " ok " in line
                        for line in out.splitlines()), (name, target)
@@ -35,7 +35,7 @@ def test_compile_stages(stage, needle, capsys):
 
 @needs_amd_llvm          # the report reads the disassembly
 def test_compile_report_json(capsys):
-    assert main(["compile", "gemm", "--target", "gfx942", "--report", "--json"]) == 0
+    assert main(["compile", "gemm_basic", "--target", "gfx942", "--report", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     for key in ("vgpr", "agpr", "sgpr", "lds_bytes", "scratch_bytes",
                 "occupancy_waves_per_simd", "loop_mfma", "loop_instructions"):
@@ -45,7 +45,7 @@ def test_compile_report_json(capsys):
 
 @needs_ptxas
 def test_compile_report_json_hopper(capsys):
-    assert main(["compile", "gemm", "--target", "sm_90a", "--report", "--json"]) == 0
+    assert main(["compile", "gemm_basic", "--target", "sm_90a", "--report", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["spill_bytes"] == 0 and rep["smem_bytes"] == 8192 and rep["registers"] > 0
 

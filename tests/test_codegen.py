@@ -41,7 +41,7 @@ def test_library_kernel_compiles(name, target):
             assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in asm
         if name == "ws_scale":
             assert "mbarrier.try_wait.parity" in asm and "setmaxnreg.dec" in asm
-        if name == "gemm":
+        if name == "gemm_basic":
             assert "mma.sync.aligned.m16n8k16" in asm
         if name == "gemm_wgmma":
             assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in asm
@@ -61,7 +61,7 @@ def test_library_kernel_compiles(name, target):
             assert "buffer_load_dwordx2" in asm or "buffer_load_dwordx4" in asm  # vector runs
         if name in ("softmax", "layernorm"):  # butterflies: DPP in quads, ds_swizzle beyond
             assert "quad_perm:[1,0,3,2]" in asm and "ds_swizzle_b32" in asm
-        if name in ("gemm", "gemm_pingpong"):
+        if name in ("gemm_basic", "gemm_pingpong"):
             assert "v_mfma_f32_32x32" in asm
 
 

@@ -18,7 +18,7 @@ JOBS = [(name, target, consts) for name, consts in (
     ("softmax", {"DT": "bf16"}), ("softmax", {"DT": "f32"}),
     ("layernorm", {"DT": "bf16"}), ("layernorm", {"DT": "f32", "RESIDENT": 1, "N_MAX": 1024,
                                                    "CHUNK": 512}),
-    ("gemm", {"DT": "bf16", "OUT": "f32"}), ("gemm", {"DT": "f16", "OUT": "f32"}))
+    ("gemm_basic", {"DT": "bf16", "OUT": "f32"}), ("gemm_basic", {"DT": "f16", "OUT": "f32"}))
     for target in ("gfx942", "gfx950", "sm_90a")]
 
 

@@ -44,7 +44,7 @@ def _ptx_ops(kernel, **consts):
 
 
 def test_mma_operands_come_through_ldmatrix():
-    spec = KERNELS["gemm"]
+    spec = KERNELS["gemm_basic"]
     ops = _ptx_ops(spec.kernel, **spec.compile_consts)
     assert {"ldmatrix.sync.aligned.m8n8.x4.shared.b16",
             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"} <= ops

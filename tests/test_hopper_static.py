@@ -66,7 +66,7 @@ def test_library_kernel_cubin(name, consts):
         assert rep["loop_wgmma"] == 0 and "HGMMA" not in mix and "QGMMA" not in mix
     if "mma.sync" in kinds:
         assert mix.get("HMMA", 0) > 0, mix
-    assert kinds or name not in ("gemm", "gemm_wgmma", "gemm_ws")
+    assert kinds or name not in ("gemm_basic", "gemm_wgmma", "gemm_ws")
 
 
 # ---- wgmma shared-memory descriptors, against the PTX ISA's format ------------------------

@@ -74,12 +74,12 @@ def test_gemm_on_gfx950_reads_b_with_lds_transposes():
     hardware's exchange (tests above) and the code object shows the instruction."""
     from pykittens import compiler
     from pykittens.ir.nodes import walk
-    prog = compiler.lane_ir(KERNELS["gemm"].kernel, "gfx950", DT="bf16", OUT="f32")
+    prog = compiler.lane_ir(KERNELS["gemm_basic"].kernel, "gfx950", DT="bf16", OUT="f32")
     assert any(op.kind == "lds_load_tr" for op in walk(prog.body))
-    prog942 = compiler.lane_ir(KERNELS["gemm"].kernel, "gfx942", DT="bf16", OUT="f32")
+    prog942 = compiler.lane_ir(KERNELS["gemm_basic"].kernel, "gfx942", DT="bf16", OUT="f32")
     assert not any(op.kind == "lds_load_tr" for op in walk(prog942.body))
     from pykittens.toolchain import amdgpu
-    asm = amdgpu.disassemble(compiler.code_object(KERNELS["gemm"].kernel, "gfx950",
+    asm = amdgpu.disassemble(compiler.code_object(KERNELS["gemm_basic"].kernel, "gfx950",
                                                   DT="bf16", OUT="f32"), "gfx950")
     assert "ds_read_b64_tr_b16" in asm
 
@@ -87,17 +87,17 @@ def test_gemm_on_gfx950_reads_b_with_lds_transposes():
 @pytest.mark.parametrize("target,spec_", [("gfx942", "xcd:W=2,C=3"), ("gfx950", "xcd:W=1,C=2"),
                                           ("sm_90a", "grouped:W=2")])
 def test_gemm_follows_a_chiplet_mapping(target, spec_, rng):
-    """The library GEMM finds its tile through a grid mapping; any bijective mapping gives
+    """gemm_basic finds its tile through a grid mapping; any bijective mapping gives
     the same product (here over a ragged 3 x 5 tile grid)."""
-    from pykittens.kernels import gemm
+    from pykittens.kernels import gemm_basic
     a = rng.standard_normal((150, 96)).astype(pk.bf16.np)
     b = rng.standard_normal((96, 300)).astype(pk.bf16.np)
-    out = pk.emulate(gemm, a, b, np.full((150, 300), np.nan, np.float32), grid=(15,),
+    out = pk.emulate(gemm_basic, a, b, np.full((150, 300), np.nan, np.float32), grid=(15,),
                      target=target, MAP=spec_, TM=3, TN=5)["c"]
     assert rel_err(out, a.astype(np.float64) @ b.astype(np.float64)) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["gemm", "gemm_wgmma", "gemm_ws"])
+@pytest.mark.parametrize("name", ["gemm_basic", "gemm_wgmma", "gemm_ws"])
 def test_gemm_target_constant_is_the_compile_target(name):
     """The GEMMs' TARGET (pk.target) comes from the target they are compiled for; a
     different one passed by hand is an error, not a mapping for the wrong chip."""

@@ -30,7 +30,7 @@ from .. import targets
 
 # kernel -> targets it is modelled on
 MODELED = {"gemm_ws": ("sm_90a",), "gemm_pingpong": ("gfx942", "gfx950"),
-           "gemm": ("gfx942", "gfx950")}
+           "gemm_basic": ("gfx942", "gfx950")}
 _FP8 = {"e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"}
 
 
@@ -279,7 +279,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
         raise ValueError(f"{kernel_name} on {t.name} takes bf16, f16 or fp8 operands, "
                          f"not {dtype}")
     out = out_dtype or ("bf16" if dtype in _FP8 else dtype)
-    if kernel_name == "gemm":
+    if kernel_name == "gemm_basic":
         out = out_dtype or "f32"                  # its library spec's output
     used: dict = {}
     clock = _fact(t, f"clock_hz/{chip}", used)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gemm import gemm, gemm_wgmma, gemm_ws
+from .gemm import gemm_basic, gemm_wgmma, gemm_ws
 from .gemm_cdna import gemm_pingpong, gemm_pingpong_launch, gemm_pingpong_mx
 from . import rows
 from .layernorm import layernorm, layernorm_bwd
@@ -356,7 +356,7 @@ def _rope_spec_launch(i, target):
     return rope_launch(i["x"].shape, i["cos"].shape[1], False, target)
 
 
-# ---- gemm (shape = M, N, K) --------------------------------------------------------------------
+# ---- gemm_basic (shape = M, N, K) --------------------------------------------------------------------
 
 def _gemm_inputs(shape, dtype, rng):
     m, n, k = shape
@@ -560,7 +560,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                shapes=((2, 5, 3, 64), (1, 7, 5, 80)), gpu_shapes=((8, 4096, 32, 128),),
                compile_consts={"DT": "bf16", "CT": "f32", "HALF": 64, "WIDTH": 64,
                                "HEADS": 32}, torch_reference=_rope_torch),
-    KernelSpec("gemm", gemm, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
+    KernelSpec("gemm_basic", gemm_basic, _gemm_inputs, _gemm_ref, _gemm_launch, ("c",),
                shapes=((64, 64, 64), (100, 70, 96), (128, 64, 160)),
                gpu_shapes=((4096, 4096, 4096),), dtypes=("bf16", "f16"),
                compile_consts={"DT": "bf16", "OUT": "f32"},
@@ -604,7 +604,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 __all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_dims", "gemm_ws_grid",
            "gemm_ws_launch", "ln_tma_consts", "rel_err", "row_launch", "stats_launch",
            "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
-           "softmax_grad_launch", "add_rmsnorm", "column_sum", "gemm", "gemm_pingpong",
+           "softmax_grad_launch", "add_rmsnorm", "column_sum", "gemm_basic", "gemm_pingpong",
            "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
            "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",
            "scaled_add", "softmax", "softmax_bwd", "tma_scale", "ws_scale"]

@@ -1,4 +1,4 @@
-"""C = A @ B with bf16/f16/fp8 operands and f32 accumulation: each workgroup stages a BM x BK
+"""gemm_basic: C = A @ B with bf16/f16/fp8 operands and f32 accumulation: each workgroup stages a BM x BK
 block of A and a BK x BN block of B in shared memory, and each of its 2 x 2 waves multiplies
 its quadrant with the target's matrix instructions (MFMA on CDNA, mma.sync on Hopper).
 
@@ -22,11 +22,15 @@ def output_tile(MAP, TM, TN, BM, BN, TARGET, index=None):
 
 
 @pk.kernel(num_waves=4)
-def gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
-         DT: pk.const = None, OUT: pk.const = None,
-         BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32,
-         MAP: pk.const = "row-major", TM: pk.const = 0, TN: pk.const = 0,
-         TARGET: pk.target = None):
+def gemm_basic(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
+               DT: pk.const = None, OUT: pk.const = None,
+               BM: pk.const = 64, BN: pk.const = 64, BK: pk.const = 32,
+               MAP: pk.const = "row-major", TM: pk.const = 0, TN: pk.const = 0,
+               TARGET: pk.target = None):
+    """The basic tiled GEMM: 64 x 64 output blocks, 4 waves, A and B staged in shared
+    memory once per K step (no prefetch). An example of the language, and the library's
+    product where the pipelined GEMMs do not apply (operands gemm_ws's TMA cannot read);
+    the library's GEMMs are gemm_ws (Hopper) and gemm_pingpong (CDNA)."""
     sa = pk.empty(pk.st((BM, BK), DT))
     sb = pk.empty(pk.st((BK, BN), DT))
     wm, wn = pk.wave_id() // 2, pk.wave_id() % 2

@@ -5,7 +5,7 @@ the operands' dtype with float32 accumulation; its gradients are gemms of the ot
 
 The kernel: on Hopper `gemm_ws` (warp-specialised wgmma), which reads each operand as it is
 stored, K-major or not (its LAYOUT is the form), wherever TMA can copy the stored rows (a
-multiple of 16 bytes), else the mma.sync `gemm`; on CDNA `gemm_pingpong` (8-wave ping-pong
+multiple of 16 bytes), else the mma.sync `gemm_basic`; on CDNA `gemm_pingpong` (8-wave ping-pong
 MFMA on 256 x 256 blocks; A (M, K), B (N, K)). Where the kernel cannot read an operand as
 stored it is copied transposed (torch) first."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import torch
 
 from ..kernels import KERNELS, Operand, gemm_ws_grid, gemm_ws_launch
-from ..kernels.gemm import gemm, gemm_ws
+from ..kernels.gemm import gemm_basic, gemm_ws
 from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
 from .run import HALVES, check_same, check_tensor, custom_op, replayable, run, target_of
 
@@ -162,7 +162,7 @@ def _plan(target: str, form: str, m: int, k: int, n: int, itemsize: int):
     if target in STEP_BYTES:
         return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize))
     i = {"a": Operand((m, k), itemsize), "b": Operand((k, n), itemsize)}
-    return (gemm, *KERNELS["gemm"].launch(i, target))
+    return (gemm_basic, *KERNELS["gemm_basic"].launch(i, target))
 
 
 @_gemm.register_fake

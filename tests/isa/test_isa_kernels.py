@@ -21,7 +21,7 @@ CDNA = ("gfx942", "gfx950")
 # (which switches the build to aligned vector accesses where the shape did not allow it)
 CASES = [(n, dt, s, i % 2 == 1) for n, spec in sorted(KERNELS.items()) if "gfx942" in spec.targets
          for i, (dt, s) in enumerate((dt, s) for s in spec.shapes for dt in spec.dtypes)]
-MMA = {"gemm", "gemm_pingpong"}
+MMA = {"gemm_basic", "gemm_pingpong"}
 
 
 def run_both(spec, dt, shape, target, pad, seed=0):
