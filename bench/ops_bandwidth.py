@@ -22,8 +22,9 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
           and pk.launch's fast path against its checked path
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
-  variants  the forward row ops on wide rows under the launch rule and in fewer waves
-          holding twice as much of a row each, as fractions of the copy
+  variants  the forward row ops on wide rows under the launch rule, in fewer waves
+          holding twice as much of a row each, and built for more workgroups per SM
+          (VARIANTS), as fractions of the copy
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
 step fails. It stops timing after BUDGET_S seconds (the rows say what was skipped).
@@ -234,9 +235,26 @@ def step_ops(rows, details):
 
 # the forward row ops under schedules other than the launch rule's (module settings of
 # pykittens.kernels.rows): double shares (a wave per 32 registers of the row per lane, so
-# fewer waves holding more) on wide rows
-WIDE = {(4096, 12288): 6, (8192, 12288): 6, (4096, 16384): 8}
+# fewer waves holding more) on wide rows, and the norms built for more workgroups per SM
+# (PROGRAMS: registers capped; a softmax forward takes no PROGRAMS)
+VARIANTS = {
+    (4096, 12288): {"6 waves of double shares": {"SPLIT_WIDE_WAVES": 6},
+                    "3 workgroups per SM": {"PROGRAMS": 3},
+                    "2 workgroups per SM": {"PROGRAMS": 2}},
+    (8192, 12288): {"6 waves of double shares": {"SPLIT_WIDE_WAVES": 6},
+                    "3 workgroups per SM": {"PROGRAMS": 3}},
+    (4096, 16384): {"8 waves of double shares": {"SPLIT_WIDE_WAVES": 8},
+                    "2 workgroups per SM": {"PROGRAMS": 2}},
+}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
+
+
+def _with_programs(plan, n):
+    """rows.plan with PROGRAMS=n added to its split schedules."""
+    def planned(*args, **kwargs):
+        per, consts = plan(*args, **kwargs)
+        return per, ({**consts, "PROGRAMS": n} if consts.get("SPLIT") else consts)
+    return planned
 
 
 def _variant_calls():
@@ -259,14 +277,16 @@ def _variant_calls():
                 for k, v in saved.items():
                     setattr(rows_mod, k, v)
         return call
-    for shape, wide in WIDE.items():
-        variants = {"launch rule": {}, f"{wide} waves of double shares":
-                    {"SPLIT_WIDE_WAVES": wide}}
+    for shape, variants in VARIANTS.items():
         for name in VARIANT_OPS:
             op = ops[name]
             inputs = op.make(shape)
-            for variant, settings in variants.items():
-                yield shape, variant, op, under(settings, op.pykittens, inputs)
+            for variant, setting in {"launch rule": {}, **variants}.items():
+                if "PROGRAMS" in setting:
+                    if name == "softmax":
+                        continue
+                    setting = {"plan": _with_programs(rows_mod.plan, setting["PROGRAMS"])}
+                yield shape, variant, op, under(setting, op.pykittens, inputs)
 
 
 def step_variants(rows, details):
