@@ -11,7 +11,7 @@ from pykittens import compiler
 from pykittens.kernels import KERNELS, rows
 from pykittens.kernels.layernorm import layernorm
 from pykittens.kernels.rope import rope, rope_launch
-from conftest import rel_err
+from conftest import needs_ptxas, rel_err
 
 SCHEDULES = {
     "resident": (4, {"RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512}),
@@ -283,3 +283,43 @@ def test_softmax_backward_takes_wide_shares_where_the_default_needs_many_waves()
     assert waves(12288, target="gfx950") == 12
     spec, errs = run_spec("softmax_bwd", (3, 12288), "bf16", "sm_90a")
     assert errs["dx"]["rel_err"] <= spec.tolerance("bf16")
+
+
+def test_split_rows_take_one_more_workgroup_where_its_registers_fit(monkeypatch):
+    """split_programs raises PROGRAMS by one where a Hopper split row leaves fewer than
+    three workgroups on an SM and the capped build does not spill (ptxas' report, stood in
+    for here): registers and spills decide, nothing else."""
+    from pykittens import kernels as K
+    consts = {"SPLIT": 1, "ROWS": 1, "N_MAX": 12288, "CHUNK": 512, "num_waves": 12}
+    reports = {}
+
+    def fits(kernel, target, items, dtype):
+        return reports[dict(items).get("PROGRAMS", 0)]
+    monkeypatch.setattr(K, "_fits", fits)
+    kernel = KERNELS["rmsnorm"].kernel
+    reports.update({0: (69, 0), 3: (56, 0)})         # 12 warps x 72 registers: 2 an SM
+    assert K.split_programs(kernel, "sm_90a", consts, "bf16")["PROGRAMS"] == 3
+    reports[3] = (56, 16)                             # the capped build spills: not taken
+    assert K.split_programs(kernel, "sm_90a", consts, "bf16") == consts
+    reports.update({0: (40, 0), 4: (32, 0)})         # already 4 an SM: left alone
+    assert K.split_programs(kernel, "sm_90a", consts, "bf16") == consts
+    reports.clear()                                   # (none consulted below)
+    for target, c in (("gfx950", consts), ("sm_90a", {**consts, "SPLIT": 0}),
+                      ("sm_90a", {**consts, "PROGRAMS": 2})):
+        assert K.split_programs(kernel, target, c, "bf16") == c
+    monkeypatch.setattr(K, "_fits", lambda *a: None)  # no ptxas: the launch rule as is
+    assert K.split_programs(kernel, "sm_90a", consts, "bf16") == consts
+
+
+@needs_ptxas
+def test_split_programs_with_ptxas():
+    """With the real report: rms_norm's 12-wave rows at 12288 bf16 columns take three
+    workgroups an SM (measured faster on the H200); layer_norm's, which would spill, not."""
+    from pykittens.kernels import ln_launch, split_programs, stats_launch
+    x = np.empty((4096, 12288), pk.bf16.np)
+    _, rms = stats_launch({"x": x}, "sm_90a")
+    assert split_programs(KERNELS["rmsnorm"].kernel, "sm_90a", {**rms, "WEIGHT": 1},
+                          "bf16")["PROGRAMS"] == 3
+    _, ln = stats_launch({"x": x}, "sm_90a", launch=ln_launch)
+    ln = {**ln, "WEIGHT": 1, "BIAS": 1}
+    assert split_programs(KERNELS["layernorm"].kernel, "sm_90a", ln, "bf16") == ln

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
+from ..kernels import (ln_launch, ln_grad_launch, rms_grad_launch, split_programs,
+                       stats_launch)
 from ..kernels.layernorm import layernorm, layernorm_bwd
 from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
@@ -74,12 +75,13 @@ def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor
     y, stats = x.new_empty((m, n)), kernel_output(x, (2, m), F32)
     if x.numel() == 0:
         return y, stats
-    grid, consts = stats_launch({"x": x}, target_of(x), launch=ln_launch)
+    target = target_of(x)
+    grid, consts = stats_launch({"x": x}, target, launch=ln_launch)
+    consts = split_programs(layernorm, target, {**consts, "WEIGHT": int(weight is not None),
+                                                "BIAS": int(bias is not None)}, x.dtype)
     run(layernorm, {"x": x, "w": placeholder(x, 1) if weight is None else weight,
                     "b": placeholder(x, 1) if bias is None else bias, "out": y,
-                    "stats": stats, "eps": eps}, grid,
-        {**consts, "WEIGHT": int(weight is not None), "BIAS": int(bias is not None)},
-        ("out", "stats"))
+                    "stats": stats, "eps": eps}, grid, consts, ("out", "stats"))
     return y, stats
 
 
@@ -157,10 +159,12 @@ def _rms_forward(kernel, x, tensors: dict, weight, eps, outputs):
     rstd = kernel_output(x, (m,), F32)
     if x.numel():
         row_bytes = (2 if "residual" in tensors else 1) * x.itemsize
-        grid, consts = stats_launch({"x": x}, target_of(x), row_bytes=row_bytes)
+        target = target_of(x)
+        grid, consts = stats_launch({"x": x}, target, row_bytes=row_bytes)
+        consts = split_programs(kernel, target, {**consts, "WEIGHT": int(weight is not None)},
+                                x.dtype)
         run(kernel, {"x": x, **tensors, "w": placeholder(x, 1) if weight is None else weight,
-                     "rstd": rstd, "eps": eps}, grid,
-            {**consts, "WEIGHT": int(weight is not None)}, outputs + ("rstd",))
+                     "rstd": rstd, "eps": eps}, grid, consts, outputs + ("rstd",))
     return rstd
 
 
