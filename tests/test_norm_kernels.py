@@ -289,7 +289,7 @@ def test_split_rows_take_one_more_workgroup_where_its_registers_fit(monkeypatch)
     """split_programs raises PROGRAMS by one where a Hopper split row leaves fewer than
     three workgroups on an SM and the capped build does not spill (ptxas' report, stood in
     for here): registers and spills decide, nothing else."""
-    from pykittens import kernels as K
+    from pykittens.ops import norms as K
     consts = {"SPLIT": 1, "ROWS": 1, "N_MAX": 12288, "CHUNK": 512, "num_waves": 12}
     reports = {}
 
@@ -315,7 +315,8 @@ def test_split_rows_take_one_more_workgroup_where_its_registers_fit(monkeypatch)
 def test_split_programs_with_ptxas():
     """With the real report: rms_norm's 12-wave rows at 12288 bf16 columns take three
     workgroups an SM (measured faster on the H200); layer_norm's, which would spill, not."""
-    from pykittens.kernels import ln_launch, split_programs, stats_launch
+    from pykittens.kernels import ln_launch, stats_launch
+    from pykittens.ops.norms import split_programs
     x = np.empty((4096, 12288), pk.bf16.np)
     _, rms = stats_launch({"x": x}, "sm_90a")
     assert split_programs(KERNELS["rmsnorm"].kernel, "sm_90a", {**rms, "WEIGHT": 1},

@@ -2,8 +2,6 @@
 to feed it and what it must compute. `KERNELS[name]` is the registry."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .gemm import gemm_basic, gemm_wgmma, gemm_ws
@@ -161,52 +159,6 @@ def _ln_ref(i):
     mu = x.mean(axis=1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
     return {"out": (x - mu) / np.sqrt(var + i["eps"]) * _f64(i["w"]) + _f64(i["b"])}
-
-
-SPLIT_MORE_PROGRAMS_BELOW = 3    # split rows sharing an SM with fewer workgroups: try one more
-SPLIT_SPILL_BYTES = 0            # ... if ptxas spills at most this many bytes a lane
-
-
-@functools.lru_cache(maxsize=256)
-def _fits(kernel, target: str, consts: tuple, dtype: str):
-    """(registers, spill bytes) of a build by ptxas' report, or None without ptxas."""
-    from .. import compiler
-    from ..toolchain.tools import ToolMissing
-    try:
-        r = compiler.report(kernel, target, DT=dtype, **dict(consts))
-    except ToolMissing:
-        return None
-    return r["registers"], r["spill_bytes"]
-
-
-def split_programs(kernel, target: str, consts: dict, dtype) -> dict:
-    """`consts` of a forward norm's split-row launch, with PROGRAMS raised where that
-    helps on Hopper: a row split over many waves leaves fewer than
-    SPLIT_MORE_PROGRAMS_BELOW workgroups on an SM by its registers (one row in flight
-    each), and a build capped for one more workgroup (pk.programs_per_cu) spills at most
-    SPLIT_SPILL_BYTES a lane by ptxas' report. On the H200 (docs/PERF.md, run AP): rms_norm
-    87 -> 91% of copy bandwidth at 4096x12288 (three workgroups of 12 warps, no spills);
-    caps that spill were slower (layer_norm 76 -> 65%, 160 bytes) except add_rms_norm's
-    at 12288 columns (89 -> 92%, 16 bytes), so only caps without spills are taken.
-    Unchanged elsewhere, and without ptxas (the choice needs the compiled register
-    counts)."""
-    from ..targets import get
-    from ..targets.sm90a import REGISTERS_PER_SM
-    t = get(target)
-    if t.family != "hopper" or not consts.get("SPLIT") or consts.get("PROGRAMS"):
-        return consts
-    dtype = T.dtype_of(dtype).name
-    base = _fits(kernel, target, tuple(sorted(consts.items())), dtype)
-    if base is None:
-        return consts
-    threads = consts["num_waves"] * t.wave_size
-    per_warp = -(-base[0] * t.wave_size // 256) * 256       # allocated in 256-register units
-    resident = REGISTERS_PER_SM // (threads // t.wave_size * per_warp)
-    if not 1 <= resident < SPLIT_MORE_PROGRAMS_BELOW:
-        return consts
-    more = {**consts, "PROGRAMS": resident + 1}
-    fit = _fits(kernel, target, tuple(sorted(more.items())), dtype)
-    return more if fit is not None and fit[1] <= SPLIT_SPILL_BYTES else consts
 
 
 def stats_launch(i, target, launch=row_launch, **kw):

@@ -3,12 +3,13 @@ operators over the library's row kernels (layernorm, rmsnorm, add_rmsnorm; layer
 rmsnorm_bwd, with column_sum adding up the weight and bias gradients)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from ..kernels import (ln_launch, ln_grad_launch, rms_grad_launch, split_programs,
-                       stats_launch)
+from ..ir.types import dtype_of
+from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
 from ..kernels.layernorm import layernorm, layernorm_bwd
 from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
@@ -16,6 +17,55 @@ from .run import (check_same, check_tensor, custom_op, kernel_output, placeholde
                   run, target_of)
 
 F32 = torch.float32
+
+
+# The launch rules (kernels.stats_launch) pick a forward norm's schedule from its shape; on
+# Hopper the ops then check the compiled build's registers (a choice the launch rules,
+# which never compile, cannot make)
+SPLIT_MORE_PROGRAMS_BELOW = 3    # split rows sharing an SM with fewer workgroups: try one more
+SPLIT_SPILL_BYTES = 0            # ... if ptxas spills at most this many bytes a lane
+
+
+@functools.lru_cache(maxsize=256)
+def _fits(kernel, target: str, consts: tuple, dtype: str):
+    """(registers, spill bytes) of a build by ptxas' report, or None without ptxas."""
+    from .. import compiler
+    from ..toolchain.tools import ToolMissing
+    try:
+        r = compiler.report(kernel, target, DT=dtype, **dict(consts))
+    except ToolMissing:
+        return None
+    return r["registers"], r["spill_bytes"]
+
+
+def split_programs(kernel, target: str, consts: dict, dtype) -> dict:
+    """`consts` of a forward norm's split-row launch, with PROGRAMS raised where that
+    helps on Hopper: a row split over many waves leaves fewer than
+    SPLIT_MORE_PROGRAMS_BELOW workgroups on an SM by its registers (one row in flight
+    each), and a build capped for one more workgroup (pk.programs_per_cu) spills at most
+    SPLIT_SPILL_BYTES a lane by ptxas' report. On the H200 (docs/PERF.md, run AP): rms_norm
+    87 -> 91% of copy bandwidth at 4096x12288 (three workgroups of 12 warps, no spills);
+    caps that spill were slower (layer_norm 76 -> 65%, 160 bytes) except add_rms_norm's
+    at 12288 columns (89 -> 92%, 16 bytes), so only caps without spills are taken.
+    Unchanged elsewhere, and without ptxas (the choice needs the compiled register
+    counts)."""
+    from ..targets import get
+    from ..targets.sm90a import REGISTERS_PER_SM
+    t = get(target)
+    if t.family != "hopper" or not consts.get("SPLIT") or consts.get("PROGRAMS"):
+        return consts
+    dtype = dtype_of(dtype).name
+    base = _fits(kernel, target, tuple(sorted(consts.items())), dtype)
+    if base is None:
+        return consts
+    threads = consts["num_waves"] * t.wave_size
+    per_warp = -(-base[0] * t.wave_size // 256) * 256       # allocated in 256-register units
+    resident = REGISTERS_PER_SM // (threads // t.wave_size * per_warp)
+    if not 1 <= resident < SPLIT_MORE_PROGRAMS_BELOW:
+        return consts
+    more = {**consts, "PROGRAMS": resident + 1}
+    fit = _fits(kernel, target, tuple(sorted(more.items())), dtype)
+    return more if fit is not None and fit[1] <= SPLIT_SPILL_BYTES else consts
 
 
 def _rows(op: str, x, normalized_shape, **params):
