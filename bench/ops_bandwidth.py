@@ -372,11 +372,6 @@ def _raw_launch_call():
     return KERNELS["rmsnorm"].kernel, args, grid, consts
 
 
-def _decode_qkv():
-    """q, k, v of a decode-sized attention call (the host step times it)."""
-    return [_rand(1, 128, 8, HEAD_DIM) for _ in range(3)]
-
-
 def step_host(rows, details):
     import pykittens as pk
     from pykittens.runtime import launch as launch_mod
@@ -384,7 +379,7 @@ def step_host(rows, details):
     for op in _ops():
         _host_row(rows, details, op.name, shapes[op.name], op.pykittens, op.torch,
                   op.make(shapes[op.name]))
-    q, k, v = _decode_qkv()
+    q, k, v = (_rand(1, 128, 8, HEAD_DIM) for _ in range(3))      # a decode-sized call
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),

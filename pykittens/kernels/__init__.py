@@ -356,7 +356,7 @@ def _rope_spec_launch(i, target):
     return rope_launch(i["x"].shape, i["cos"].shape[1], False, target)
 
 
-# ---- gemm_basic (shape = M, N, K) --------------------------------------------------------------------
+# ---- gemm_basic (shape = M, N, K) --------------------------------------------------------------
 
 def _gemm_inputs(shape, dtype, rng):
     m, n, k = shape

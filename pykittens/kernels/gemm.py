@@ -1,6 +1,7 @@
-"""gemm_basic: C = A @ B with bf16/f16/fp8 operands and f32 accumulation: each workgroup stages a BM x BK
-block of A and a BK x BN block of B in shared memory, and each of its 2 x 2 waves multiplies
-its quadrant with the target's matrix instructions (MFMA on CDNA, mma.sync on Hopper).
+"""gemm_basic: C = A @ B with bf16/f16/fp8 operands and f32 accumulation: each workgroup
+stages a BM x BK block of A and a BK x BN block of B in shared memory, and each of its 2 x 2
+waves multiplies its quadrant with the target's matrix instructions (MFMA on CDNA, mma.sync
+on Hopper). Then the Hopper GEMMs (gemm_wgmma, gemm_ws and its warp-specialised pipeline).
 
 Workgroups find their output tile through a chiplet-aware grid mapping (MAP, over a TM x TN
 tile grid on TARGET, the pk.target constant: the target being compiled for): the launcher picks it with the cache simulator (chiplet.auto_mapping),

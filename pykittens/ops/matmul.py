@@ -78,8 +78,8 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
         c = {**first, "MAP": spec}
         if c not in out:
             out.append(c)
-    # a block per workgroup: not with 128-wide blocks, whose TMA-staged C then hung the
-    # H200 (2048^3, measured 2026-12-01; the emulator finds no fault in either wave order)
+    # a block per workgroup: not with 128-wide blocks, whose TMA-staged C can hang the H200
+    # (gemm_ws refuses the configuration; bench/litmus/gemm_hang.py)
     if first["BN"] == 256:
         for spec in [first["MAP"]] + [chip.gemm_grouped(tm, tn, w).spec for w in (8, 16)
                                       if w < tm]:

@@ -27,6 +27,8 @@ import threading
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
+from ..runtime.args import memory_span
+
 ENABLED = os.environ.get("PYKITTENS_REPLAY", "1") != "0"
 MAX_CALLS = 4096          # signatures kept per op (shapes that keep changing must not grow it)
 _SEEN, _FULL = "seen", "full"         # first call done; the full path every time
@@ -193,8 +195,7 @@ class _Recorder:
                 addressed.append((i, where[s], v.data_ptr() - base.data_ptr()))
             launches.append((plan, template, addressed))
         return _Replay([_span_bytes(t) for t in ins], [_geometry(o) for o in outs],
-                       [_geometry(b) for b in bufs], launches,
-                       None if type(out) in (tuple, list) else 0, type(out), keep)
+                       [_geometry(b) for b in bufs], launches, type(out), keep)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -207,9 +208,8 @@ def _whole(t: torch.Tensor) -> bool:
 
 
 def _span_bytes(t: torch.Tensor) -> int:
-    if t.numel() == 0:
-        return 0
-    return (sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+    span = memory_span(t)
+    return 0 if span is None else span[1] - span[0]
 
 
 def _geometry(t: torch.Tensor):
@@ -219,9 +219,9 @@ def _geometry(t: torch.Tensor):
 class _Replay:
     """A recorded op call, made again on new tensors of the same signature."""
 
-    def __init__(self, spans, outs, bufs, launches, single, kind, keep):
+    def __init__(self, spans, outs, bufs, launches, kind, keep):
         self.spans, self.outs, self.bufs = spans, outs, bufs
-        self.launches, self.single, self.kind = launches, single, kind
+        self.launches, self.kind = launches, kind           # kind: the op's result type
         self.keep = keep                      # the tensors whose addresses it passes as is
 
     def __call__(self, tensors, addresses):
@@ -244,9 +244,7 @@ class _Replay:
             for i, b, nbytes in addressed:
                 vals[i] = ptrs[b] + nbytes
             plan.launch(vals, None)
-        if self.single is not None:
-            return outs[0]
-        return self.kind(outs)
+        return outs[0] if self.kind is torch.Tensor else self.kind(outs)
 
 
 def _overlapping(addresses, spans) -> bool:

@@ -336,7 +336,7 @@ class _Plan:
                 packer.pack_into(buf, off, *[vals[i] if not ptr or type(vals[i]) is int
                                              else vals[i].data_ptr() for i, ptr in items])
             for i, off, karg, cell in self.tmaps:
-                ptr = vals[i] if type(vals[i]) is int else vals[i].data_ptr()
+                ptr = _address(vals[i])
                 if ptr != cell[0]:                   # the tensor moved: a new map
                     ctypes.memmove(ctypes.addressof(buf) + off, cell[1].encode(ptr), 128)
                     cell[0] = ptr
