@@ -22,9 +22,9 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
           and pk.launch's fast path against its checked path
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
-  variants  the forward row ops on wide rows under the launch rule, in fewer waves
-          holding twice as much of a row each, and built for more workgroups per SM
-          (VARIANTS), as fractions of the copy
+  variants  forward ops under the launch rule and under other schedules (VARIANTS: the
+          norms and softmax on wide rows; ROPE_VARIANTS: rope's heads per wave), as
+          fractions of the copy
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
 step fails. It stops timing after BUDGET_S seconds (the rows say what was skipped).
@@ -233,60 +233,69 @@ def step_ops(rows, details):
     rows.extend(_summary_rows(_state["results"]))
 
 
-# the forward row ops under schedules other than the launch rule's (module settings of
-# pykittens.kernels.rows): double shares (a wave per 32 registers of the row per lane, so
-# fewer waves holding more) on wide rows, and the norms built for more workgroups per SM
-# (PROGRAMS: registers capped; a softmax forward takes no PROGRAMS)
+# forward ops under schedules other than their launch rules', as module settings: of
+# pykittens.kernels.rows (`plan` wrapped to pass other split shares, or PROGRAMS: a split
+# row's build capped for that many workgroups per SM; a softmax forward takes no PROGRAMS)
+# and of pykittens.kernels.rope (TILE_ELEMS: a wave's heads x columns, so its registers)
 VARIANTS = {
-    (4096, 12288): {"6 waves of double shares": {"SPLIT_WIDE_WAVES": 6},
-                    "3 workgroups per SM": {"PROGRAMS": 3},
-                    "2 workgroups per SM": {"PROGRAMS": 2}},
-    (8192, 12288): {"6 waves of double shares": {"SPLIT_WIDE_WAVES": 6},
-                    "3 workgroups per SM": {"PROGRAMS": 3}},
-    (4096, 16384): {"8 waves of double shares": {"SPLIT_WIDE_WAVES": 8},
-                    "2 workgroups per SM": {"PROGRAMS": 2}},
+    (4096, 12288): {"24 waves of half shares": {"rows.plan": {"share_regs": 8}}},
 }
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
+ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0},
+                 **{f"{te // 64} heads a wave": {"rope.TILE_ELEMS": te} for te in (1024, 2048)}}
 
 
-def _with_programs(plan, n):
-    """rows.plan with PROGRAMS=n added to its split schedules."""
+def _planned(plan, share_regs=None, PROGRAMS=None):
+    """rows.plan with other split shares, and PROGRAMS added to its split schedules."""
     def planned(*args, **kwargs):
+        if share_regs is not None:
+            kwargs["share_regs"] = share_regs
         per, consts = plan(*args, **kwargs)
-        return per, ({**consts, "PROGRAMS": n} if consts.get("SPLIT") else consts)
+        if PROGRAMS is not None and consts.get("SPLIT"):
+            consts = {**consts, "PROGRAMS": PROGRAMS}
+        return per, consts
     return planned
 
 
 def _variant_calls():
     """(shape, variant, op, the forward's closure) of step "variants": closures that pick
     their schedule when called (replay off: every call takes the launch rule)."""
-    from pykittens.kernels import rows as rows_mod
+    import importlib
     from pykittens.ops import replay
+    mods = {n: importlib.import_module(f"pykittens.kernels.{n}") for n in ("rows", "rope")}
     ops = {op.name: op for op in _ops()}
 
     def under(settings, fn, inputs):
+        patches = []
+        for name, v in settings.items():
+            mod, attr = name.split(".")
+            if attr == "plan":
+                v = _planned(mods[mod].plan, **v)
+            patches.append((mods[mod], attr, v))
+
         def call():
-            saved = {k: getattr(rows_mod, k) for k in settings}
+            saved = [(m, a, getattr(m, a)) for m, a, _ in patches]
             enabled, replay.ENABLED = replay.ENABLED, False
             try:
-                for k, v in settings.items():
-                    setattr(rows_mod, k, v)
+                for m, a, v in patches:
+                    setattr(m, a, v)
                 return fn(*inputs)
             finally:
                 replay.ENABLED = enabled
-                for k, v in saved.items():
-                    setattr(rows_mod, k, v)
+                for m, a, v in saved:
+                    setattr(m, a, v)
         return call
-    for shape, variants in VARIANTS.items():
-        for name in VARIANT_OPS:
-            op = ops[name]
-            inputs = op.make(shape)
-            for variant, setting in {"launch rule": {}, **variants}.items():
-                if "PROGRAMS" in setting:
-                    if name == "softmax":
-                        continue
-                    setting = {"plan": _with_programs(rows_mod.plan, setting["PROGRAMS"])}
-                yield shape, variant, op, under(setting, op.pykittens, inputs)
+
+    cases = [(shape, name, variants) for shape, variants in VARIANTS.items()
+             for name in VARIANT_OPS]
+    cases += [(shape, "rope", ROPE_VARIANTS) for shape in SHAPES]
+    for shape, name, variants in cases:
+        op = ops[name]
+        inputs = op.make(shape)
+        for variant, setting in {"launch rule": {}, **variants}.items():
+            if name == "softmax" and "PROGRAMS" in setting.get("rows.plan", {}):
+                continue
+            yield shape, variant, op, under(setting, op.pykittens, inputs)
 
 
 def step_variants(rows, details):

@@ -11,8 +11,10 @@ positions tensor gives it); the columns after them pass through unchanged:
   2 * HALF) holding each angle twice (c_0 c_0 c_1 c_1 ...): a lane holds both columns of a
   pair (pk.xor_cols) but not the table entry of another column.
 
-A wave rotates HEADS heads of one token: grid axis 0 walks the tokens, axis 1 the blocks
-of heads."""
+A wave rotates HEADS heads of one token; a workgroup's waves take consecutive tokens. The
+grid is one axis over (token group, block of heads) pairs: HEADS_FIRST=1 walks the blocks of
+heads of a token group before the next group, so consecutive workgroups stream consecutive
+memory; 0 walks the token groups of one block of heads first."""
 import pykittens as pk
 
 from .rows import WAVES
@@ -23,12 +25,18 @@ def rope(x: pk.gl["DT", 4], cos: pk.gl["CT", 2], sin: pk.gl["CT", 2],
          pos: pk.gl[pk.i32, 2], out: pk.gl["DT", 4], DT: pk.const = None,
          CT: pk.const = None, HALF: pk.const = 32, WIDTH: pk.const = 32,
          HEADS: pk.const = 64, INTERLEAVED: pk.const = 0, INVERSE: pk.const = 0,
-         POSITIONS: pk.const = 0, PASS: pk.const = 0):
+         POSITIONS: pk.const = 0, PASS: pk.const = 0, HEADS_FIRST: pk.const = 1):
     """out = RoPE(x) (INVERSE=1: the inverse rotation, which is the gradient); pos (batch,
     seq) gives each token's position with POSITIONS=1. WIDTH: a power of two >= the rotated
     columns of a tile (HALF, or 2 * HALF interleaved)."""
     nb, ns, nh, nd = x.shape
-    token = pk.program_id(0) * pk.num_waves() + pk.wave_id()
+    blocks = (nh + HEADS - 1) // HEADS
+    if HEADS_FIRST:
+        group, block = pk.program_id(0) // blocks, pk.program_id(0) % blocks
+    else:
+        groups = (nb * ns + pk.num_waves() - 1) // pk.num_waves()
+        group, block = pk.program_id(0) % groups, pk.program_id(0) // groups
+    token = group * pk.num_waves() + pk.wave_id()
     b, s = token // ns, token % ns
     p = pos[b, s] if POSITIONS else s
     tile = pk.rt((HEADS, WIDTH), pk.f32)
@@ -37,7 +45,7 @@ def rope(x: pk.gl["DT", 4], cos: pk.gl["CT", 2], sin: pk.gl["CT", 2],
     if INVERSE:
         sn = -sn
     rd = 2 * HALF
-    h = pk.program_id(1) * HEADS                             # this wave's block of heads
+    h = block * HEADS                                        # this wave's block of heads
     if INTERLEAVED:
         t = pk.load(tile, x, (b, s, h, 0), end=(None, None, None, rd))
         partner = pk.xor_cols(t, 1)                          # x_{2i+1} at 2i and back
@@ -56,7 +64,13 @@ def rope(x: pk.gl["DT", 4], cos: pk.gl["CT", 2], sin: pk.gl["CT", 2],
             pk.store(out, pk.load(tile, x, (b, s, h, c0)), (b, s, h, c0))
 
 
-TILE_ELEMS = 2048        # elements of a wave's (heads x columns) tile
+# A wave's (heads x columns) tile: 512 elements (8 heads of a 128-wide head, 80 registers)
+# against 2048 (32 heads, 234 registers: two workgroups per SM) took the H200 from 94 / 92 /
+# 90% to 96 / 95 / 94% of copy bandwidth at 16384x8192 / 16384x4096 / 4096x12288 bf16, and
+# walking the blocks of heads first (HEADS_FIRST) from 89 / 92 / 83% to 94 / 92 / 90% with
+# the larger tile (bench/ops_bandwidth.py variants, docs/PERF.md).
+TILE_ELEMS = 512
+HEADS_FIRST = 1          # the grid's order (see the module docstring)
 
 
 def rope_launch(shape, half: int, interleaved: bool, target: str, **consts):
@@ -69,6 +83,6 @@ def rope_launch(shape, half: int, interleaved: bool, target: str, **consts):
     heads = min(1 << max(0, nh - 1).bit_length(), max(1, TILE_ELEMS // width))
     # a lane must hold runs of 8 columns (pk.xor_cols): a tile of at least a wave's sweep
     heads = max(heads, -(-get(target).wave_size * 8 // width))
-    return (max(1, -(-nb * ns // WAVES)), -(-nh // heads)), {
+    return (max(1, -(-nb * ns // WAVES)) * -(-nh // heads),), {
         "HALF": half, "WIDTH": width, "HEADS": heads, "INTERLEAVED": int(interleaved),
-        "PASS": int(2 * half < nd), **consts}
+        "PASS": int(2 * half < nd), "HEADS_FIRST": HEADS_FIRST, **consts}
