@@ -203,3 +203,48 @@ def test_atomic_add_takes_vector_reductions_on_hopper():
     x = np.random.default_rng(0).random((50, 64), dtype=np.float32)
     got = pk.emulate(add_twice, x, np.ones_like(x), grid=1)["out"]
     assert np.array_equal(got, 1 + 2 * x)
+
+
+@pk.kernel(num_waves=1)
+def _copy_rows(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], INSIDE: pk.const = 0):
+    t = pk.load(pk.rt((16, 64), pk.f32), x, (pk.program_id(0) * 16, 0), inside=bool(INSIDE))
+    pk.store(out, t * 2.0, (pk.program_id(0) * 16, 0), inside=bool(INSIDE))
+
+
+@pytest.mark.parametrize("target", NAMES)
+def test_inside_windows_check_no_bounds(target):
+    """A window promised inside its tensor (inside=True) renders as its vector accesses
+    alone: no edge path that reads or writes element by element; without the promise the
+    edge path is there. Both compute the same where the promise holds, and the emulator
+    reports a launch that breaks it."""
+    checked = compiler.llvm_ir(_copy_rows, target, INSIDE=0)
+    promised = compiler.llvm_ir(_copy_rows, target, INSIDE=1)
+    assert "ld_edge" in checked and "st_edge" in checked
+    assert "ld_edge" not in promised and "st_edge" not in promised
+    _asm(promised, target)
+    x = np.arange(32 * 64, dtype=np.float32).reshape(32, 64)
+    for inside in (0, 1):
+        got = pk.emulate(_copy_rows, x, np.zeros_like(x), grid=(2,), target=target,
+                         INSIDE=inside)["out"]
+        assert np.array_equal(got, 2 * x)
+    with pytest.raises(pk.KernelError, match="promised inside"):
+        pk.emulate(_copy_rows, x[:20], np.zeros_like(x[:20]), grid=(2,), target=target,
+                   INSIDE=1)
+    pk.emulate(_copy_rows, x[:20], np.zeros_like(x[:20]), grid=(2,), target=target)
+
+
+def test_inside_is_a_build_time_promise_on_global_windows():
+    @pk.kernel(num_waves=1)
+    def shared_inside(x: pk.gl[pk.f32, 2]):
+        s = pk.empty(pk.st((16, 64), pk.f32))
+        pk.load(s, x, (0, 0), inside=True)
+
+    @pk.kernel(num_waves=1)
+    def not_a_bool(x: pk.gl[pk.f32, 2]):
+        pk.load(pk.rt((16, 64), pk.f32), x, (0, 0), inside=pk.program_id(0) == 0)
+
+    x = np.zeros((16, 64), np.float32)
+    with pytest.raises(pk.KernelError, match="inside=True promises a register window"):
+        pk.emulate(shared_inside, x, grid=(1,), target="sm_90a")
+    with pytest.raises(pk.KernelError, match="inside= is True or False"):
+        pk.emulate(not_a_bool, x, grid=(1,), target="sm_90a")

@@ -784,24 +784,22 @@ class Renderer:
 
     def _gload_value(self, op, fill_value) -> Value:
         """Fast path (every run of the lane inside the tensor): one aligned vector load per
-        run. Otherwise element by element, elements outside reading the fill value."""
+        run. Otherwise element by element, elements outside reading the fill value. A
+        window promised inside (pk.load's inside=True) is the fast path alone."""
         gl = op.srcs[0]
         d, n = gl.type.dtype, op.attrs["layout"].nslots
         runs = self._tensor_window(op, 0)
+        if op.attrs.get("inside"):
+            return self._load_runs(gl, runs, n, d)
         full = self._all_runs_inside(runs)
         fast_l, slow_l, join = self.branch(full, "ld_full", "ld_edge", "ld_join")
         self.start_block(fast_l)
-        elems = [None] * n
-        for first, k, off, ok, _, last, align in runs:
-            self.align = align
-            v = self.load_run(gl, off, k, d)
-            for i in range(k):
-                elems[first + i] = self.extract(v, i) if k > 1 else v
-        fast = self.build(elems)
+        fast = self._load_runs(gl, runs, n, d)
         fast_end = self.block
         self.ins(f"br label %{join}")
         self.start_block(slow_l)
         fill = Value(literal(fill_value, d), llty(d), 0)
+        elems = [None] * n
         for first, k, off, ok, run_full, last, align in runs:
             # Each run again: a vector when it is inside, else element by element; so the
             # edge path holds no more registers than the fast one.
@@ -835,6 +833,16 @@ class Renderer:
         return self.op(f"phi {fast.ty} [ {fast.text}, %{fast_end} ], "
                        f"[ {slow.text}, %{slow_end} ]", fast.ety, n)
 
+    def _load_runs(self, gl, runs, n, d) -> Value:
+        """The window's n slots, one aligned vector load per run, no bounds checked."""
+        elems = [None] * n
+        for first, k, off, ok, _, last, align in runs:
+            self.align = align
+            v = self.load_run(gl, off, k, d)
+            for i in range(k):
+                elems[first + i] = self.extract(v, i) if k > 1 else v
+        return self.build(elems)
+
     def _run_slots(self, val, first, k) -> Value:
         """Slots first..first+k-1 of `val`: the vector one run stores (a scalar when k == 1)."""
         return self.extract(val, first) if k == 1 else self.pick(val, range(first, first + k))
@@ -845,6 +853,11 @@ class Renderer:
         n = op.attrs["layout"].nslots
         val = self._norm(op.srcs[-1], n)
         runs = self._tensor_window(op, 1)
+        if op.attrs.get("inside"):                   # promised inside: no bounds checked
+            for first, k, off, ok, _, last, align in runs:
+                self.align = align
+                self.store_run(gl, off, self._run_slots(val, first, k), d)
+            return
         full = self._all_runs_inside(runs)
         fast_l, slow_l, join = self.branch(full, "st_full", "st_edge", "st_join")
         self.start_block(fast_l)

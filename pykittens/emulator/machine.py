@@ -633,6 +633,13 @@ class _Machine:
         for i, e in enumerate(op.attrs.get("ends") or ()):
             if e is not None:
                 mask &= idx[nlead + i] < int(self.get(w, e))
+        if op.attrs.get("inside") and not mask.all():
+            lane, slot = np.argwhere(~mask)[0]
+            at = tuple(int(x[lane, slot]) for x in idx)
+            raise self.fail(OutOfBounds, w, op, f"a window of {buf.name!r} promised inside "
+                            f"(inside=True) reaches element {at} of its {tuple(buf.shape)} "
+                            f"(lane {lane}, slot {slot}); the GPU code checks no bounds "
+                            "there: drop the promise or launch so that it holds")
         return buf, off, mask
 
     def x_sload(self, w, op):

@@ -230,7 +230,16 @@ def _ends(end, gl, what):
     return tuple(None if e is None else as_index(e, f"{what}: an end= bound").v for e in end)
 
 
-def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None) -> Tile:
+def _inside(inside) -> dict:
+    """The attribute of a window promised inside its tensor (absent otherwise)."""
+    if not isinstance(inside, bool):
+        raise error(f"inside= is True or False (a promise made when the kernel is built), "
+                    f"got {inside!r}")
+    return {"inside": True} if inside else {}
+
+
+def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None,
+         inside: bool = False) -> Tile:
     """Load into `dst` (a tile, or a tile type to allocate) from `src` at element `coord`.
 
     global -> register/shared: `coord` has one entry per tensor dim and the tile covers the
@@ -240,6 +249,10 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None
 
     end=(...): per tensor dim, an exclusive bound (or None) below the tensor's size: elements
     past it read as `fill` too (global -> register/shared).
+    inside=True (global -> register): a promise that the whole window lies inside the
+    tensor (and before end=), so the code checks no bounds; the emulator checks the
+    promise and reports a window that breaks it. For launch rules that know their windows
+    fit (rows of exactly the held width, a grid that covers the rows exactly).
     direct=True (global -> shared): on CDNA the data goes from memory straight into LDS
     (buffer_load ... lds: 4 bytes per lane on gfx942, 16 on gfx950) without passing through
     registers; when a launch's shapes do not allow it (last dim or column origin not a
@@ -260,11 +273,16 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None
                         f"{src.dtype} to {dst.dtype}; make the shared tile {src.dtype}")
         if end is not None and direct:
             raise error("direct loads are bounded by the tensor only; drop end= or direct=")
+        promise = _inside(inside)
+        if promise and not isinstance(dst, RT):
+            raise error("inside=True promises a register window inside the tensor; drop it "
+                        "for loads into shared tiles")
         tr.emit("load", dst.v, (src.v,) + _coords(coord, src.rank, "load"), fill=float(fill),
-                direct=bool(direct), end=_ends(end, src, "load"))
+                direct=bool(direct), end=_ends(end, src, "load"), **promise)
     elif isinstance(src, ST):
-        if end is not None:
-            raise error("end= bounds a window of a global tensor, not of a shared tile")
+        if end is not None or _inside(inside):
+            raise error(f"{'end=' if end is not None else 'inside='} applies to a window of "
+                        "a global tensor, not of a shared tile")
         if not isinstance(dst, RT) or isinstance(dst, RV):
             raise error("shared tiles load into register tiles (pk.rt)")
         _check_subtile(dst.type.shape, src.type.shape, coord, "load")
@@ -275,10 +293,11 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None
     return dst
 
 
-def store(dst, src: Tile, coord=None, end=None) -> None:
+def store(dst, src: Tile, coord=None, end=None, inside: bool = False) -> None:
     """Store tile `src` into `dst` (global tensor or shared tile) at element `coord`;
     elements outside a global tensor (or past `end`, an exclusive bound per tensor dim,
-    None for its size) are not written."""
+    None for its size) are not written. inside=True: a register window promised inside
+    the tensor (as pk.load's)."""
     if not isinstance(src, Tile):
         raise error(f"store source must be a tile, got {type(src).__name__}")
     tr = current()
@@ -286,11 +305,16 @@ def store(dst, src: Tile, coord=None, end=None) -> None:
         _check_window(src.type, dst.type, "store")
         if isinstance(src, ST) and src.dtype != dst.dtype:
             raise error(f"shared->global store cannot convert {src.dtype} to {dst.dtype}")
+        promise = _inside(inside)
+        if promise and not isinstance(src, RT):
+            raise error("inside=True promises a register window inside the tensor; drop it "
+                        "for stores of shared tiles")
         tr.emit("store", dst.v, (src.v,) + _coords(coord, dst.rank, "store"),
-                end=_ends(end, dst, "store"))
+                end=_ends(end, dst, "store"), **promise)
     elif isinstance(dst, ST):
-        if end is not None:
-            raise error("end= bounds a window of a global tensor, not of a shared tile")
+        if end is not None or _inside(inside):
+            raise error(f"{'end=' if end is not None else 'inside='} applies to a window of "
+                        "a global tensor, not of a shared tile")
         if not isinstance(src, RT) or isinstance(src, RV):
             raise error("only register tiles store into shared tiles")
         _check_subtile(src.type.shape, dst.type.shape, coord, "store")

@@ -579,14 +579,16 @@ class _Lowering:
                            f"{self.t.wave_size * self.k.num_waves} lanes; use a larger tile "
                            "or fewer waves") from None
 
-    def gload(self, gl, lay, dims, lead, origin, scope, fill, end=None):
+    def gload(self, gl, lay, dims, lead, origin, scope, fill, end=None, inside=False):
         raw = self.b.reg(gl.type.dtype, lay.nslots)
         return self.emit("gload", raw, (gl, *lead, *origin), layout=lay, dims=dims,
-                         scope=scope, fill=fill, **self._ends(end, gl, dims))
+                         scope=scope, fill=fill, **self._ends(end, gl, dims),
+                         **({"inside": True} if inside else {}))
 
-    def gstore(self, gl, lay, dims, lead, origin, scope, val, end=None):
+    def gstore(self, gl, lay, dims, lead, origin, scope, val, end=None, inside=False):
         self.emit("gstore", None, (gl, *lead, *origin, self.cvt(val, gl.type.dtype)),
-                  layout=lay, dims=dims, scope=scope, **self._ends(end, gl, dims))
+                  layout=lay, dims=dims, scope=scope, **self._ends(end, gl, dims),
+                  **({"inside": True} if inside else {}))
 
     def _ends(self, end, gl, dims) -> dict:
         """The `ends` attribute of a window: per window dim, the register of an extra
@@ -633,7 +635,7 @@ class _Lowering:
                 return
             lay, dims, lead, origin = self._window(dst_v, coords_v)
             self._into(dst_v, self.gload(gl, lay, dims, lead, origin, "wave", fill,
-                                         op.attrs.get("end")))
+                                         op.attrs.get("end"), op.attrs.get("inside", False)))
             return
         region = self.env[src_v]                              # shared -> register
         origin = [self.val(x) for x in coords_v]
@@ -696,7 +698,7 @@ class _Lowering:
                 return
             lay, dims, lead, origin = self._window(src_v, coords_v)
             self.gstore(gl, lay, dims, lead, origin, "wave", self.val(src_v),
-                        op.attrs.get("end"))
+                        op.attrs.get("end"), op.attrs.get("inside", False))
             return
         region = self.env[dst_v]                              # register -> shared
         origin = [self.val(x) for x in coords_v]
