@@ -238,11 +238,18 @@ def step_ops(rows, details):
 # row's build capped for that many workgroups per SM; a softmax forward takes no PROGRAMS)
 # and of pykittens.kernels.rope (TILE_ELEMS: a wave's heads x columns, so its registers)
 VARIANTS = {
-    (4096, 12288): {"24 waves of half shares": {"rows.plan": {"share_regs": 8}}},
+    (4096, 12288): {"3 workgroups per SM": {"rows.plan": {"PROGRAMS": 3}}},
 }
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0},
                  **{f"{te // 64} heads a wave": {"rope.TILE_ELEMS": te} for te in (1024, 2048)}}
+# the norms' backward passes (timed as forward+backward less forward) under other choices
+# of the staged walk's workgroups per SM (rows.STAGED_WARPS, rows.STAGED_PROGRAMS)
+BWD_VARIANTS = {"16 warps an SM": {"rows.STAGED_WARPS": {0: 16, 1: 16, 2: 16}},
+                "at most 4 workgroups an SM": {"rows.STAGED_PROGRAMS": 4},
+                "both": {"rows.STAGED_WARPS": {0: 16, 1: 16, 2: 16},
+                         "rows.STAGED_PROGRAMS": 4}}
+BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 
 
 def _planned(plan, share_regs=None, PROGRAMS=None):
@@ -258,8 +265,9 @@ def _planned(plan, share_regs=None, PROGRAMS=None):
 
 
 def _variant_calls():
-    """(shape, variant, op, the forward's closure) of step "variants": closures that pick
-    their schedule when called (replay off: every call takes the launch rule)."""
+    """(shape, variant, op, mode, closures) of step "variants": closures that pick their
+    schedule when called (replay off: every call takes the launch rule): the forward's
+    (mode "fwd"), or the forward's and forward+backward's (mode "bwd")."""
     import importlib
     from pykittens.ops import replay
     mods = {n: importlib.import_module(f"pykittens.kernels.{n}") for n in ("rows", "rope")}
@@ -286,34 +294,43 @@ def _variant_calls():
                     setattr(m, a, v)
         return call
 
-    cases = [(shape, name, variants) for shape, variants in VARIANTS.items()
+    cases = [(shape, name, variants, "fwd") for shape, variants in VARIANTS.items()
              for name in VARIANT_OPS]
-    cases += [(shape, "rope", ROPE_VARIANTS) for shape in SHAPES]
-    for shape, name, variants in cases:
+    cases += [(shape, "rope", ROPE_VARIANTS, "fwd") for shape in SHAPES]
+    cases += [(shape, name, BWD_VARIANTS, "bwd") for shape in SHAPES
+              for name in BWD_VARIANT_OPS]
+    for shape, name, variants, mode in cases:
         op = ops[name]
         inputs = op.make(shape)
         for variant, setting in {"launch rule": {}, **variants}.items():
             if name == "softmax" and "PROGRAMS" in setting.get("rows.plan", {}):
                 continue
-            yield shape, variant, op, under(setting, op.pykittens, inputs)
+            if mode == "fwd":
+                yield shape, variant, op, mode, [under(setting, op.pykittens, inputs)]
+                continue
+            fwd, both = _fwd_bwd(op, op.pykittens, inputs)
+            yield shape, variant, op, mode, [under(setting, fwd, ()),
+                                             under(setting, both, ())]
 
 
 def step_variants(rows, details):
-    """The forward row ops under each variant (_variant_calls), three interleaved rounds
-    of CUDA-graph timings (medians), as fractions of the device copy."""
+    """The ops under each variant (_variant_calls), three interleaved rounds of CUDA-graph
+    timings (medians; a backward: forward+backward less forward in each round), as
+    fractions of the device copy."""
     from pykittens.bench.gpu import graph_time
     if _state["copy"] is None:
         step_copy(rows, details)
     calls = list(_variant_calls())
     times = {i: [] for i in range(len(calls))}
     for _ in range(3):
-        for i, (shape, variant, op, fn) in enumerate(calls):
-            times[i].append(graph_time(fn, 20))
-    for i, (shape, variant, op, fn) in enumerate(calls):
-        frac = op.moved[0](shape) / sorted(times[i])[1] / _state["copy"]
-        details.append({"step": "variants", "op": op.name, "shape": shape,
+        for i, (shape, variant, op, mode, fns) in enumerate(calls):
+            t = [graph_time(fn, 20) for fn in fns]
+            times[i].append(t[0] if mode == "fwd" else t[1] - t[0])
+    for i, (shape, variant, op, mode, fns) in enumerate(calls):
+        frac = op.moved[mode == "bwd"](shape) / sorted(times[i])[1] / _state["copy"]
+        details.append({"step": "variants", "op": op.name, "mode": mode, "shape": shape,
                         "variant": variant, "s": times[i], "of_copy": frac})
-        rows.append(["variants", op.name, "x".join(map(str, shape)), variant,
+        rows.append(["variants", f"{op.name} {mode}", "x".join(map(str, shape)), variant,
                      f"{100 * frac:.1f}% of copy"])
 
 
@@ -671,8 +688,9 @@ def prebuild_all(verbose=True) -> dict:
                 _fwd_bwd(op, op.pykittens, op.make(shape))[1]()
         leaves, cos, sin = _block_inputs()
         _block(leaves, cos, sin, [torch.empty(leaves[0].shape, dtype=DT)] * 2)
-        for *_, call in _variant_calls():
-            call()
+        for *_, calls in _variant_calls():
+            for call in calls:
+                call()
         kernel, args, grid, consts = _raw_launch_call()
         build(kernel, dict(zip(kernel.param_names, args)), grid, consts)
     return built

@@ -49,9 +49,9 @@ def test_layernorm_launch_choice():
     assert launch(1000, "sm_90a") == ((2,), {"RESIDENT": 1, "N_MAX": 1024, "CHUNK": 512})
     # longer rows: one per workgroup, a power-of-2 share of 16 registers per lane per wave
     # (1024 bf16 on 32-lane waves, 2048 on 64-lane ones), read once; rows that fill the
-    # held width exactly need no column masks (N_EXACT)
+    # held width exactly (and no workgroup row past the last) check no bounds (EXACT)
     split = {"SPLIT": 1, "ROWS": 1, "CHUNK": 512}
-    exact = {**split, "N_EXACT": 1}
+    exact = {**split, "EXACT": 1}
     assert launch(2001, "sm_90a") == ((8,), {**split, "N_MAX": 2048, "num_waves": 2})
     assert launch(2001, "gfx950")[1]["RESIDENT"] == 1
     assert launch(12288, "sm_90a") == ((8,), {**exact, "N_MAX": 12288, "num_waves": 12})

@@ -181,17 +181,24 @@ def test_layernorm_without_weight_or_bias_and_its_statistics(sched):
         assert rel_err(got["stats"][1], 1 / np.sqrt(var + 1e-5)) < 1e-5
 
 
-@pytest.mark.parametrize("shape", [(7, 1024), (3, 4096)])
-def test_layernorm_of_exact_rows_skips_the_masks(shape):
-    """Rows of exactly the held width: the launch rule promises it (N_EXACT=1, no column
-    masks) and the result is float64's; the same promise on ragged rows would sum what lies
-    past their end (so the masks it saves were doing work)."""
+@pytest.mark.parametrize("shape", [(8, 1024), (3, 4096)])
+def test_layernorm_of_exact_rows(shape):
+    """Held rows that fill their windows (exactly the held width, no workgroup row past the
+    last): the launch rule promises it (EXACT=1: no bounds checks, no column masks) and the
+    statistics are float64's. The same promise on ragged rows is reported by the emulator
+    (the GPU code would read past their ends), and rows a resident workgroup would take past
+    the last get no promise."""
+    from pykittens.emulator.machine import OutOfBounds
     from pykittens.kernels import ln_launch
     x = np.random.default_rng(5).standard_normal(shape).astype(np.float32) + 2
     grid, consts = ln_launch({"x": x}, "sm_90a")
-    assert consts.get("N_EXACT") == 1 and consts["N_MAX"] == shape[1]
+    assert consts.get("EXACT") == 1 and consts["N_MAX"] == shape[1]
     ragged = x[:, :shape[1] - 100].copy()
-    assert not ln_launch({"x": ragged}, "sm_90a")[1].get("N_EXACT")
+    assert not ln_launch({"x": ragged}, "sm_90a")[1].get("EXACT")
+    resident = np.zeros((7, 512), np.float32)             # one row a wave, 4 a workgroup
+    assert ln_launch({"x": resident}, "sm_90a")[1].get("RESIDENT") == 1
+    assert not ln_launch({"x": resident}, "sm_90a")[1].get("EXACT")
+    assert ln_launch({"x": resident[:4]}, "sm_90a")[1].get("EXACT") == 1
 
     def stats(x, consts):
         got = pk.emulate(layernorm, x, np.zeros(1, np.float32), np.zeros(1, np.float32),
@@ -202,8 +209,23 @@ def test_layernorm_of_exact_rows_skips_the_masks(shape):
     got = stats(x, consts)
     assert rel_err(got[0], x64.mean(1)) < 1e-6
     assert rel_err(got[1], 1 / np.sqrt(x64.var(1) + 1e-5)) < 1e-5
-    wrong = stats(ragged, consts)                     # the promise broken: masks skipped
-    assert rel_err(wrong[1], 1 / np.sqrt(ragged.astype(np.float64).var(1) + 1e-5)) > 1e-2
+    with pytest.raises(OutOfBounds, match="promised inside"):
+        stats(ragged, consts)
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "add_rmsnorm"])
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+def test_exact_norms_against_float64(name, target):
+    """The forward norms as their launch rules build them for exact rows (EXACT=1), every
+    output against float64."""
+    shape = (8, 4096)
+    spec = KERNELS[name]
+    x = np.zeros(shape, np.float32)
+    i = {"x": x, "residual": x}
+    assert spec.launch(i, target)[1].get("EXACT") == 1
+    spec, errs = run_spec(name, shape, "bf16", target)
+    for out, e in errs.items():
+        assert e["rel_err"] <= spec.tolerance("bf16"), (out, e)
 
 
 def test_column_sum_of_many_partials():
@@ -292,8 +314,9 @@ def test_softmax_backward_takes_wide_shares_where_the_default_needs_many_waves()
 
 def test_split_rows_take_one_more_workgroup_where_its_registers_fit(monkeypatch):
     """split_programs raises PROGRAMS by one where a Hopper split row leaves fewer than
-    three workgroups on an SM and the capped build does not spill (ptxas' report, stood in
-    for here): registers and spills decide, nothing else."""
+    three workgroups on an SM, one more fits the SM's 64 warp slots, and the capped build
+    spills at most 16 bytes a lane (ptxas' report, stood in for here): registers, spills
+    and warps decide, nothing else."""
     from pykittens.ops import norms as K
     consts = {"SPLIT": 1, "ROWS": 1, "N_MAX": 12288, "CHUNK": 512, "num_waves": 12}
     reports = {}
@@ -304,10 +327,15 @@ def test_split_rows_take_one_more_workgroup_where_its_registers_fit(monkeypatch)
     kernel = KERNELS["rmsnorm"].kernel
     reports.update({0: (69, 0), 3: (56, 0)})         # 12 warps x 72 registers: 2 an SM
     assert K.split_programs(kernel, "sm_90a", consts, "bf16")["PROGRAMS"] == 3
-    reports[3] = (56, 16)                             # the capped build spills: not taken
+    reports[3] = (56, 16)                             # a small spill: still taken
+    assert K.split_programs(kernel, "sm_90a", consts, "bf16")["PROGRAMS"] == 3
+    reports[3] = (56, 24)                             # a larger one: not taken
     assert K.split_programs(kernel, "sm_90a", consts, "bf16") == consts
     reports.update({0: (40, 0), 4: (32, 0)})         # already 4 an SM: left alone
     assert K.split_programs(kernel, "sm_90a", consts, "bf16") == consts
+    wide = {**consts, "N_MAX": 24576, "num_waves": 24}
+    reports.update({0: (40, 0), 3: (24, 0)})         # 2 an SM; 3 x 24 warps exceed 64
+    assert K.split_programs(kernel, "sm_90a", wide, "bf16") == wide
     reports.clear()                                   # (none consulted below)
     for target, c in (("gfx950", consts), ("sm_90a", {**consts, "SPLIT": 0}),
                       ("sm_90a", {**consts, "PROGRAMS": 2})):
@@ -318,14 +346,37 @@ def test_split_rows_take_one_more_workgroup_where_its_registers_fit(monkeypatch)
 
 @needs_ptxas
 def test_split_programs_with_ptxas():
-    """With the real report: rms_norm's 12-wave rows at 12288 bf16 columns take three
-    workgroups an SM (measured faster on the H200); layer_norm's, which would spill, not."""
+    """With the real report, at 12288 bf16 columns: layer_norm's 12-wave rows take three
+    workgroups an SM (a cap that spills 16 bytes); rms_norm's already fit three by their
+    registers, and add_rms_norm's 24-wave rows cannot take a third (72 warps): unchanged."""
     from pykittens.kernels import ln_launch, stats_launch
     from pykittens.ops.norms import split_programs
     x = np.empty((4096, 12288), pk.bf16.np)
-    _, rms = stats_launch({"x": x}, "sm_90a")
-    assert split_programs(KERNELS["rmsnorm"].kernel, "sm_90a", {**rms, "WEIGHT": 1},
-                          "bf16")["PROGRAMS"] == 3
     _, ln = stats_launch({"x": x}, "sm_90a", launch=ln_launch)
     ln = {**ln, "WEIGHT": 1, "BIAS": 1}
-    assert split_programs(KERNELS["layernorm"].kernel, "sm_90a", ln, "bf16") == ln
+    assert split_programs(KERNELS["layernorm"].kernel, "sm_90a", ln, "bf16") == \
+        {**ln, "PROGRAMS": 3}
+    _, rms = stats_launch({"x": x}, "sm_90a")
+    _, add = stats_launch({"x": x}, "sm_90a", row_bytes=4)
+    for name, c in (("rmsnorm", rms), ("add_rmsnorm", add)):
+        c = {**c, "WEIGHT": 1}
+        assert split_programs(KERNELS[name].kernel, "sm_90a", c, "bf16") == c
+
+
+@pytest.mark.parametrize("name", ["layernorm_bwd", "rmsnorm_bwd"])
+@pytest.mark.parametrize("shape,dtype,target,schedule", [
+    ((19, 2048), "bf16", "sm_90a", "STAGES"),      # staged split rows, 8 workgroups
+    ((19, 2048), "bf16", "gfx942", "SPLIT"),       # split rows in registers
+    ((19, 512), "f32", "sm_90a", "RESIDENT")])     # a row a wave: steps past the end
+def test_exact_backward_walks(name, shape, dtype, target, schedule):
+    """Backward walks over rows of exactly the held width (EXACT=1: no bounds checked in a
+    row's windows) on fewer workgroups than rows, so workgroups walk different numbers of
+    rows (split rows) or the last step passes the end (a row a wave: its stores test the
+    row); every output against float64."""
+    spec = KERNELS[name]
+    inputs = spec.make_inputs(shape, pk.dtype_of(dtype), np.random.default_rng(3))
+    grid, consts = spec.launch(inputs, target)
+    assert consts.get("EXACT") == 1 and consts.get(schedule) and grid[0] < shape[0]
+    spec, errs = run_spec(name, shape, dtype, target)
+    for out, e in errs.items():
+        assert e["rel_err"] <= spec.tolerance(dtype), (out, e)

@@ -88,14 +88,17 @@ def ln_tma_consts(n: int) -> dict:
 
 
 def row_launch(i, target, x="x", row_bytes=None, loop=rows.LOOP,
-               share_regs=rows.SPLIT_SHARE_REGS):
+               share_regs=rows.SPLIT_SHARE_REGS, exact=False):
     """(grid, consts) of a row kernel (rows.plan) over the rows of input `x`; row_bytes
     defaults to x's element size (a forward pass holding x). Forward passes keep to the
     register schedules: on the H200 the staged walk was slower for every norm forward at
-    every measured shape (bench/rows_staged.py, docs/PERF.md)."""
+    every measured shape (bench/rows_staged.py, docs/PERF.md). exact: a kernel taking
+    EXACT (rows.Rows) gets EXACT=1 where its windows all lie inside (rows.exact)."""
     m, n = i[x].shape
     per, consts = rows.plan(m, n, target, row_bytes or rows.itemsize(i[x]),
                             share_regs=share_regs, loop=loop)
+    if exact and rows.exact(n, consts, m, per):
+        consts = {**consts, "EXACT": 1}
     return (max(1, -(-m // per)),), consts
 
 
@@ -136,13 +139,16 @@ def _staged(i, target, names, sums: int):
     return rows.staged_plan(m, n, target, rows.itemsize(i["x"]), len(names), sums=sums)
 
 
+def norm_launch(i, target, **kw):
+    """A forward norm's launch: row_launch, with EXACT where it holds (held rows that fill
+    their windows: no bounds checks and no column masks; on the H200 that took 14 registers
+    a lane off LayerNorm's 12-wave rows of 12288 columns)."""
+    return row_launch(i, target, exact=True, **kw)
+
+
 def ln_launch(i, target):
-    """LayerNorm's loop prefetches the next column block (measured faster on the H200);
-    held rows of exactly N_MAX columns skip the column masks (N_EXACT)."""
-    grid, consts = row_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
-    if (consts.get("SPLIT") or consts.get("RESIDENT")) and i["x"].shape[1] == consts["N_MAX"]:
-        consts = {**consts, "N_EXACT": 1}
-    return grid, consts
+    """LayerNorm's loop prefetches the next column block (measured faster on the H200)."""
+    return norm_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
 
 
 # ---- layernorm --------------------------------------------------------------------------------
@@ -161,7 +167,7 @@ def _ln_ref(i):
     return {"out": (x - mu) / np.sqrt(var + i["eps"]) * _f64(i["w"]) + _f64(i["b"])}
 
 
-def stats_launch(i, target, launch=row_launch, **kw):
+def stats_launch(i, target, launch=norm_launch, **kw):
     """The launch of a forward norm that also writes its per-row statistics (STATS=1)."""
     grid, consts = launch(i, target, **kw)
     return grid, {**consts, "STATS": 1}
@@ -603,7 +609,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 
 __all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_dims", "gemm_ws_grid",
            "gemm_ws_launch", "ln_tma_consts", "rel_err", "row_launch", "stats_launch",
-           "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
+           "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch", "norm_launch",
            "softmax_grad_launch", "split_programs", "add_rmsnorm", "column_sum", "gemm_basic", "gemm_pingpong",
            "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
            "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",

@@ -15,18 +15,18 @@ import pykittens as pk
 from .rows import ColumnSums, Feed, Rows
 
 
-def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS, N_EXACT=0):
+def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS):
     """Rows of x whose block j (an f32 tile) is `xb(j)`, one row per wave: one pass over the
     blocks sums d = x - k and d^2 for a shift k, the row's first element (so a large mean
     does not cancel: the sums are of deviations from a value of the row), giving the mean
     k + sum(d) / n and the variance sum(d^2) / n - (sum(d) / n)^2 with one reduction of
     the waves' sums; a second pass writes the output (times block j of the weight wv(j),
-    plus the bias bv(j), each where given). N_EXACT: held rows fill their blocks exactly
-    (n == N_MAX), so no d outside the row needs masking (a select per element saved)."""
+    plus the bias bv(j), each where given). Exact rows (Rows.exact) need no d outside the
+    row masked (a select per element saved)."""
     k = pk.load(rows.row, x, (rows.r0, 0))
     s, q = pk.zeros(rows.row), pk.zeros(rows.row)
     for j in rows.blocks():
-        d = xb(j) - k if N_EXACT and rows.held else rows.mask(xb(j) - k, j)
+        d = rows.mask(xb(j) - k, j)
         pk.row_sum(d, into=s)
         pk.row_sum(d * d, into=q)
     s, q = rows.total(s), rows.total(q)          # one round of barriers for both
@@ -34,8 +34,12 @@ def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS, N_EXACT=0):
     var = pk.max(q / rows.n - shift * shift, 0.0)
     mean, rstd = k + shift, pk.rsqrt(var + eps)
     _store_stats(rows, stats, mean, rstd, STATS)
+    # 16-bit outputs: xhat = x rstd - mean rstd, one fused multiply-add (its rounding error,
+    # about |mean| / std float32 ulps, is far below the output's); wider ones subtract first
+    shift = -mean * rstd
     for j in rows.blocks():
-        _store_affine(rows, out, lambda: (xb(j) - mean) * rstd, wv, bv, j)
+        _store_affine(rows, out, lambda: pk.fma(xb(j), rstd, shift) if out.dtype.bits == 16
+                      else (xb(j) - mean) * rstd, wv, bv, j)
 
 
 def _store_affine(rows, out, normed, wv, bv, j):
@@ -66,18 +70,17 @@ def layernorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], b: pk.gl["DT", 1], out: pk.g
               RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
               TMA: pk.const = 0, PREFETCH: pk.const = 0, SPLIT: pk.const = 0,
               WEIGHT: pk.const = 1, BIAS: pk.const = 1, STATS: pk.const = 0,
-              STAGES: pk.const = 0, PROGRAMS: pk.const = 0, N_EXACT: pk.const = 0):
+              STAGES: pk.const = 0, PROGRAMS: pk.const = 0, EXACT: pk.const = 0):
     """out = (x - mean) / sqrt(var + eps) * w + b per row (w, b: WEIGHT, BIAS); with STATS
     also stats[0] = mean and stats[1] = rstd = 1 / sqrt(var + eps), a column per row.
-    N_EXACT=1 promises rows of exactly N_MAX columns (held schedules; the launch rule sets
-    it where they are): no column masks."""
+    EXACT=1: the launch rule's promise that held rows fit their windows (rows.Rows)."""
     if SPLIT or RESIDENT:
-        rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+        rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
         feed = Feed(rows, [x], STAGES=STAGES, PROGRAMS=PROGRAMS)
         wv, bv = rows.vecs(w, WEIGHT, held=bool(STAGES)),\
             rows.vecs(b, BIAS, held=bool(STAGES))
         for (xb,), _ in feed.walk(loop=bool(STAGES)):
-            _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS, N_EXACT)
+            _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS)
         return
     if TMA:
         # Hopper: the TMA unit brings the workgroup's rows (one per wave) into one shared
@@ -192,15 +195,16 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                   DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
                   RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
                   SPLIT: pk.const = 0, WEIGHT: pk.const = 1, DW: pk.const = 1,
-                  DB: pk.const = 1, STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
+                  DB: pk.const = 1, STAGES: pk.const = 0, PROGRAMS: pk.const = 0,
+                  EXACT: pk.const = 0):
     """dx of layernorm (stats from its STATS=1 run), and per-workgroup partial column sums
     of dy * xhat (DW: dweight) and of dy (DB: dbias) side by side in `part` for
     rows.column_sum: dweight's in columns 0..n-1, dbias's after them (from column 0 when
     DW=0), so `part` has (DW + DB) * n columns. Workgroups walk the rows in steps of the grid
     (rows.Rows.steps), so `part` has one row per workgroup (per wave when the rows are
     looped: rows.ColumnSums.partial_rows); STAGES >= 2 stages x and dy in shared memory
-    (rows.Feed)."""
-    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+    (rows.Feed). EXACT=1: held rows of exactly N_MAX columns (rows.Rows)."""
+    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     dws = ColumnSums(rows, part) if DW else None
     dbs = ColumnSums(rows, part, first=rows.n if DW else 0) if DB else None
     wv = rows.vecs(w, WEIGHT)

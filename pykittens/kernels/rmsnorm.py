@@ -25,10 +25,12 @@ def rmsnorm(x: pk.gl["DT", 2], w: pk.gl["DT", 1], out: pk.gl["DT", 2],
             rstd: pk.gl[pk.f32, 1], eps: pk.f32, DT: pk.const = None, ROWS: pk.const = 1,
             COLS: pk.const = 1024, RESIDENT: pk.const = 0, N_MAX: pk.const = 8192,
             CHUNK: pk.const = 512, SPLIT: pk.const = 0, WEIGHT: pk.const = 1,
-            STATS: pk.const = 0, STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
+            STATS: pk.const = 0, STAGES: pk.const = 0, PROGRAMS: pk.const = 0,
+            EXACT: pk.const = 0):
     """out = x / sqrt(mean(x^2) + eps) * w per row (w: WEIGHT); with STATS also rstd =
-    1 / sqrt(mean(x^2) + eps) per row. STAGES >= 2: x staged in shared memory (rows.Feed)."""
-    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+    1 / sqrt(mean(x^2) + eps) per row. STAGES >= 2: x staged in shared memory (rows.Feed).
+    EXACT=1: the launch rule's promise that held rows fit their windows (rows.Rows)."""
+    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     feed = Feed(rows, [x], STAGES=STAGES, PROGRAMS=PROGRAMS)
     wv = rows.vecs(w, WEIGHT, held=bool(STAGES))
     for (xb,), _ in feed.walk(loop=bool(STAGES)):
@@ -41,17 +43,17 @@ def add_rmsnorm(x: pk.gl["DT", 2], residual: pk.gl["DT", 2], w: pk.gl["DT", 1],
                 DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
                 RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
                 SPLIT: pk.const = 0, WEIGHT: pk.const = 1, STATS: pk.const = 0,
-                STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
+                STAGES: pk.const = 0, PROGRAMS: pk.const = 0, EXACT: pk.const = 0):
     """s = x + residual (rounded to DT, as the unfused sum would be) and out = rmsnorm(s)
-    in one pass: the residual stream of a pre-norm transformer block."""
-    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+    in one pass: the residual stream of a pre-norm transformer block. EXACT as rmsnorm's."""
+    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     wv = rows.vecs(w, WEIGHT, held=bool(STAGES))
     feed = Feed(rows, [x, residual], STAGES=STAGES, PROGRAMS=PROGRAMS)
     for (xb, rb), _ in feed.walk(loop=bool(STAGES)):
         if rows.held:
             held = [(xb(j) + rb(j)).cast(DT) for j in pk.static_range(rows.nblocks)]
             for j in pk.static_range(rows.nblocks):
-                pk.store(s, held[j], rows.at(j))
+                rows.store(s, held[j], j)
             _rms(rows, lambda j: held[j].cast(pk.f32), wv, out, rstd, eps, STATS)
         else:
             for j in rows.blocks():   # looped rows: s goes to memory first, read back below
@@ -66,11 +68,11 @@ def rmsnorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                 COLS: pk.const = 1024, RESIDENT: pk.const = 0, N_MAX: pk.const = 8192,
                 CHUNK: pk.const = 512, SPLIT: pk.const = 0, WEIGHT: pk.const = 1,
                 DW: pk.const = 1, RESIDUAL: pk.const = 0, STAGES: pk.const = 0,
-                PROGRAMS: pk.const = 0):
+                PROGRAMS: pk.const = 0, EXACT: pk.const = 0):
     """dx of rmsnorm (rstd from its STATS=1 run; x is add_rmsnorm's s when fused), plus ds
     with RESIDUAL=1 (the gradient reaching add_rmsnorm's s output directly), and partial
-    column sums of dy * xhat in dw_part (DW), as layernorm_bwd."""
-    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+    column sums of dy * xhat in dw_part (DW), as layernorm_bwd; EXACT as its."""
+    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     dws = ColumnSums(rows, dw_part) if DW else None
     wv = rows.vecs(w, WEIGHT)
     # ds is used once per element: staged with the others, or else read where it is added

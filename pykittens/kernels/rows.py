@@ -121,6 +121,14 @@ def tma_ready(t) -> bool:
 BWD_PROGRAMS_PER_CU = 2         # workgroups per CU / SM walking the rows of a backward pass
 
 
+def exact(n: int, consts: dict, m: int | None = None, per: int | None = None) -> bool:
+    """Whether a held schedule (`consts`) over rows of n columns can promise EXACT (Rows):
+    rows of exactly N_MAX columns, and for kernels that do not walk the rows (m rows, `per`
+    a workgroup) m a multiple of per, so no workgroup row lies past the last."""
+    held = consts.get("SPLIT") or consts.get("RESIDENT")
+    return bool(held) and n == consts["N_MAX"] and (per is None or m % per == 0)
+
+
 def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = None,
               staged=None):
     """(grid, consts) of a backward row kernel whose workgroups walk the rows
@@ -134,6 +142,8 @@ def walk_plan(m: int, n: int, target: str, row_bytes: int, parts: int | None = N
     else:
         per, consts = plan(m, n, target, row_bytes)
         grid = min(max(1, -(-m // per)), get(target).num_cus * BWD_PROGRAMS_PER_CU)
+    if exact(n, consts):
+        consts = {**consts, "EXACT": 1}
     if parts is not None:
         per_program = ColumnSums.partial_rows(1, consts)
         if parts < per_program:
@@ -156,10 +166,11 @@ class Rows:
     otherwise). `hold(t)` gives block j of tensor t's rows; `total` / `peak` turn a wave's
     partial row sums / maxima into the whole row's."""
 
-    def __init__(self, x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK):
+    def __init__(self, x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT=0):
         nw = pk.num_waves()
         self.m, self.n = x.shape
         self.split, self.held = bool(SPLIT), bool(RESIDENT or SPLIT)
+        self.walked = False                   # set by Feed.walk: rows past the end occur
         if SPLIT:
             self.rows, self.width = ROWS, N_MAX // nw          # this wave's share of a row
             self.first, self.c0 = pk.program_id(0) * ROWS, pk.wave_id() * self.width
@@ -175,6 +186,12 @@ class Rows:
         self.cols = CHUNK if self.held else COLS
         self.unrolled = self.held             # blocks in registers: one static window each
         self.nblocks = self.width // CHUNK if self.held else (self.n + COLS - 1) // COLS
+        # EXACT: the launch rule promises held rows of exactly N_MAX columns and, unless
+        # the rows are walked (Feed), no workgroup row past the last (rows.exact): the
+        # windows of a row lie inside the tensors, so they check no bounds (the emulator
+        # checks the promise) and no column needs masking. A walk's last step may pass
+        # the last row: its stores then test the row, once (one row a wave)
+        self.exact = bool(EXACT) and self.held and self.rows == 1
         self.r0 = self.first
         self.block = pk.rt((self.rows, self.cols), pk.f32)
         self.row, self.col = pk.rv(self.block, "row"), pk.rv(self.block, "col")
@@ -187,8 +204,16 @@ class Rows:
     def steps(self):
         """Row groups each wave takes when a grid of fewer workgroups than row groups walks
         all rows (`for i in pk.range(rows.steps()): rows.step(i)`): the same count in every
-        wave, so workgroup reductions stay matched; rows past the end read as zero."""
+        wave of a workgroup, so its reductions stay matched. A split row's workgroup walks
+        its own rows, all of which exist; other schedules walk as many steps as the first
+        workgroup, and their rows past the end read as zero."""
+        if self.split and self.rows == 1:
+            return (self.m - self.first + self.stride() - 1) // self.stride()
         return (self.m + self.stride() - 1) // self.stride()
+
+    def past_end(self) -> bool:
+        """Whether a step can hold rows past the last (walked rows, not split)."""
+        return self.walked and not (self.split and self.rows == 1)
 
     def stride(self):
         return pk.num_programs(0) * self.per_program
@@ -216,7 +241,7 @@ class Rows:
         if not self.held:
             return lambda j: pk.load(self.block, t, self.at(j), fill=fill)
         regs = pk.load(pk.rt((self.rows, self.width), t.dtype), t, self.at(0),
-                       fill=fill)
+                       fill=fill, inside=self.exact and not self.past_end())
         return lambda j: self.window(regs, j)
 
     def window(self, regs, j):
@@ -225,7 +250,7 @@ class Rows:
 
     def vec(self, w, j):
         """Block j's columns of the 1-D tensor w, as an f32 column vector."""
-        return pk.load(self.col, w, (self.col_of(j),))
+        return pk.load(self.col, w, (self.col_of(j),), inside=self.exact)
 
     def vecs(self, w, present=True, held=None):
         """vec(w, j) as a function of j, or None where w is absent (`present` false). Held
@@ -240,11 +265,18 @@ class Rows:
         return lambda j: held[j]
 
     def mask(self, t, j, value=0.0):
-        """t with the elements outside the tensor (ragged rows and columns) set to value."""
+        """t with the elements outside the tensor (ragged rows and columns) set to value
+        (none where the rows are exact)."""
+        if self.exact:
+            return t
         return pk.mask_outside(t, self.at(j), (self.m, self.n), value=value)
 
     def store(self, dst, t, j):
-        pk.store(dst, t, self.at(j))
+        if self.exact and self.past_end():
+            with pk.if_(self.r0 < self.m):
+                pk.store(dst, t, self.at(j), inside=True)
+            return
+        pk.store(dst, t, self.at(j), inside=self.exact)
 
     def store_rows(self, dst, v, at=None):
         """A value per row (a row vector: the statistics) into the 1-D tensor dst, or into
@@ -282,7 +314,7 @@ class Feed:
         self.rows, self.tensors, self.ring, self.loop = rows, list(tensors), None, True
         if PROGRAMS:
             pk.programs_per_cu(PROGRAMS)
-        self.per_row = [(t, at, pk.load(rows.row, t, self._coord(at, rows.r0)))
+        self.per_row = [(t, at, self._load_row_values(rows.row, t, at, rows.r0))
                         for t, at in per_row]
         if STAGES >= 2:
             if not rows.split:
@@ -302,6 +334,16 @@ class Feed:
     @staticmethod
     def _coord(at, r):
         return (r,) if at is None else (at, r)
+
+    def _load_row_values(self, dst, t, at, r):
+        """Row r's values of per-row input t into dst. Exact rows read the last row's in
+        place of rows past it, so no bounds are checked: those are the values loaded ahead
+        of a walk's last step (never used) and those of rows past the end (whose inputs
+        read as zero and whose stores are skipped), so they touch nothing."""
+        rows = self.rows
+        if rows.exact:
+            r = pk.minimum(r, rows.m - 1)
+        return pk.load(dst, t, self._coord(at, r), inside=rows.exact)
 
     def _box(self, j):
         """The row of a stage's tile holding this wave's block j."""
@@ -327,7 +369,7 @@ class Feed:
         for t, at, ahead in self.per_row:
             now = pk.empty(rows.row)
             now.set(ahead)
-            pk.load(ahead, t, self._coord(at, rows.r0 + rows.stride()))
+            self._load_row_values(ahead, t, at, rows.r0 + rows.stride())
             values.append(now)
         if self.ring is None:
             return [rows.hold(t) for t in self.tensors], values
@@ -345,6 +387,7 @@ class Feed:
         each as step(i) returns them; loop=False where the grid covers every row group
         (one step, no loop: nothing is held across steps or loaded for a next one)."""
         self.loop = loop or self.ring is not None
+        self.rows.walked = self.loop
         if not self.loop:
             yield self.step(0)
             return
@@ -385,7 +428,7 @@ class ColumnSums:
             v = pk.col_sum(self.acc[j])
             c = (pk.program_id(0), self._col(j))
             if rows.split:                     # each wave holds its own columns
-                pk.store(self.part, v, c, end=self._end())
+                pk.store(self.part, v, c, end=self._end(), inside=rows.exact)
             else:                              # each wave holds its own rows
                 v = pk.workgroup_sum(v)
                 with pk.if_(pk.wave_id() == 0):

@@ -23,7 +23,7 @@ F32 = torch.float32
 # Hopper the ops then check the compiled build's registers (a choice the launch rules,
 # which never compile, cannot make)
 SPLIT_MORE_PROGRAMS_BELOW = 3    # split rows sharing an SM with fewer workgroups: try one more
-SPLIT_SPILL_BYTES = 0            # ... if ptxas spills at most this many bytes a lane
+SPLIT_SPILL_BYTES = 16           # ... if ptxas spills at most this many bytes a lane
 
 
 @functools.lru_cache(maxsize=256)
@@ -42,13 +42,14 @@ def split_programs(kernel, target: str, consts: dict, dtype) -> dict:
     """`consts` of a forward norm's split-row launch, with PROGRAMS raised where that
     helps on Hopper: a row split over many waves leaves fewer than
     SPLIT_MORE_PROGRAMS_BELOW workgroups on an SM by its registers (one row in flight
-    each), and a build capped for one more workgroup (pk.programs_per_cu) spills at most
-    SPLIT_SPILL_BYTES a lane by ptxas' report. On the H200 (docs/PERF.md, run AP): rms_norm
-    87 -> 91% of copy bandwidth at 4096x12288 (three workgroups of 12 warps, no spills);
-    caps that spill were slower (layer_norm 76 -> 65%, 160 bytes) except add_rms_norm's
-    at 12288 columns (89 -> 92%, 16 bytes), so only caps without spills are taken.
-    Unchanged elsewhere, and without ptxas (the choice needs the compiled register
-    counts)."""
+    each), one more fits the SM's warp slots, and a build capped for it
+    (pk.programs_per_cu) spills at most SPLIT_SPILL_BYTES a lane by ptxas' report. On the
+    H200 (docs/PERF.md): rms_norm 87 -> 91% of copy bandwidth at 4096x12288 (three
+    workgroups of 12 warps, no spills; run AP), add_rms_norm 89 -> 92% there with a cap
+    spilling 16 bytes (run AP) and layer_norm 83 -> 89% with one spilling 16 (the night's
+    run AS); caps spilling more were slower (layer_norm 76 -> 65% at 160 bytes,
+    add_rms_norm 95 -> 74% at 82). Unchanged elsewhere, and without ptxas (the choice needs
+    the compiled register counts)."""
     from ..targets import get
     from ..targets.sm90a import REGISTERS_PER_SM
     t = get(target)
@@ -58,10 +59,11 @@ def split_programs(kernel, target: str, consts: dict, dtype) -> dict:
     base = _fits(kernel, target, tuple(sorted(consts.items())), dtype)
     if base is None:
         return consts
-    threads = consts["num_waves"] * t.wave_size
+    warps = consts["num_waves"]
     per_warp = -(-base[0] * t.wave_size // 256) * 256       # allocated in 256-register units
-    resident = REGISTERS_PER_SM // (threads // t.wave_size * per_warp)
-    if not 1 <= resident < SPLIT_MORE_PROGRAMS_BELOW:
+    resident = REGISTERS_PER_SM // (warps * per_warp)
+    slots = t.max_waves_per_simd * t.simds_per_cu           # warps an SM holds
+    if not 1 <= resident < SPLIT_MORE_PROGRAMS_BELOW or (resident + 1) * warps > slots:
         return consts
     more = {**consts, "PROGRAMS": resident + 1}
     fit = _fits(kernel, target, tuple(sorted(more.items())), dtype)
