@@ -213,15 +213,16 @@ def test_layernorm_of_exact_rows(shape):
         stats(ragged, consts)
 
 
-@pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "add_rmsnorm"])
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "add_rmsnorm", "softmax",
+                                  "softmax_bwd"])
 @pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
-def test_exact_norms_against_float64(name, target):
-    """The forward norms as their launch rules build them for exact rows (EXACT=1), every
+def test_exact_rows_against_float64(name, target):
+    """The row kernels as their launch rules build them for exact rows (EXACT=1), every
     output against float64."""
     shape = (8, 4096)
     spec = KERNELS[name]
     x = np.zeros(shape, np.float32)
-    i = {"x": x, "residual": x}
+    i = {"x": x, "residual": x, "y": x}
     assert spec.launch(i, target)[1].get("EXACT") == 1
     spec, errs = run_spec(name, shape, "bf16", target)
     for out, e in errs.items():

@@ -112,11 +112,11 @@ def softmax_grad_launch(i, target):
     their waves has; f32 and CDNA unmeasured) the default."""
     from ..targets import get
     row_bytes = 2 * rows.itemsize(i["y"])
-    default = row_launch(i, target, x="y", row_bytes=row_bytes)
+    default = row_launch(i, target, x="y", row_bytes=row_bytes, exact=True)
     if get(target).family == "hopper" and rows.itemsize(i["y"]) == 2 and \
             default[1].get("num_waves", 0) > SOFTMAX_BWD_MANY_WAVES:
         grid, consts = row_launch(i, target, x="y", row_bytes=row_bytes,
-                                  share_regs=SOFTMAX_BWD_SHARE_REGS)
+                                  share_regs=SOFTMAX_BWD_SHARE_REGS, exact=True)
         wide_share = SOFTMAX_BWD_SHARE_REGS * 4 * get(target).wave_size // row_bytes
         if consts.get("SPLIT") and consts["num_waves"] <= SOFTMAX_BWD_WAVES and \
                 consts["N_MAX"] // consts["num_waves"] == wide_share:
@@ -139,16 +139,16 @@ def _staged(i, target, names, sums: int):
     return rows.staged_plan(m, n, target, rows.itemsize(i["x"]), len(names), sums=sums)
 
 
-def norm_launch(i, target, **kw):
-    """A forward norm's launch: row_launch, with EXACT where it holds (held rows that fill
-    their windows: no bounds checks and no column masks; on the H200 that took 14 registers
-    a lane off LayerNorm's 12-wave rows of 12288 columns)."""
+def exact_row_launch(i, target, **kw):
+    """row_launch of a kernel that takes EXACT (the forward norms, softmax): set where it
+    holds (held rows that fill their windows: no bounds checks and no column masks; on the
+    H200 that took 14 registers a lane off LayerNorm's 12-wave rows of 12288 columns)."""
     return row_launch(i, target, exact=True, **kw)
 
 
 def ln_launch(i, target):
     """LayerNorm's loop prefetches the next column block (measured faster on the H200)."""
-    return norm_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
+    return exact_row_launch(i, target, loop={**rows.LOOP, "PREFETCH": 1})
 
 
 # ---- layernorm --------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def _ln_ref(i):
     return {"out": (x - mu) / np.sqrt(var + i["eps"]) * _f64(i["w"]) + _f64(i["b"])}
 
 
-def stats_launch(i, target, launch=norm_launch, **kw):
+def stats_launch(i, target, launch=exact_row_launch, **kw):
     """The launch of a forward norm that also writes its per-row statistics (STATS=1)."""
     grid, consts = launch(i, target, **kw)
     return grid, {**consts, "STATS": 1}
@@ -522,7 +522,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("scaled_add", scaled_add, _sa_inputs, _sa_ref, _sa_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((8192, 8192),), compile_consts={"DT": "bf16"},
                torch_reference=_sa_torch),
-    KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, row_launch, ("out",),
+    KernelSpec("softmax", softmax, _sm_inputs, _sm_ref, exact_row_launch, ("out",),
                shapes=_SMALL, gpu_shapes=((16384, 4096),), compile_consts={"DT": "bf16"},
                torch_reference=_sm_torch),
     KernelSpec("layernorm", layernorm, _ln_inputs, _ln_ref, ln_launch, ("out",),
@@ -609,7 +609,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 
 __all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_dims", "gemm_ws_grid",
            "gemm_ws_launch", "ln_tma_consts", "rel_err", "row_launch", "stats_launch",
-           "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch", "norm_launch",
+           "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
+           "exact_row_launch",
            "softmax_grad_launch", "split_programs", "add_rmsnorm", "column_sum", "gemm_basic", "gemm_pingpong",
            "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
            "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",

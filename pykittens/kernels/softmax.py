@@ -15,8 +15,9 @@ LOG2E = math.log2(math.e)
 def softmax(x: pk.gl["DT", 2], out: pk.gl["DT", 2],
             DT: pk.const = None, ROWS: pk.const = 4, COLS: pk.const = 128,
             RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
-            SPLIT: pk.const = 0):
-    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+            SPLIT: pk.const = 0, EXACT: pk.const = 0):
+    """out = softmax(x) over each row; EXACT=1: held rows fit their windows (rows.Rows)."""
+    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     xb = rows.hold(x, fill=-math.inf)
     if rows.held:
         m = pk.full(rows.row, -math.inf)
@@ -45,10 +46,12 @@ def softmax(x: pk.gl["DT", 2], out: pk.gl["DT", 2],
 def softmax_bwd(y: pk.gl["DT", 2], dy: pk.gl["DT", 2], dx: pk.gl["DT", 2],
                 DT: pk.const = None, ROWS: pk.const = 1, COLS: pk.const = 1024,
                 RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
-                SPLIT: pk.const = 0, STAGES: pk.const = 0, PROGRAMS: pk.const = 0):
+                SPLIT: pk.const = 0, STAGES: pk.const = 0, PROGRAMS: pk.const = 0,
+                EXACT: pk.const = 0):
     """dx = y * (dy - sum(dy * y)) per row, from the forward's output y. STAGES >= 2: y and
-    dy staged in shared memory by workgroups walking the rows (rows.Feed)."""
-    rows = Rows(y, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK)
+    dy staged in shared memory by workgroups walking the rows (rows.Feed). EXACT as
+    softmax's."""
+    rows = Rows(y, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     feed = Feed(rows, [y, dy], STAGES=STAGES, PROGRAMS=PROGRAMS)
     for (yb, dyb), _ in feed.walk(loop=bool(STAGES)):
         dot = pk.zeros(rows.row)
