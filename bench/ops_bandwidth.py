@@ -237,18 +237,16 @@ def step_ops(rows, details):
 # pykittens.kernels.rows (`plan` wrapped to pass other split shares, or PROGRAMS: a split
 # row's build capped for that many workgroups per SM; a softmax forward takes no PROGRAMS)
 # and of pykittens.kernels.rope (TILE_ELEMS: a wave's heads x columns, so its registers)
-VARIANTS = {
-    (4096, 12288): {"3 workgroups per SM": {"rows.plan": {"PROGRAMS": 3}}},
-}
+VARIANTS = {}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0},
                  **{f"{te // 64} heads a wave": {"rope.TILE_ELEMS": te} for te in (1024, 2048)}}
 # the norms' backward passes (timed as forward+backward less forward) under other choices
-# of the staged walk's workgroups per SM (rows.STAGED_WARPS, rows.STAGED_PROGRAMS)
-BWD_VARIANTS = {"16 warps an SM": {"rows.STAGED_WARPS": {0: 16, 1: 16, 2: 16}},
-                "at most 4 workgroups an SM": {"rows.STAGED_PROGRAMS": 4},
-                "both": {"rows.STAGED_WARPS": {0: 16, 1: 16, 2: 16},
-                         "rows.STAGED_PROGRAMS": 4}}
+# of the staged walk: its stages, and columns per wave (rows.STAGED_STAGES, STAGE_WAVE_COLS)
+BWD_VARIANTS = {"3 stages": {"rows.STAGED_STAGES": 3},
+                "4 stages": {"rows.STAGED_STAGES": 4},
+                **{f"{c} columns a wave": {"rows.STAGE_WAVE_COLS": {0: c, 1: c, 2: c}}
+                   for c in (512, 1024)}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 
 

@@ -130,6 +130,8 @@ def test_staged_plan():
         assert c["STAGES"] * 2 * c["N_MAX"] * 2 * c["PROGRAMS"] <= 2 * rows.STAGE_BUDGET
         assert grid == 132 * c["PROGRAMS"]
     assert rows.staged_plan(5, 8192, "sm_90a", 2, 2)[0] == (5,)       # no idle workgroups
+    for sums, waves in ((1, 16), (2, 8)):        # one sum: 512 columns a wave; two: 1024
+        assert rows.staged_plan(16384, 8192, "sm_90a", 2, 2, sums)[1]["num_waves"] == waves
 
 
 def test_ops_stage_only_tma_ready_backward_inputs():

@@ -70,10 +70,17 @@ def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SH
 STAGED = True              # take the staged walk where it applies (False: the register
                            # schedules everywhere, e.g. to compare them)
 STAGE_COLS = 256            # a TMA box's row (at most 256 elements): the staged CHUNK
-STAGE_WAVE_COLS = 1024      # columns of a staged row per wave (4 boxes)
+# columns of a staged row per wave, by the per-column sums the walk holds: on the H200
+# (bench/ops_bandwidth.py variants, docs/PERF.md) 512 took rms_norm's and add_rms_norm's
+# backward from 91/86/85 to 94/90/85% and 96/91/90 to 98/92/90% of copy bandwidth at
+# 16384x8192 / 16384x4096 / 4096x12288 bf16, where layer_norm's, holding two sums, lost
+# 2-16 points against 1024 (and fell to half with 2048)
+STAGE_WAVE_COLS = {0: 512, 1: 512, 2: 1024}
 STAGED_MIN_COLS = 2048      # shorter rows stay in registers (one wave or a few hold them)
 STAGE_BUDGET = 200 * 1024   # shared memory per SM that the stages of its workgroups take
 STAGED_PROGRAMS = 3         # at most this many walking workgroups per SM
+STAGED_STAGES = 2           # shared-memory stages of the walk (the rows of STAGES - 1 steps
+                            # in flight ahead of the one computing)
 # warps per SM a staged walk is built for, by the per-column sums it holds: more warps
 # leave each lane fewer registers (pk.programs_per_cu), and a kernel that must spill to fit
 # runs at a fraction of the speed (measured on the H200: bench/rows_staged.py)
@@ -96,10 +103,11 @@ def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: 
     t = get(target)
     if t.family != "hopper" or n < STAGED_MIN_COLS or (n * itemsize) % 16:
         return None
-    nw = waves or min(max(4, -(-n // STAGE_WAVE_COLS)), t.max_waves_per_workgroup)
+    wave_cols = STAGE_WAVE_COLS[min(sums, 2)]
+    nw = waves or min(max(4, -(-n // wave_cols)), t.max_waves_per_workgroup)
     n_max = -(-n // (nw * STAGE_COLS)) * nw * STAGE_COLS
     stage = tensors * n_max * itemsize
-    stages = stages or 2
+    stages = stages or STAGED_STAGES
     if stages * stage > STAGE_BUDGET:
         return None
     warps = STAGED_WARPS[min(sums, 2)]
