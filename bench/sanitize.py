@@ -36,7 +36,8 @@ def _pykittens_kernels(name: str) -> list[str]:
     """initcheck's filter: the entry names of the family's kernels."""
     if name == "rows_staged":
         return ["--kernel-name",
-                "regex=^(layernorm|rmsnorm|add_rmsnorm|layernorm_bwd|rmsnorm_bwd|column_sum)$"]
+                "regex=^(layernorm|rmsnorm|add_rmsnorm|layernorm_bwd|rmsnorm_bwd|column_sum|"
+                "softmax|softmax_bwd)$"]
     if name == "linear":
         return ["--kernel-name", "regex=^gemm_ws$"]
     if name != "library":
@@ -137,7 +138,8 @@ def run_rows_staged():
     """The norms' backward passes through pykittens.ops' autograd where they take the staged
     walk (rows in shared memory by TMA, rows.Feed): shapes whose grid walks several steps
     (700 x 4096: 3 workgroups per SM; 300 x 12288: 1), each checked against float32
-    torch."""
+    torch; rows of exactly the held width, so the forward and backward windows are
+    promised inside (EXACT: no bounds checked on the GPU), softmax's too."""
     import torch
     import torch.nn.functional as F
     import pykittens.ops as pko
@@ -151,7 +153,8 @@ def run_rows_staged():
                  (lambda x, w: pko.rms_norm(x, (n,), w, 1e-6),
                   lambda x, w: F.rms_norm(x, (n,), w, 1e-6), (x, w)),
                  (lambda x, r, w: pko.add_rms_norm(x, r, w, 1e-6)[0],
-                  lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), (x, r, w))]
+                  lambda x, r, w: F.rms_norm(x + r, (n,), w, 1e-6), (x, r, w)),
+                 (pko.softmax, lambda x: torch.softmax(x, -1), (x,))]
         for mine, ref, inputs in cases:
             wrong += _wrong_vs_float32(mine, ref, inputs, dy, (m, n))
     _verdict("rows_staged", wrong, "wrong gradients")
