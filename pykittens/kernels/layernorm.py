@@ -36,9 +36,9 @@ def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS):
     _store_stats(rows, stats, mean, rstd, STATS)
     # 16-bit outputs: xhat = x rstd - mean rstd, one fused multiply-add (its rounding error,
     # about |mean| / std float32 ulps, is far below the output's); wider ones subtract first
-    shift = -mean * rstd
+    offset = -mean * rstd
     for j in rows.blocks():
-        _store_affine(rows, out, lambda: pk.fma(xb(j), rstd, shift) if out.dtype.bits == 16
+        _store_affine(rows, out, lambda: pk.fma(xb(j), rstd, offset) if out.dtype.bits == 16
                       else (xb(j) - mean) * rstd, wv, bv, j)
 
 
