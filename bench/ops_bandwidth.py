@@ -241,12 +241,12 @@ VARIANTS = {}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}}
 # the norms' backward passes (timed as forward+backward less forward) under other choices
-# of the staged walk: its stages, and columns per wave (rows.STAGED_STAGES, STAGE_WAVE_COLS)
-BWD_VARIANTS = {"4 stages": {"rows.STAGED_STAGES": 4},
-                **{f"512 columns a wave, {w} warps an SM": {
-                    "rows.STAGE_WAVE_COLS": {0: 512, 1: 512, 2: 512},
-                    "rows.STAGED_WARPS": {0: 16, 1: 16, 2: w}} for w in (16, 24)}}
-BWD_VARIANT_OPS = ("layer_norm",)
+# of the staged walk (rows.STAGED_STAGES, STAGE_WAVE_COLS, STAGED_WARPS)
+BWD_VARIANTS = {"3 stages": {"rows.STAGED_STAGES": 3},
+                **{f"{c} columns a wave, {w} warps an SM": {
+                    "rows.STAGE_WAVE_COLS": {0: c, 1: c, 2: c},
+                    "rows.STAGED_WARPS": {0: w, 1: w, 2: w}} for c, w in ((512, 16), (1024, 16))}}
+BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 
 
 def _planned(plan, share_regs=None, PROGRAMS=None):
