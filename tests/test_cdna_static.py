@@ -56,6 +56,25 @@ def test_library_kernel_has_no_spills_and_mfma_in_its_main_loop(name, target):
 
 
 @pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("name", ["layernorm", "softmax"])
+def test_exact_rows_drop_the_edge_code(target, name):
+    """Rows of exactly the held width (EXACT=1, windows promised inside): the code object
+    holds the vector accesses alone: under half the instructions of the checked build,
+    no more VGPRs, no scratch, and as many waves a SIMD or more."""
+    from pykittens.kernels import exact_row_launch, ln_launch
+    launch = ln_launch if name == "layernorm" else exact_row_launch
+    _, consts = launch({"x": np.empty((4096, 12288), pk.bf16.np)}, target)
+    assert consts.get("EXACT") == 1
+    kernel = KERNELS[name].kernel
+    _, exact, insts, _ = build(kernel, target, DT="bf16", **consts)
+    _, checked, checked_insts, _ = build(kernel, target, DT="bf16", **{**consts, "EXACT": 0})
+    assert exact["scratch_bytes"] == 0 and exact["vgpr_spill"] == 0
+    assert 2 * len(insts) < len(checked_insts)
+    assert exact["unified_vgpr"] <= checked["unified_vgpr"]
+    assert exact["occupancy_waves_per_simd"] >= checked["occupancy_waves_per_simd"]
+
+
+@pytest.mark.parametrize("target", CDNA)
 def test_code_object_version_5_by_default(target):
     assert hsaco.code_object_version(compiler.code_object(pinned_gemm, target)) == 5
 

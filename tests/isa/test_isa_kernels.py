@@ -52,6 +52,21 @@ def test_library_kernel_from_its_code_object(name, dt, shape, pad, target):
 
 
 @pytest.mark.parametrize("target", CDNA)
+@pytest.mark.parametrize("name,shape", [("layernorm", (8, 2048)), ("softmax", (8, 2048)),
+                                        ("rmsnorm_bwd", (19, 2048))])
+def test_exact_rows_from_their_code_objects(target, name, shape):
+    """Rows that fill their windows (EXACT=1: the code checks no bounds), from the code
+    object: against float64 and, bitwise, the lane emulator (which checks the promise); the
+    backward walks fewer workgroups than rows, each its own number of steps."""
+    spec = KERNELS[name]
+    inputs, got, lane, ref = run_both(spec, "bf16", shape, target, False)
+    assert spec.launch(inputs, target)[1].get("EXACT") == 1
+    for o in spec.outputs:
+        assert rel_err(spec.value(o, got[o]), ref[o]) <= spec.tolerance("bf16"), o
+        assert np.array_equal(got[o].view(np.uint8), lane[o].view(np.uint8)), o
+
+
+@pytest.mark.parametrize("target", CDNA)
 def test_dispatch_state(target):
     """Workgroup ids (the SGPRs after the user SGPRs) and pk.num_programs, which the code
     reads from the code-object-v5 hidden arguments (hidden_block_count_*) the dispatch
