@@ -217,6 +217,18 @@ def test_inputs_that_overlap_take_the_full_path(gpu_like):
     assert torch.equal(got[0], op.__wrapped__(a, b.clone(), w)[0])
 
 
+def test_overlap_check_pair_by_pair():
+    """_overlapping finds a shared byte between any two tensors, not only neighbours;
+    ranges that only touch, and tensors with no bytes, share nothing."""
+    f = replay._overlapping
+    assert not f([0, 100, 200], [100, 100, 100])              # touching end to start
+    assert f([0, 100, 199], [100, 100, 100])                  # 1 and 2 share byte 199
+    assert f([300, 0, 250], [100, 100, 100])                  # 0 and 2, not adjacent
+    assert f([0, 50], [100, 10])                              # one inside the other
+    assert not f([0, 50, 60], [0, 100, 0])                    # empty tensors share nothing
+    assert not f([5], [100]) and not f([], [])
+
+
 def test_signatures_kept_are_bounded(gpu_like, monkeypatch):
     monkeypatch.setattr(replay, "MAX_CALLS", 3)
     op = pko.softmax

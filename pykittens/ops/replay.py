@@ -110,7 +110,10 @@ def _signature(args, kwargs):
             addresses.append(ptr)
         elif t in _SCALARS:
             key.append((t, v))
-        elif t in _SEQUENCES and all(type(x) in (int, float) for x in v):
+        elif t in _SEQUENCES:
+            for x in v:                      # numbers only (a loop: cheaper than all())
+                if type(x) is not int and type(x) is not float:
+                    return _NO_SIGNATURE
             key.append((t, tuple(v)))
         else:
             return _NO_SIGNATURE
@@ -230,7 +233,7 @@ class _Replay:
         allowed). Launches are checked for nothing else: their scalars are the recorded
         call's, and the outputs and buffers are new (pk.launch's plan checks the rest for
         the signature). (Every replayed call runs this: it is written for speed.)"""
-        if len(tensors) > 1 and _overlapping(addresses, self.spans):
+        if _overlapping(addresses, self.spans):
             return None
         device = tensors[0].device
         empty = torch.empty_strided
@@ -248,9 +251,14 @@ class _Replay:
 
 
 def _overlapping(addresses, spans) -> bool:
-    """Whether any two tensors (at `addresses`, each `spans` bytes long) share memory."""
-    if len(addresses) == 2:                            # most ops: no sorting
-        (a, b), (n, m) = addresses, spans
-        return bool(n and m and a < b + m and b < a + n)
-    ranges = sorted((p, n) for p, n in zip(addresses, spans) if n)
-    return any(a + n > b for (a, n), (b, _) in zip(ranges, ranges[1:]))
+    """Whether any two tensors (at `addresses`, each `spans` bytes long) share memory. Pair
+    by pair: ops pass a few tensors, for which that is cheaper than sorting."""
+    n = len(addresses)
+    for i in range(n - 1):
+        a, s = addresses[i], spans[i]
+        if s:
+            for j in range(i + 1, n):
+                b, m = addresses[j], spans[j]
+                if m and a < b + m and b < a + s:
+                    return True
+    return False
