@@ -610,8 +610,8 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 __all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_dims", "gemm_ws_grid",
            "gemm_ws_launch", "ln_tma_consts", "rel_err", "row_launch", "stats_launch",
            "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
-           "exact_row_launch",
-           "softmax_grad_launch", "split_programs", "add_rmsnorm", "column_sum", "gemm_basic", "gemm_pingpong",
-           "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_wgmma",
+           "exact_row_launch", "softmax_grad_launch", "add_rmsnorm", "column_sum",
+           "gemm_basic", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx",
+           "gemm_wgmma",
            "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",
            "scaled_add", "softmax", "softmax_bwd", "tma_scale", "ws_scale"]
