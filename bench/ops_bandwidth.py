@@ -22,9 +22,9 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
           and pk.launch's fast path against its checked path
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
-  variants  forward ops under the launch rule and under other schedules (VARIANTS: the
-          norms and softmax on wide rows; ROPE_VARIANTS: rope's heads per wave), as
-          fractions of the copy
+  variants  ops under the launch rule and under other schedules (VARIANTS: forward row
+          ops; ROPE_VARIANTS: rope's grid order; BWD_VARIANTS: the norms' backward walks),
+          as fractions of the copy
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
 step fails. It stops timing after BUDGET_S seconds (the rows say what was skipped).
@@ -233,32 +233,19 @@ def step_ops(rows, details):
     rows.extend(_summary_rows(_state["results"]))
 
 
-# forward ops under schedules other than their launch rules', as module settings: of
-# pykittens.kernels.rows (`plan` wrapped to pass other split shares, or PROGRAMS: a split
-# row's build capped for that many workgroups per SM; a softmax forward takes no PROGRAMS)
-# and of pykittens.kernels.rope (TILE_ELEMS: a wave's heads x columns, so its registers)
+# ops under schedules other than their launch rules', as settings of kernel modules
+# ("rows.STAGED_STAGES": pykittens.kernels.rows.STAGED_STAGES, ...), patched for the call:
+# forward row ops at the shapes of VARIANTS (none now), rope at every shape, and the norms'
+# backward passes (timed as forward+backward less forward) under other choices of the
+# staged walk
 VARIANTS = {}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}}
-# the norms' backward passes (timed as forward+backward less forward) under other choices
-# of the staged walk (rows.STAGED_STAGES, STAGE_WAVE_COLS, STAGED_WARPS)
 BWD_VARIANTS = {"3 stages": {"rows.STAGED_STAGES": 3},
                 **{f"{c} columns a wave, {w} warps an SM": {
                     "rows.STAGE_WAVE_COLS": {0: c, 1: c, 2: c},
                     "rows.STAGED_WARPS": {0: w, 1: w, 2: w}} for c, w in ((512, 16), (1024, 16))}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
-
-
-def _planned(plan, share_regs=None, PROGRAMS=None):
-    """rows.plan with other split shares, and PROGRAMS added to its split schedules."""
-    def planned(*args, **kwargs):
-        if share_regs is not None:
-            kwargs["share_regs"] = share_regs
-        per, consts = plan(*args, **kwargs)
-        if PROGRAMS is not None and consts.get("SPLIT"):
-            consts = {**consts, "PROGRAMS": PROGRAMS}
-        return per, consts
-    return planned
 
 
 def _variant_calls():
@@ -274,8 +261,6 @@ def _variant_calls():
         patches = []
         for name, v in settings.items():
             mod, attr = name.split(".")
-            if attr == "plan":
-                v = _planned(mods[mod].plan, **v)
             patches.append((mods[mod], attr, v))
 
         def call():
@@ -300,8 +285,6 @@ def _variant_calls():
         op = ops[name]
         inputs = op.make(shape)
         for variant, setting in {"launch rule": {}, **variants}.items():
-            if name == "softmax" and "PROGRAMS" in setting.get("rows.plan", {}):
-                continue
             if mode == "fwd":
                 yield shape, variant, op, mode, [under(setting, op.pykittens, inputs)]
                 continue
