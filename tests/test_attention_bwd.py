@@ -95,24 +95,22 @@ def test_atomic_dq_schedule(rng, d, causal):
     check(got, want)
 
 
-@pytest.mark.parametrize("dq_schedule", ["atomic", "pass"])
-def test_consumers_first(rng, monkeypatch, dq_schedule):
+@pytest.mark.parametrize("dq_schedule,nq", [("atomic", 150), ("atomic", 152), ("pass", 150)])
+def test_consumers_first(rng, monkeypatch, dq_schedule, nq):
     """Every pass (forward included) with each workgroup's last waves run first and a wait
     that passes keeping its wave running (the emulator's reverse wave order): a consumer
-    wait that a barrier's phase parity let through early would read a stage too soon."""
+    wait that a barrier's phase parity let through early would read a stage too soon.
+    150 query rows: a producer wave copies LSE and delta; 152: TMA does (STATS_TMA)."""
     monkeypatch.setenv("PYKITTENS_WAVE_ORDER", "reverse")
-    got, want = backward(*inputs(rng, 1, 4, 2, 150, 260, 64), 1, dq_schedule)
+    got, want = backward(*inputs(rng, 1, 4, 2, nq, 260, 64), 1, dq_schedule)
     check(got, want)
 
 
-@pytest.mark.parametrize("early", [0, 1])
 @pytest.mark.parametrize("d,causal", [(128, 0), (64, 1)])
-def test_atomic_dq_schedule_lse_early(rng, d, causal, early):
-    """The main pass with the next step's LSE and delta loaded early (LSE_EARLY, the launch's
-    default but for the atomic causal D=128 build) and at the end of the step; a 2:1 group
-    over several query blocks."""
-    got, want = backward(*inputs(rng, 1, 4, 2, 300, 180, d, "f16"), causal, "atomic",
-                         LSE_EARLY=early)
+def test_atomic_dq_schedule_many_query_blocks(rng, d, causal):
+    """The main pass over several query blocks of a 2:1 group: each step's LSE and delta
+    arrive through the ring with its Q and dO, and dQ's product is staged while dK's runs."""
+    got, want = backward(*inputs(rng, 1, 4, 2, 300, 180, d, "f16"), causal, "atomic")
     check(got, want)
 
 
@@ -132,6 +130,14 @@ def test_launch_names_what_is_missing():
     shapes = {"q": np.empty((1, 2, 64, 64), np.float16), "k": np.empty((1, 2, 64, 64), np.float16)}
     with pytest.raises(ValueError, match="dq='fast'; choose one of"):
         attention_bwd_launch(shapes, "sm_90a", dq="fast")
+
+
+def test_launch_copies_stats_by_tma_where_rows_allow():
+    """LSE and delta rows of a multiple of 4 f32 elements (16 bytes) go by TMA."""
+    for nq, want in ((256, 1), (130, 0)):
+        shapes = {"q": np.empty((1, 2, nq, 64), np.float16),
+                  "k": np.empty((1, 2, 64, 64), np.float16)}
+        assert attention_bwd_launch(shapes, "sm_90a")[1][1]["STATS_TMA"] == want
 
 
 @pytest.mark.parametrize("d,causal", [(128, 0), (64, 1)])

@@ -610,3 +610,38 @@ def test_comparisons_broadcast_a_vector_on_either_side(target):
     half = x.max(1, keepdims=True) * 0.5
     assert np.array_equal(got[:16], np.where(x < half, x, 0.0))
     assert np.array_equal(got[16:], np.where(half > x, 0.0, x))
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+def test_vectors_load_from_shared_tiles(target):
+    """pk.load(pk.rv(...), shared, (r, c)): a column vector reads one row of the shared tile,
+    a row vector one column, each broadcast over its tile's other axis when added to it."""
+    @pk.kernel(num_waves=4)
+    def k(x: pk.gl[pk.f32, 2], cols: pk.gl[pk.f32, 2], rows: pk.gl[pk.f32, 2]):
+        s = pk.empty(pk.st((64, 64), pk.f32))
+        pk.load(s, x, (0, 0))
+        pk.barrier()
+        t = pk.rt((16, 32), pk.f32, role="acc")
+        w = pk.wave_id()
+        c = pk.load(pk.rv(t, "col"), s, (w + 1, 32))           # row w+1, columns 32..63
+        r = pk.load(pk.rv(t, "row"), s, (16 * w, 5))           # column 5, rows 16w..16w+15
+        pk.store(cols, pk.zeros(t) + c, (16 * w, 0))
+        pk.store(rows, pk.zeros(t) + r, (16 * w, 0))
+
+    x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    out = pk.emulate(k, x, np.zeros((64, 32), np.float32), np.zeros((64, 32), np.float32),
+                     grid=1, target=target)
+    for w in range(4):
+        band = slice(16 * w, 16 * w + 16)
+        assert (out["cols"][band] == x[w + 1, 32:][None, :]).all()
+        assert (out["rows"][band] == x[band, 5][:, None]).all()
+
+
+def test_vector_window_must_fit_in_the_shared_tile():
+    @pk.kernel(num_waves=4)
+    def k(x: pk.gl[pk.f32, 2]):
+        s = pk.empty(pk.st((4, 32), pk.f32))
+        pk.load(pk.rv(pk.rt((16, 64), pk.f32, role="acc"), "col"), s, (0, 0))
+
+    with pytest.raises(pk.KernelError, match=r"register tile \(1, 64\) does not fit"):
+        k.specialize_for("sm_90a")

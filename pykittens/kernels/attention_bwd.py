@@ -47,17 +47,18 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
                   DQ_ATOMIC: pk.const = 1, TARGET: pk.target = None,
                   MAP: pk.const = "head-first", DQ_DIAG: pk.const = 0,
-                  LSE_EARLY: pk.const = 0):
+                  STATS_TMA: pk.const = 0):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
     Grid and constants: attention_bwd_launch. DQ_DIAG (Hopper, timing only; 0 in every
     library launch): 1 leaves out dQ's TMA reductions, 2 the consumers' wait for each
     other's dS (a race: wrong dQ) - variants for bench/attention_bwd.py, to place the time.
-    LSE_EARLY (Hopper): the next step's LSE and delta are loaded right after dK's product is
-    issued rather than at the end of the step (attention_bwd_launch sets it)."""
+    STATS_TMA (Hopper): LSE and delta are copied by TMA, which needs rows of a multiple of 4
+    elements (attention_bwd_launch sets it when Nq is one); otherwise a producer wave copies
+    them."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                    DQ_ATOMIC, diag=DQ_DIAG, early=LSE_EARLY)
+                    DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA)
     elif TARGET in CDNA_TARGETS:
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
                  TARGET)
@@ -78,15 +79,16 @@ def _sequence(q, k, b, cu_q, cu_k):
 
 
 def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, early=0):
+                DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, stats_tma=0):
     """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
-    (64 per consumer) and then each query block's Q and dO into a ring; two consumer
+    (64 per consumer) and then each query block's Q, dO, LSE and delta into a ring; two consumer
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
     memory, P^T and dS^T in registers, and dV += P^T dO, dK += dS^T Q with the converted
     registers as wgmma's A operand. With DQ_ATOMIC, dS goes through shared memory into
-    dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, staged in shared
-    memory and added into the f32 `dq` (scaled) by TMA reductions that a second producer
-    wave issues. Grid (ceil(Nk / 128), Hkv, B).
+    dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, issued before dK's
+    product and staged in shared memory while the tensor cores compute dK, then added into
+    the f32 `dq` (scaled) by TMA reductions that a second producer wave issues.
+    Grid (ceil(Nk / 128), Hkv, B).
 
     With cu_q / cu_k (packed batches, dQ by its own pass): (H, total, D) tensors, lse and
     delta (Hq, total_q); queries past the sequence's end are masked (their rows belong to
@@ -108,7 +110,13 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     vt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     kv_full = pk.mbarrier(4)
     qo = pk.st((BM, D), DT, swizzle=8)
-    ring = pk.Ring(STAGES, fill=2, drain=8, q=qo, do=qo)
+    # a query block's LSE and delta travel with it, read from shared memory as the step
+    # starts (loaded into registers a step ahead they stayed live across it: slower,
+    # docs/PERF.md): by TMA (rows past the end read 0: their Q and dO rows are 0 too, so
+    # P^T dO and dS^T Q add nothing) or, for rows TMA cannot copy, by a producer wave
+    stat = pk.st((1, BM), pk.f32)
+    ring = pk.Ring(STAGES, fill=4 if stats_tma else 3, drain=8, q=qo, do=qo, lse=stat,
+                   delta=stat)
     # dS of a step (queries x keys: group g's 64 keys in sds[g]); two buffers by step
     # parity, so that storing the next step's never overwrites one a slower wave still reads
     sds = [pk.empty(pk.st((BM, 64), DT, swizzle=8), count=2) for _ in range(2)]
@@ -137,6 +145,19 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 st = ring.acquire(step)
                 pk.tma_load(st.q, q, at(h, qs + q0), st.full)
                 pk.tma_load(st.do, do, at(h, qs + q0), st.full)
+                if stats_tma:
+                    pk.tma_load(st.lse, lse, row_at(h, qs + q0), st.full)
+                    pk.tma_load(st.delta, delta, row_at(h, qs + q0), st.full)
+        if not stats_tma:
+            with pk.if_(pk.wave_id() == 2):   # LSE and delta by a wave
+                for step in pk.range(steps):
+                    h, q0 = block(step)
+                    st = ring.acquire(step)
+                    pk.store(st.lse, pk.load(pk.rt((1, BM), pk.f32), lse, row_at(h, qs + q0),
+                                             fill=math.inf), (0, 0))    # past the end: P = 0
+                    pk.store(st.delta, pk.load(pk.rt((1, BM), pk.f32), delta,
+                                               row_at(h, qs + q0)), (0, 0))
+                    pk.arrive(st.full)
         if DQ_ATOMIC:
             with pk.if_(pk.wave_id() == 1):              # dQ's writer
                 for step in pk.range(steps):
@@ -153,15 +174,12 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             t_t = pk.rt((16, BM), pk.f32, role="acc")   # keys x queries
             acc_t = pk.rt((16, D), pk.f32, role="acc")
             dk_acc, dv_acc = pk.zeros(acc_t), pk.zeros(acc_t)
-            # a step's LSE and delta (per query: columns) are loaded during the step before
-            h, q0 = block(0)
-            lse_q = pk.load(pk.rv(t_t, "col"), lse, row_at(h, qs + q0), fill=math.inf)
-            delta_q = pk.load(pk.rv(t_t, "col"), delta, row_at(h, qs + q0))
             pk.wait(kv_full, 0)
             for step in pk.range(steps):
                 h, q0 = block(step)
-                hn, qn = block(step + 1)
                 s = ring.wait(step)
+                lse_q = pk.load(pk.rv(t_t, "col"), s.lse, (0, 0))     # per query: columns
+                delta_q = pk.load(pk.rv(t_t, "col"), s.delta, (0, 0))
                 # S^T and dP^T start from -LSE / scale and -delta: P^T = exp2(scale2 S^T)
                 st_ = pk.mma_ABt(pk.zeros(t_t) - lse_q * (1 / scale), kt[g], s.q,
                                  in_flight=1)                           # S^T = K Q^T
@@ -180,27 +198,26 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 ds_t = p_t * dpt
                 if DQ_ATOMIC:                      # dS^T (this group's 64 keys), transposed
                     pk.store(sds[g][step % 2], pk.transpose(ds_t).cast(DT), (0, 16 * w))
-                pk.mma_AB(dk_acc, pk.convert(pk.rt((16, BM), DT, role="a"), ds_t), s.q,
-                          in_flight=1)                                  # dK += dS^T Q
-                if early:           # the next step's, their latency under dQ's (or dK's) product
-                    pk.load(lse_q, lse, row_at(hn, qs + qn), fill=math.inf)
-                    pk.load(delta_q, delta, row_at(hn, qs + qn))
-                if DQ_ATOMIC:
+                ds_a = pk.convert(pk.rt((16, BM), DT, role="a"), ds_t)
+                mine = list(range(g, D // 64, 2)) if DQ_ATOMIC else []  # this group's dQ columns
+                parts = []
+                if DQ_ATOMIC:      # every wave waits: none may arrive for the next phase early
                     pk.arrive(ds_ready)
                     if not diag & 2:
                         pk.wait(ds_ready, step % 2)
-                    for j in pk.static_range(g, D // 64, 2):   # this group's 64 columns of dQ
-                        dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
-                        pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=1)
-                        pk.mma_AB(dq_part, sds[1][step % 2], kt[1].atom(j))  # dS K, all keys
-                        with pk.if_(step >= 1):         # the writer has read the tile
-                            pk.wait(dq_free[j], (step - 1) % 2)
-                        pk.store(dq_stage[j], dq_part * scale, (16 * w, 0))
-                        pk.arrive(dq_ready[j])
+                for j in mine:                     # dQ = dS K over both groups' keys
+                    dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
+                    pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=2)
+                    pk.mma_AB(dq_part, sds[1][step % 2], kt[1].atom(j), in_flight=2)
+                    parts.append(dq_part)
+                # dK += dS^T Q, issued after dQ's product: it runs while dQ is staged
+                pk.mma_AB(dk_acc, ds_a, s.q, in_flight=1)
+                for j, dq_part in zip(mine, parts):
+                    with pk.if_(step >= 1):         # the writer has read the tile
+                        pk.wait(dq_free[j], (step - 1) % 2)
+                    pk.store(dq_stage[j], dq_part * scale, (16 * w, 0))
+                    pk.arrive(dq_ready[j])
                 pk.mma_wait(dk_acc)
-                if not early:
-                    pk.load(lse_q, lse, row_at(hn, qs + qn), fill=math.inf)  # the next step's
-                    pk.load(delta_q, delta, row_at(hn, qs + qn))
                 ring.release(step)
             end = (None, ks_ + nk, None) if varlen else None
             pk.store(dk, (dk_acc * scale).cast(DT), at(hk, ks_ + key0), end=end)
@@ -295,7 +312,8 @@ def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
                          cu_seqlens_q: pk.gl[pk.i32, 1], cu_seqlens_k: pk.gl[pk.i32, 1],
                          scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
                          CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
-                         TARGET: pk.target = None, MAP: pk.const = "head-first"):
+                         TARGET: pk.target = None, MAP: pk.const = "head-first",
+                         STATS_TMA: pk.const = 0):
     """attention_bwd's dK and dV over a packed batch, as attention_fwd_varlen lays it out:
     q, do (Hq, total_q, D), k, v, dk, dv (Hkv, total_k, D), lse, delta (Hq, total_q), int32
     cu_seqlens_q / cu_seqlens_k (B + 1). Causal masks are bottom-right aligned per
@@ -305,7 +323,7 @@ def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
     the forward's packed geometry. Grid and constants: attention_bwd_varlen_launch."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, None, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                    0, cu_seqlens_q, cu_seqlens_k)
+                    0, cu_seqlens_q, cu_seqlens_k, stats_tma=STATS_TMA)
     elif TARGET in CDNA_TARGETS:
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, 0, MAP, TARGET,
                  cu_seqlens_q, cu_seqlens_k)
@@ -361,7 +379,8 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
                                       overrides, packed=True)
     common = {"D": d, "CAUSAL": causal, "STAGES": 2, "TARGET": t.name, **overrides}
     return (prep,
-            ((max(1, -(-max_seqlen_k // 128)), hkv, batch), {**common, "BM": 64}),
+            ((max(1, -(-max_seqlen_k // 128)), hkv, batch),
+             {"BM": 64, "STATS_TMA": stats_tma(tq), **common}),
             ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64}))
 
 
@@ -374,6 +393,13 @@ def default_dq(target) -> str:
     has only the pass."""
     from ..targets import get
     return "atomic" if get(target).family == "hopper" else "pass"
+
+
+def stats_tma(rows: int) -> int:
+    """Whether attention_bwd's LSE and delta rows (of `rows` f32 elements, contiguous) can be
+    copied by TMA, which wants 16-byte row strides: 2% faster than a producer wave's copy on
+    the H200 (docs/PERF.md)."""
+    return int(rows % 4 == 0)
 
 
 def attention_bwd_launch(i: dict, target, dq: str | None = None, **overrides):
@@ -399,12 +425,9 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, **overrides):
     prep = ((-(-nq // 64), hq, b), {"D": d})
     if t.family == "cdna":
         return prep, *cdna_bwd_launch(b, hq, hkv, nq, nk, d, t.name, dq, causal, overrides)
-    # the next step's LSE and delta loaded early: faster on the H200 except where it makes
-    # the atomic schedule's causal D=128 build spill (docs/PERF.md, 2026-12-01 profile)
-    early = int(not (dq == "atomic" and causal and d == 128))
     main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
                                        "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
-                                       "LSE_EARLY": early, **overrides})
+                                       "STATS_TMA": stats_tma(nq), **overrides})
     dq_plan = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
                                          "TARGET": t.name}) if dq == "pass" else None
     return prep, main, dq_plan

@@ -244,7 +244,9 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None
 
     global -> register/shared: `coord` has one entry per tensor dim and the tile covers the
     last one (vectors) or two (tiles) dims; elements outside the tensor read as `fill`.
-    shared -> register: `coord` is the (row, col) of the sub-tile inside the shared tile.
+    shared -> register: `coord` is the (row, col) of the sub-tile inside the shared tile; a
+    vector reads a (1, length) window (column vector) or a (length, 1) window (row vector)
+    there, e.g. per-query statistics a producer staged with the query block.
     Element types convert on the way (e.g. bf16 in memory, f32 in registers).
 
     end=(...): per tensor dim, an exclusive bound (or None) below the tensor's size: elements
@@ -283,9 +285,9 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None
         if end is not None or _inside(inside):
             raise error(f"{'end=' if end is not None else 'inside='} applies to a window of "
                         "a global tensor, not of a shared tile")
-        if not isinstance(dst, RT) or isinstance(dst, RV):
-            raise error("shared tiles load into register tiles (pk.rt)")
-        _check_subtile(dst.type.shape, src.type.shape, coord, "load")
+        if not isinstance(dst, RT):
+            raise error("shared tiles load into register tiles (pk.rt) or vectors (pk.rv)")
+        _check_subtile(_window_shape(dst), src.type.shape, coord, "load")
         tr.emit("load", dst.v, (src.v,) + _coords(coord, 2, "load"), fill=float(fill))
     else:
         raise error(f"load source must be a global tensor parameter or a shared tile, "
@@ -345,6 +347,14 @@ def atomic_add(dst, src: Tile, coord=None, end=None) -> None:
     _check_window(src.type, dst.type, "atomic_add")
     current().emit("atomic_add", dst.v, (src.v,) + _coords(coord, dst.rank, "atomic_add"),
                    end=_ends(end, dst, "atomic_add"))
+
+
+def _window_shape(t: RT) -> tuple[int, int]:
+    """The 2-D window a register tile covers in a shared tile: a vector's along its axis (a
+    column vector: one row of `length` columns)."""
+    if isinstance(t, RV):
+        return (t.type.length, 1) if t.type.axis == "row" else (1, t.type.length)
+    return t.type.shape
 
 
 def _check_subtile(tshape, sshape, coord, what):
