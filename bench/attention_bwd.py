@@ -140,7 +140,7 @@ def performance(rows, details):
 # on Hopper). DQ_DIAG builds (timing only, their dQ is wrong or absent; add them here to use
 # them) place the time of dQ: 1 leaves out the TMA reductions, 2 the groups' wait for each
 # other's dS, 3 both (docs/PERF.md)
-MAIN_VARIANTS = ({}, {"STATS_TMA": 1}, {"DQ_ATOMIC": 1}, {"DQ_ATOMIC": 1, "STATS_TMA": 1})
+MAIN_VARIANTS = ({}, {"DQ_ATOMIC": 1})
 DQ_VARIANTS = ({},)
 PASS_SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1)]
 

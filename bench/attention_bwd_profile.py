@@ -4,11 +4,11 @@ order of bench/attention_bwd.py's MAIN_VARIANTS or of the indices given, at
 (repo root, PTX prebuilt: bench/prebuild.py attention_bwd_passes):
 
     ncu --clock-control none --set full --import-source no -k regex:'^attention_bwd$' \
-        -o $OUT/bwd python3 bench/attention_bwd_profile.py 2 0
+        -o $OUT/bwd python3 bench/attention_bwd_profile.py 1 0
     ncu -i $OUT/bwd.ncu-rep --page details              # sections
     ncu -i $OUT/bwd.ncu-rep --page raw --csv            # every metric
     ncu -i $OUT/bwd.ncu-rep --page source --csv --print-source sass   # stalls per instruction
-(launch 0 = MAIN_VARIANTS[2], with dQ; launch 1 = MAIN_VARIANTS[0], without)."""
+(launch 0 = MAIN_VARIANTS[1], with dQ; launch 1 = MAIN_VARIANTS[0], without)."""
 from __future__ import annotations
 
 import math

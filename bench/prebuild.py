@@ -36,7 +36,8 @@ def attention_bwd():
         shapes = {n: np.empty((1, 8, 256, d), np.float16) for n in "qkv"}
         yield attention_fwd, {"DT": dt, **attention_fwd_launch(shapes, "sm_90a",
                                                                CAUSAL=causal)[1]}
-        for dq in ("pass", "atomic"):
+        for dq, nq in itertools.product(("pass", "atomic"), (256, 130)):  # 130: STATS_TMA=0
+            shapes["q"] = np.empty((1, 8, nq, d), np.float16)
             plans = attention_bwd_launch(shapes, "sm_90a", dq=dq, CAUSAL=causal)
             for kernel, plan in zip((attention_bwd_prep, attention_bwd, attention_bwd_dq),
                                     plans):
