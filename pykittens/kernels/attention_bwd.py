@@ -54,8 +54,8 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
     library launch): 1 leaves out dQ's TMA reductions, 2 the consumers' wait for each
     other's dS (a race: wrong dQ) - variants for bench/attention_bwd.py, to place the time.
     STATS_TMA (Hopper): LSE and delta are copied by TMA, which needs rows of a multiple of 4
-    elements (attention_bwd_launch sets it when Nq is one); otherwise a producer wave copies
-    them."""
+    elements (attention_bwd_launch sets it when Nq is such a multiple); otherwise a producer
+    wave copies them."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                     DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA)
@@ -174,6 +174,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             t_t = pk.rt((16, BM), pk.f32, role="acc")   # keys x queries
             acc_t = pk.rt((16, D), pk.f32, role="acc")
             dk_acc, dv_acc = pk.zeros(acc_t), pk.zeros(acc_t)
+            mine = list(range(g, D // 64, 2)) if DQ_ATOMIC else []  # this group's dQ columns
             pk.wait(kv_full, 0)
             for step in pk.range(steps):
                 h, q0 = block(step)
@@ -199,20 +200,17 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 if DQ_ATOMIC:                      # dS^T (this group's 64 keys), transposed
                     pk.store(sds[g][step % 2], pk.transpose(ds_t).cast(DT), (0, 16 * w))
                 ds_a = pk.convert(pk.rt((16, BM), DT, role="a"), ds_t)
-                mine = list(range(g, D // 64, 2)) if DQ_ATOMIC else []  # this group's dQ columns
-                parts = []
                 if DQ_ATOMIC:      # every wave waits: none may arrive for the next phase early
                     pk.arrive(ds_ready)
                     if not diag & 2:
                         pk.wait(ds_ready, step % 2)
-                for j in mine:                     # dQ = dS K over both groups' keys
-                    dq_part = pk.empty(pk.rt((16, 64), pk.f32, role="acc"))
+                parts = {j: pk.empty(pk.rt((16, 64), pk.f32, role="acc")) for j in mine}
+                for j, dq_part in parts.items():   # dQ = dS K over both groups' keys
                     pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=2)
                     pk.mma_AB(dq_part, sds[1][step % 2], kt[1].atom(j), in_flight=2)
-                    parts.append(dq_part)
                 # dK += dS^T Q, issued after dQ's product: it runs while dQ is staged
                 pk.mma_AB(dk_acc, ds_a, s.q, in_flight=1)
-                for j, dq_part in zip(mine, parts):
+                for j, dq_part in parts.items():
                     with pk.if_(step >= 1):         # the writer has read the tile
                         pk.wait(dq_free[j], (step - 1) % 2)
                     pk.store(dq_stage[j], dq_part * scale, (16 * w, 0))
