@@ -242,6 +242,50 @@ def test_mx_in_both_emulators():
     assert np.linalg.norm(got - want) / np.linalg.norm(want) > 1e-2
 
 
+def test_mxfp4_in_both_emulators():
+    """MXFP4 (pk.e2m1x2: two E2M1 values a byte, element 2i in the low nibble) on ragged M
+    and N, against float64 with ml_dtypes' decoding; both emulators bitwise equal."""
+    from pykittens.kernels.gemm_cdna import gemm_pingpong_mx
+    rng = np.random.default_rng(11)
+    m, n, k = 300, 260, 384
+    ca, cb = rng.integers(0, 16, (m, k)), rng.integers(0, 16, (n, k))
+    a, b = ((c[:, 0::2] | c[:, 1::2] << 4).astype(np.uint8) for c in (ca, cb))
+    sa = (2.0 ** rng.integers(-4, 5, (m, k // 32))).astype(pk.e8m0.np)
+    sb = (2.0 ** rng.integers(-4, 5, (k // 32, n))).astype(pk.e8m0.np)
+    val = lambda c: c.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)  # noqa: E731
+    want = (val(ca) * np.repeat(sa.astype(np.float64), 32, axis=1)) @ \
+        (val(cb) * np.repeat(sb.astype(np.float64).T, 32, axis=1)).T
+    grid, consts = gemm_pingpong_launch(m, n, k, "gfx950", itemsize=1, packed=2)
+    assert consts["BK"] == STEP_BYTES["gfx950"]          # 64 bytes: 128 FP4 values a step
+    got = [pk.emulate(gemm_pingpong_mx, a, b, sa, sb, np.full((m, n), np.nan, np.float32),
+                      grid=grid, target="gfx950", isa=isa, **consts)["c"] for isa in (False, True)]
+    assert np.linalg.norm(got[0] - want) / np.linalg.norm(want) < 1e-6
+    assert np.array_equal(got[0], got[1])
+    with pytest.raises(ValueError, match="K = 383 must be even"):
+        gemm_pingpong_launch(m, n, 383, "gfx950", itemsize=1, packed=2)
+    with pytest.raises(ValueError, match="or FP4 pairs"):
+        gemm_pingpong_launch(m, n, k, "gfx950", itemsize=2, packed=2)
+
+
+def test_mxfp4_build_runs_four_register_operands_at_two_waves_per_simd():
+    from pykittens.kernels.gemm_cdna import gemm_pingpong_mx
+    _, consts = gemm_pingpong_launch(8192, 8192, 8192, "gfx950", itemsize=1, packed=2)
+    obj = compiler.code_object(gemm_pingpong_mx, "gfx950", DT="e2m1x2", OUT="bf16", **consts)
+    rep = hsaco.report(obj, "gfx950", num_waves=8)
+    insts, labels = hsaco.instructions(amdgpu.disassemble(obj, "gfx950"), rep["kernel"])
+    body = hsaco.main_loop(insts, labels).instructions(insts)
+    mfmas = [args for op, args in body if op.startswith("v_mfma")]
+    assert {op for op, _ in body if op.startswith("v_mfma")} == \
+        {"v_mfma_scale_f32_32x32x64_f8f6f4"}
+    assert len(mfmas) == 16                  # 64 x 128 of C a wave, 128 values of K a step
+    for args in mfmas:                       # A and B in 4 registers, FP4 formats
+        regs = re.findall(r"v\[(\d+):(\d+)\]", args)
+        assert [int(h) - int(lo) for lo, h in regs[:2]] == [3, 3], args
+        assert "cbsz:4 blgp:4" in args, args
+    assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0, rep
+    assert rep["sgpr_spill"] <= 4 and rep["occupancy_waves_per_simd"] == 2, rep
+
+
 def test_mx_build_uses_the_scaled_mfma_without_memory_spills():
     from pykittens.kernels.gemm_cdna import gemm_pingpong_mx
     _, consts = gemm_pingpong_launch(8192, 8192, 8192, "gfx950", itemsize=1)

@@ -14,7 +14,8 @@ from pykittens.targets import get
 
 def test_dtypes():
     assert list(T.DTYPES) == ["f32", "bf16", "f16", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz",
-                              "e8m0", "i8", "i32"]
+                              "e8m0", "e2m1x2", "i8", "i32"]
+    assert (T.e2m1x2.bytes, T.e2m1x2.packed, T.e2m1x2.is_fp8) == (1, 2, False)
     assert [(d.bits, d.bytes, d.is_float, d.is_fp8) for d in (T.f32, T.bf16, T.e4m3, T.i8)] == \
         [(32, 4, True, False), (16, 2, True, False), (8, 1, True, True), (8, 1, False, False)]
     assert pk.f32 is T.f32 and pk.e4m3fnuz is T.e4m3fnuz
@@ -25,12 +26,13 @@ def test_dtypes():
     (ml_dtypes.bfloat16, T.bf16), (ml_dtypes.float8_e4m3fn, T.e4m3),
     (ml_dtypes.float8_e5m2fnuz, T.e5m2fnuz), ("torch.bfloat16", T.bf16),
     ("float8_e4m3fnuz", T.e4m3fnuz), ("int32", T.i32),
+    (np.uint8, T.e2m1x2), ("torch.float4_e2m1fn_x2", T.e2m1x2),    # FP4 pairs' storage
 ])
 def test_dtype_of(spec, want):
     assert T.dtype_of(spec) is want
 
 
-@pytest.mark.parametrize("bad", [np.float64, "f64", np.uint8, object()])
+@pytest.mark.parametrize("bad", [np.float64, "f64", np.uint16, object()])
 def test_dtype_of_rejects(bad):
     with pytest.raises(TypeError, match="unsupported element type"):
         T.dtype_of(bad)

@@ -179,10 +179,11 @@ def mx_gemm(a: pk.gl["DT", 2], b: pk.gl["DT", 2], sa: pk.gl[pk.e8m0, 2],
         ta = pk.load(pk.rt((32, BK), DT, role="a", mma=MMA, scaled=True), a, (0, k * BK))
         tb = pk.load(pk.rt((BK, 32), DT, "col", role="b", mma=MMA, scaled=True), b,
                      (k * BK, 0))
-        tsa = pk.load(pk.rt((32, BK // 32), pk.e8m0, role="a_scale", mma=MMA), sa,
-                      (0, k * (BK // 32)))
-        tsb = pk.load(pk.rt((BK // 32, 32), pk.e8m0, role="b_scale", mma=MMA), sb,
-                      (k * (BK // 32), 0))
+        blocks = BK * pk.dtype_of(DT).packed // 32     # scales per step (FP4: 2 a column)
+        tsa = pk.load(pk.rt((32, blocks), pk.e8m0, role="a_scale", mma=MMA), sa,
+                      (0, k * blocks))
+        tsb = pk.load(pk.rt((blocks, 32), pk.e8m0, role="b_scale", mma=MMA), sb,
+                      (k * blocks, 0))
         pk.mma_AB(acc, ta, tb, scale_a=tsa, scale_b=tsb)
     pk.store(c, acc)
 
@@ -213,6 +214,64 @@ def test_block_scaled_mma_on_gfx950(dt, mma, instr, rng):
     ir = compiler.llvm_ir(mx_gemm, "gfx950", DT=dt.name, MMA=mma)
     assert f"@llvm.amdgcn.mfma.scale.f32.{mma}x{mma}x{64 if mma == 32 else 128}.f8f6f4" in ir
     assert instr in _asm(ir, "gfx950")
+
+
+def _fp4_values(codes):
+    """FP4 E2M1 codes -> float64 (ml_dtypes' decoding, not the emulators')."""
+    return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+
+
+def _fp4_pack(codes, axis):
+    """Codes -> bytes of pairs along `axis`: element 2i in bits 3:0, 2i + 1 in bits 7:4."""
+    lo, hi = (np.take(codes, range(r, codes.shape[axis], 2), axis=axis) for r in (0, 1))
+    return (lo | hi << 4).astype(np.uint8)
+
+
+@pytest.mark.parametrize("mma,instr", [(32, "v_mfma_scale_f32_32x32x64_f8f6f4"),
+                                       (16, "v_mfma_scale_f32_16x16x128_f8f6f4")])
+def test_block_scaled_fp4_mma_on_gfx950(mma, instr, rng):
+    """MXFP4: packed pairs (pk.e2m1x2) in both emulators against float64; the instruction
+    with FP4 formats (cbsz:4 blgp:4) and 4-register operands."""
+    k = 256
+    ca, cb = rng.integers(0, 16, (32, k)), rng.integers(0, 16, (k, 32))
+    sa = (2.0 ** rng.integers(-4, 5, (32, k // 32))).astype(pk.e8m0.np)
+    sb = (2.0 ** rng.integers(-4, 5, (k // 32, 32))).astype(pk.e8m0.np)
+    ref = (_fp4_values(ca) * np.repeat(sa.astype(np.float64), 32, 1)) @ \
+        (_fp4_values(cb) * np.repeat(sb.astype(np.float64), 32, 0))
+    a, b = _fp4_pack(ca, 1), _fp4_pack(cb, 0)
+    outs = [pk.emulate(mx_gemm, a, b, sa, sb, np.zeros((32, 32), np.float32), grid=1,
+                       target="gfx950", MMA=mma, BK=64, isa=isa)["c"] for isa in (False, True)]
+    assert rel_err(outs[0], ref) < 1e-6 and np.array_equal(outs[0], outs[1])
+    # A packed high nibble first (B as before) is another product: the check sees packing
+    swapped = _fp4_pack(ca[:, np.arange(k) ^ 1], 1)
+    bad = pk.emulate(mx_gemm, swapped, b, sa, sb, np.zeros((32, 32), np.float32), grid=1,
+                     target="gfx950", MMA=mma, BK=64)["c"]
+    assert rel_err(bad, ref) > 1e-2
+    asm = _asm(compiler.llvm_ir(mx_gemm, "gfx950", DT="e2m1x2", MMA=mma, BK=64), "gfx950")
+    ops = re.findall(instr + r" [va]\[\d+:\d+\], [va]\[(\d+):(\d+)\], [va]\[(\d+):(\d+)\].*"
+                     r"cbsz:4 blgp:4", asm)
+    # 4 registers an operand: 32 FP4 values a lane
+    assert ops and all(int(h) - int(lo) == 3 for r in ops for lo, h in (r[:2], r[2:])), ops
+
+
+def test_packed_pairs_are_only_moved_and_multiplied():
+    @pk.kernel
+    def k(a: pk.gl[pk.e2m1x2, 2], c: pk.gl[pk.f32, 2], WHAT: pk.const = ""):
+        t = pk.load(pk.rt((32, 32), pk.e2m1x2), a, (0, 0))
+        if WHAT == "cast":
+            pk.cast(t, pk.f32)
+        elif WHAT == "add":
+            t + t
+        elif WHAT == "load":
+            pk.load(pk.rt((32, 32), pk.f32), a, (0, 0))
+        elif WHAT == "exp2":
+            pk.exp2(t)
+
+    k.specialize(WHAT="")                              # moving them is fine
+    for what, msg in (("cast", "hold packed pairs"), ("add", "hold packed pairs"),
+                      ("exp2", "hold packed pairs"), ("load", "cannot convert e2m1x2 to f32")):
+        with pytest.raises(pk.KernelError, match=msg):
+            k.specialize(WHAT=what)
 
 
 def test_block_scaled_mma_errors(rng):

@@ -55,6 +55,29 @@ def test_operand_lanes_are_the_documented_ones(mk, scaled):
         assert [int(x) for x in br[lane]] == ks
 
 
+# FP4 (pk.e2m1x2, two values a byte, K counted in bytes): lane l holds row / column l % M and
+# K = 32 (l // M) .. + 31 in 16 consecutive bytes (AMD ROCm blog, the fp4 32x32x64 example:
+# lane l loads bytes 16 (l / 32) .. + 15 of row l % 32)
+DOC_FP4_LANES = {
+    (32, 32): {0: (0, [*range(0, 16)]), 31: (31, [*range(0, 16)]), 33: (1, [*range(16, 32)])},
+    (16, 64): {0: (0, [*range(0, 16)]), 17: (1, [*range(16, 32)]),
+               63: (15, [*range(48, 64)])},
+}
+
+
+@pytest.mark.parametrize("mk", sorted(DOC_FP4_LANES))
+def test_fp4_operand_bytes_are_the_documented_ones(mk):
+    m, kbytes = mk
+    ins = f8f6f4(m, True, "e2m1x2")
+    assert (ins.m, ins.k) == (m, kbytes) and ins.name.endswith(f"x{2 * kbytes}_f8f6f4")
+    ar, ac = ins.a_layout.coords()
+    br, bc = ins.b_layout.coords()
+    for lane, (row, ks) in DOC_FP4_LANES[mk].items():
+        assert [int(x) for x in ar[lane]] == [row] * 16 and [int(x) for x in ac[lane]] == ks
+        assert [int(x) for x in bc[lane]] == [row] * 16 and [int(x) for x in br[lane]] == ks
+    assert cdna.F8F6F4_FORMAT["e2m1x2"] == 4            # CDNA4 ISA: CBSZ / BLGP 4 = FP4
+
+
 @pytest.mark.parametrize("m,blocks", [(32, 2), (16, 4)])
 def test_scale_lanes_are_the_documented_ones(m, blocks):
     ins = f8f6f4(m, True)

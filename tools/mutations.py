@@ -88,6 +88,7 @@ AMDGPU_PY = "pykittens/codegen/amdgpu.py"
 LLVM_PY = "pykittens/codegen/llvm.py"
 NVPTX_PY = "pykittens/codegen/nvptx.py"
 LANE_PY = "pykittens/lower/lane.py"
+EMULATOR_PY = "pykittens/emulator/machine.py"
 LOWER_PY = "pykittens/lower/lower.py"
 LIB = "tests/isa/test_isa_kernels.py"          # library kernels from their code objects
 HAZ = "tests/test_cdna_hazards.py"
@@ -141,12 +142,32 @@ MUTATIONS: list[Mutation] = [
        "test_operand_lanes_are_the_documented_ones`); block-scaled products on the ISA "
        "emulator; the guides' examples from their code objects"),
     _m("f8f6f4-format-codes", CDNA_PY,
-       'F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1}',
-       'F8F6F4_FORMAT = {"e4m3": 1, "e5m2": 0}',
+       'F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m1x2": 4}',
+       'F8F6F4_FORMAT = {"e4m3": 1, "e5m2": 0, "e2m1x2": 4}',
        "cbsz/blgp format codes swapped: E4M3 operands decoded as E5M2 and back",
        ["tests/test_mma.py::test_block_scaled_mma_on_gfx950", "tests/test_mx_layout.py"],
        "ISA emulator against float64 (`test_mma::test_block_scaled_mma_on_gfx950`); the "
        "modifiers LLVM prints (`test_mx_layout`); pinned MX kernels (`test_cdna_hazards`)"),
+    _m("fp4-operand-bytes", CDNA_PY,
+       "    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in range(16)]",
+       "    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in (*range(8, 16), *range(8))]",
+       "FP4 operands of the f8f6f4 MFMAs with a lane's two 8-byte halves exchanged (registers "
+       "0-1 and 2-3)",
+       ["tests/test_mx_layout.py", "tests/test_mma.py::test_block_scaled_fp4_mma_on_gfx950"],
+       "lanes written out from AMD's fp4 example (`test_mx_layout::"
+       "test_fp4_operand_bytes_are_the_documented_ones`); the ISA emulator's products against "
+       "float64 (`test_mma::test_block_scaled_fp4_mma_on_gfx950`)"),
+    _m("fp4-sign-bit", EMULATOR_PY,
+       "_E2M1 = np.concatenate([_E2M1, -_E2M1])",
+       "_E2M1 = np.stack([_E2M1, -_E2M1], axis=1).reshape(-1)",
+       "the lane emulator takes an FP4 value's sign from bit 0 of its code instead of bit 3 "
+       "(a pair's nibble order alone cannot be seen: swapping it in A and B alike permutes "
+       "K in both)",
+       ["tests/test_mma.py::test_block_scaled_fp4_mma_on_gfx950",
+        "tests/test_gemm_cdna.py::test_mxfp4_in_both_emulators"],
+       "the lane emulator against float64 with ml_dtypes' decoding and against the ISA "
+       "emulator (`test_mma::test_block_scaled_fp4_mma_on_gfx950`, "
+       "`test_gemm_cdna::test_mxfp4_in_both_emulators`)"),
     _m("tr16-source", CDNA_PY,
        "return 4 * element + lane // 4, lane % 4",
        "return 4 * element + lane % 4, lane // 4",

@@ -29,6 +29,9 @@ def _check_pos(what: str, **vals):
 def _dtype_bytes(name: str) -> int:
     if name not in T.DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(T.DTYPES)}")
+    if T.DTYPES[name].packed != 1:          # sizes here count values, not stored pairs
+        raise ValueError(f"dtype {name!r} packs {T.DTYPES[name].packed} values a byte; give "
+                         "the operands' bytes: an 8-bit dtype with K / 2 (FP4 pairs)")
     return T.DTYPES[name].bytes
 
 

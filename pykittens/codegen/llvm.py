@@ -21,7 +21,7 @@ from ..ir.abi import kernel_args
 
 _LLTY = {"f32": "float", "bf16": "bfloat", "f16": "half", "i32": "i32", "i8": "i8",
          "i1": "i1", "e4m3": "i8", "e5m2": "i8", "e4m3fnuz": "i8", "e5m2fnuz": "i8",
-         "e8m0": "i8"}
+         "e8m0": "i8", "e2m1x2": "i8"}
 GLOBAL_PTR = "ptr addrspace(1)"        # a tensor's base pointer, in both dialects
 
 
@@ -34,6 +34,10 @@ def literal(value, d: T.DType) -> str:
         return "true" if value else "false"
     if not d.is_float:
         return str(int(value))
+    if d.packed != 1:                         # packed pairs: a fill of zeros only
+        if value != 0:
+            raise ValueError(f"{d} fills with 0 only (packed pairs), not {value}")
+        return "0"
     if d.is_fp8:                              # fp8 registers are i8: the encoded byte
         return str(int(np.array([value], np.float32).astype(d.np).view(np.int8)[0]))
     if d == T.f32:

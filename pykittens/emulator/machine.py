@@ -500,8 +500,12 @@ class _Machine:
         else:
             c = self.get(w, op.srcs[2])
             C = _matrix(ins.acc_layout, c[:, list(op.attrs["c_slots"])], np.float32)
-        A = _matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.float32)
-        B = _matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.float32)
+        if ins.ab_dtype == "e2m1x2":            # packed FP4 pairs: bytes -> elements along K
+            A = _fp4_pairs(_matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.uint8), 1)
+            B = _fp4_pairs(_matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.uint8), 0)
+        else:
+            A = _matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.float32)
+            B = _matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.float32)
         if ins.scaled:                      # E8M0 block scales: 2^(e - 127) per 32 K-elements
             sa, sb = (self.get(w, s) for s in op.srcs[3:5])
             SA = _matrix(ins.scale_a_layout, sa[:, list(op.attrs["sa_slots"])], np.float64)
@@ -976,6 +980,19 @@ def _matrix(lay, values, dtype) -> np.ndarray:
     m = np.zeros(lay.shape, dtype)
     m[r, c] = values
     return m
+
+
+# OCP MX FP4 E2M1 by its 4-bit code: sign bit 3, exponent bits 2:1 (bias 1), mantissa bit 0
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+_E2M1 = np.concatenate([_E2M1, -_E2M1])
+
+
+def _fp4_pairs(raw: np.ndarray, axis: int) -> np.ndarray:
+    """Bytes of packed FP4 pairs -> their values, twice as many along `axis` (element 2i
+    from bits 3:0 of byte i, 2i + 1 from bits 7:4)."""
+    lo, hi = _E2M1[raw & 15], _E2M1[raw >> 4]
+    return np.stack([lo, hi], axis=axis + 1).reshape(
+        tuple(n * 2 if d == axis else n for d, n in enumerate(raw.shape)))
 
 
 def _element_bytes(region, rows, cols) -> np.ndarray:

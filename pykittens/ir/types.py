@@ -13,6 +13,7 @@ class DType:
     bits: int
     kind: str              # 'float' or 'int'
     np: type               # numpy (ml_dtypes) storage type
+    packed: int = 1        # elements per stored element (e2m1x2: two FP4 values a byte)
 
     @property
     def bytes(self) -> int:
@@ -24,7 +25,7 @@ class DType:
 
     @property
     def is_fp8(self) -> bool:
-        return self.is_float and self.bits == 8
+        return self.is_float and self.bits == 8 and self.packed == 1
 
     def __repr__(self) -> str:
         return self.name
@@ -38,11 +39,16 @@ e5m2 = DType("e5m2", 8, "float", ml_dtypes.float8_e5m2)            # OCP E5M2
 e4m3fnuz = DType("e4m3fnuz", 8, "float", ml_dtypes.float8_e4m3fnuz)  # gfx942 FNUZ E4M3
 e5m2fnuz = DType("e5m2fnuz", 8, "float", ml_dtypes.float8_e5m2fnuz)  # gfx942 FNUZ E5M2
 e8m0 = DType("e8m0", 8, "float", ml_dtypes.float8_e8m0fnu)         # OCP MX block scale 2^(e-127)
+# OCP MX FP4 (E2M1), two a byte: element 2i in bits 3:0, 2i + 1 in bits 7:4 (torch's
+# float4_e2m1fn_x2). Tiles of it count bytes: a row of K values is K / 2 columns. Only
+# moved (loads, stores) and multiplied (gfx950's block-scaled MFMAs), never computed on.
+e2m1x2 = DType("e2m1x2", 8, "float", np.uint8, packed=2)
 i8 = DType("i8", 8, "int", np.int8)
 i32 = DType("i32", 32, "int", np.int32)
 boolean = DType("i1", 1, "int", np.bool_)
 
-DTYPES = {d.name: d for d in (f32, bf16, f16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, e8m0, i8, i32)}
+DTYPES = {d.name: d for d in (f32, bf16, f16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, e8m0, e2m1x2,
+                              i8, i32)}
 _NP = {np.dtype(d.np): d for d in DTYPES.values()}
 
 
@@ -55,7 +61,8 @@ def dtype_of(x) -> DType:
     name = str(x).replace("torch.", "")
     torch_names = {"float32": f32, "bfloat16": bf16, "float16": f16, "float8_e4m3fn": e4m3,
                    "float8_e5m2": e5m2, "float8_e4m3fnuz": e4m3fnuz,
-                   "float8_e5m2fnuz": e5m2fnuz, "float8_e8m0fnu": e8m0, "int8": i8,
+                   "float8_e5m2fnuz": e5m2fnuz, "float8_e8m0fnu": e8m0,
+                   "float4_e2m1fn_x2": e2m1x2, "int8": i8,
                    "int32": i32}
     if name in torch_names:
         return torch_names[name]

@@ -154,7 +154,7 @@ def info(inst, idx: int = 0) -> Info:
         return x
     if op.startswith("v_mfma"):
         x.kind = "mfma"
-        x.passes = _mfma.passes(op)
+        x.passes = _mfma.passes(op, inst.mods)
         x.dst = tuple(ops[0].regs)
         x.srcc = tuple(ops[3].regs) if ops[3].kind == "v" else ()
         x.writes = list(ops[0].regs)

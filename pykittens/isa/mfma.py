@@ -19,8 +19,10 @@ Operand layouts are written here from AMD's documentation, independently of
   32x32x64 fp8 example; Triton's AMD backend: "2 16-consecutive elements blocks" for
   mxfp8). Lane l's E8M0 scale (2^(e - 127)) multiplies K block l // M (32 elements) of
   row (A) or column (B) l % M, wherever those elements sit. CBSZ / BLGP give A's / B's format:
-  0 FP8 (E4M3), 1 BF8 (E5M2); the FP6/FP4 codes are not emulated. OP_SEL / OP_SEL_HI
-  bit 0 (A) and 1 (B) select the scale's byte (op_sel is the low bit).
+  0 FP8 (E4M3), 1 BF8 (E5M2), 4 FP4 (E2M1: 4 registers, lane l holding K = 32 (l // M) ..
+  + 31 consecutively, element j in bits 4 (j % 2) .. + 3 of byte j // 2; the same blog's
+  fp4 32x32x64 example); the FP6 codes are not emulated. OP_SEL / OP_SEL_HI bit 0 (A)
+  and 1 (B) select the scale's byte (op_sel is the low bit).
 
 Arithmetic: products of the decoded inputs summed in float64, plus C, rounded once to
 float32 (the hardware's internal order is not specified; results agree to f32 rounding).
@@ -46,11 +48,21 @@ def _table(dtype) -> np.ndarray:
     return np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
 
 
+# OCP MX specification, FP4 E2M1: sign, 2 exponent bits (bias 1), 1 mantissa bit; code ->
+# value (no inf or NaN)
+_E2M1 = np.array([s * m * 2.0 ** e for s in (1, -1)
+                  for e, m in ((0, 0.0), (0, 0.5), (0, 1.0), (0, 1.5), (1, 1.0), (1, 1.5),
+                               (2, 1.0), (2, 1.5))])
+FP4 = 4           # the CBSZ / BLGP code of FP4 operands
+
+
 _F8_TABLES = {t: {k: _table(v) for k, v in d.items()} for t, d in FP8_FORMATS.items()}
 
 # MFMA passes (4 cycles each), for the hazard rules: the CDNA3 and CDNA4 guides' tables of
 # dense MFMAs (the Matrix Instruction Calculator's cycle counts / 4); the scaled
-# f8f6f4 MFMAs take 16 (32x32x64) / 8 (16x16x128) passes with an 8-bit operand.
+# f8f6f4 MFMAs take 16 (32x32x64) / 8 (16x16x128) passes with an 8-bit operand and half
+# that with both operands FP4 (the MI355X data sheet's MXFP4 rate is twice MXFP8's; LLVM's
+# gfx950 model, as ROCm 7.2's compiler pads a 16x16x128 FP4 result for 4 passes).
 PASSES = {(32, 32): 8, (16, 16): 4}
 SCALED_PASSES = {(32, 32): 16, (16, 16): 8}
 
@@ -82,17 +94,20 @@ def passes(op: str, mods=None) -> int:
     table = SCALED_PASSES if kinds[0] == "f8f6f4" else PASSES
     if (m, n) not in table:
         raise ISAError(f"{op}: MFMA shape {m}x{n} is not in the emulator's pass table")
-    return table[(m, n)]
+    mods = mods or {}
+    fp4 = kinds[0] == "f8f6f4" and int(mods.get("cbsz", 0)) == FP4 == int(mods.get("blgp", 0))
+    return table[(m, n)] // (2 if fp4 else 1)
 
 
-def operand_index(m: int, k: int, f8f6f4: bool = False):
+def operand_index(m: int, k: int, f8f6f4: bool = False, fp4: bool = False):
     """(row/col, k) index arrays of shape (64, k/G): what each lane's j-th element of the
-    A (rows) or B (cols) operand is (f8f6f4: two runs of 16, K/2 apart)."""
+    A (rows) or B (cols) operand is (f8f6f4: two runs of 16, K/2 apart; with FP4 data one
+    run of 32)."""
     groups = LANES // m
     per = k // groups
     lane = np.arange(LANES)[:, None]
     j = np.arange(per)[None, :]
-    if f8f6f4:
+    if f8f6f4 and not fp4:
         kk = (j // 16) * (k // 2) + 16 * (lane // m) + j % 16
     else:
         kk = per * (lane // m) + j
@@ -115,10 +130,13 @@ def _decode(raw_regs: np.ndarray, kind: str, per: int, target: str, fmt: int = 0
         h = words.view("<u2")[:, :per]
         dt = ml_dtypes.bfloat16 if kind == "bf16" else np.float16
         return h.view(dt).astype(np.float64)
+    if kind == "f8f6f4" and fmt == FP4:             # two a byte, low nibble first
+        b = words.view(np.uint8)[:, :per // 2]
+        return _E2M1[np.stack([b & 15, b >> 4], axis=2).reshape(LANES, per)]
     b = words.view(np.uint8)[:, :per]
     if kind == "f8f6f4":
         if fmt not in (0, 1):
-            raise ISAError(f"f8f6f4 format code {fmt} (FP6/FP4) is not emulated")
+            raise ISAError(f"f8f6f4 format code {fmt} (FP6) is not emulated")
         kind = "fp8" if fmt == 0 else "bf8"
     return _F8_TABLES[target][kind][b]
 
@@ -137,15 +155,22 @@ def compile_mfma(inst, ctx):
     ops = inst.ops
     d, a, b, c = ops[:4]
     f8f6f4 = kinds[0] == "f8f6f4"
-    rows, ka = operand_index(m, k, f8f6f4)
-    cols, kb = operand_index(n, k, f8f6f4)
+    fmt_a = int(inst.mods.get("cbsz", 0)) if scaled else 0
+    fmt_b = int(inst.mods.get("blgp", 0)) if scaled else 0
+    rows, ka = operand_index(m, k, f8f6f4, fmt_a == FP4)
+    cols, kb = operand_index(n, k, f8f6f4, fmt_b == FP4)
     per = ka.shape[1]
     ri, ci = acc_index(m, n)
     nacc = m * n // LANES
     if d.n != nacc:
         raise ISAError(f"{inst.where()}: D has {d.n} registers, {inst.op} writes {nacc}")
-    fmt_a = int(inst.mods.get("cbsz", 0)) if scaled else 0
-    fmt_b = int(inst.mods.get("blgp", 0)) if scaled else 0
+    for o, fmt in ((a, fmt_a), (b, fmt_b)):
+        if fmt not in (0, 1, FP4):
+            raise ISAError(f"{inst.where()}: f8f6f4 format code {fmt} (FP6) is not emulated")
+        want = per // (2 if fmt == FP4 else 1) // 4 if f8f6f4 else o.n
+        if o.n != want:
+            raise ISAError(f"{inst.where()}: an operand of format {fmt} takes {want} "
+                           f"registers, not {o.n}")
     op_sel = tuple(inst.mods.get("op_sel", (0, 0, 0)))
     op_sel_hi = tuple(inst.mods.get("op_sel_hi", (0, 0, 0)))
     sel = lambda t, i: t[i] if len(t) > i else 0

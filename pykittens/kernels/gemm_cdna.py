@@ -45,11 +45,12 @@ def gemm_pingpong_mx(a: pk.gl["DT", 2], b: pk.gl["DT", 2], scale_a: pk.gl[pk.e8m
                      DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 0,
                      PIN: pk.const = "a0", MAP: pk.const = "row-major", TM: pk.const = 0,
                      TN: pk.const = 0, TARGET: pk.target = None):
-    """gfx950, MXFP8: C = (A 2^(scale_a - 127)) @ (B 2^(scale_b - 127)).T, every 32 elements
-    of a row of A and of B along K sharing one E8M0 scale: scale_a (M, K / 32) and scale_b
-    (K / 32, N), the layout the block-scaled MFMA reads B's scales in. The schedule is
-    gemm_pingpong's; each wave reads its rows' scales of the next step from memory in the
-    memory cluster."""
+    """gfx950, MXFP8 and MXFP4: C = (A 2^(scale_a - 127)) @ (B 2^(scale_b - 127)).T, every
+    32 elements of a row of A and of B along K sharing one E8M0 scale: scale_a (M, K / 32)
+    and scale_b (K / 32, N), the layout the block-scaled MFMA reads B's scales in. DT e4m3
+    or e5m2 (A (M, K), B (N, K)), or e2m1x2: FP4 pairs, A (M, K / 2) and B (N, K / 2)
+    bytes. The schedule is gemm_pingpong's; each wave reads its rows' scales of the next
+    step from memory in the memory cluster."""
     _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET)
 
 
@@ -58,7 +59,8 @@ def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
         raise pk.KernelError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not "
                              f"{TARGET}; on Hopper use gemm_ws")
     mx = scale_a is not None
-    BK = BK or STEP_BYTES[TARGET] // pk.dtype_of(DT).bytes
+    BK = BK or STEP_BYTES[TARGET] // pk.dtype_of(DT).bytes     # columns (bytes for FP4 pairs)
+    blocks = BK * pk.dtype_of(DT).packed // 32                 # scale blocks per step
     m0, n0 = output_tile(MAP, TM, TN, BLOCK, BLOCK, TARGET)
     sa = pk.empty(pk.st((BLOCK, BK), DT), count=2)
     sb = pk.empty(pk.st((BLOCK, BK), DT), count=2)
@@ -66,8 +68,8 @@ def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
     ta = pk.empty(pk.rt((WAVE_M, BK), DT, "row", role="a", scaled=mx))
     tb = pk.empty(pk.rt((WAVE_N, BK), DT, "row", role="b", scaled=mx))
     if mx:
-        ea = pk.empty(pk.rt((WAVE_M, BK // 32), pk.e8m0, role="a_scale"))
-        eb = pk.empty(pk.rt((BK // 32, WAVE_N), pk.e8m0, role="b_scale"))
+        ea = pk.empty(pk.rt((WAVE_M, blocks), pk.e8m0, role="a_scale"))
+        eb = pk.empty(pk.rt((blocks, WAVE_N), pk.e8m0, role="b_scale"))
     acc = pk.zeros(pk.rt((WAVE_M, WAVE_N), pk.f32, role="acc", pin=PIN or None))
     steps = (a.shape[1] + BK - 1) // BK
 
@@ -79,8 +81,8 @@ def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
         pk.load(ta, sa[k % 2], (wm * WAVE_M, 0))
         pk.load(tb, sb[k % 2], (wn * WAVE_N, 0))
         if mx:                          # and their scales, from memory
-            pk.load(ea, scale_a, (m0 + wm * WAVE_M, k * (BK // 32)))
-            pk.load(eb, scale_b, (k * (BK // 32), n0 + wn * WAVE_N))
+            pk.load(ea, scale_a, (m0 + wm * WAVE_M, k * blocks))
+            pk.load(eb, scale_b, (k * blocks, n0 + wn * WAVE_N))
 
     fetch(0)
     with pk.if_(steps > 1):
@@ -112,20 +114,26 @@ def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
 STEP_BYTES = {"gfx950": 64, "gfx942": 32}
 
 
-def gemm_pingpong_launch(m: int, n: int, k: int, target: str, itemsize: int = 2):
-    """(grid, consts) of gemm_pingpong for an (m, k) x (n, k) product on a CDNA target:
-    one workgroup per 256 x 256 block of C, in the cache simulator's order."""
+def gemm_pingpong_launch(m: int, n: int, k: int, target: str, itemsize: int = 2,
+                         packed: int = 1):
+    """(grid, consts) of gemm_pingpong (or gemm_pingpong_mx) for an (m, k) x (n, k) product
+    on a CDNA target: one workgroup per 256 x 256 block of C, in the cache simulator's
+    order. itemsize: bytes a stored element; packed=2 for FP4 pairs (pk.e2m1x2: k / 2
+    bytes a row)."""
     from .. import chiplet
     from ..targets import get
     t = get(target)
     if t.name not in STEP_BYTES:
         raise ValueError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not {target}; on "
                          "Hopper use gemm_ws")
-    if itemsize not in (1, 2):
-        raise ValueError("gemm_pingpong takes bf16, f16 or fp8 operands")
+    if itemsize not in (1, 2) or packed not in (1, 2) or packed == 2 and itemsize != 1:
+        raise ValueError("gemm_pingpong takes bf16, f16 or fp8 operands (itemsize 2 or 1), "
+                         "or FP4 pairs (itemsize=1, packed=2)")
+    if packed == 2 and k % 2:
+        raise ValueError(f"FP4 pairs pack K two a byte: K = {k} must be even")
     bk = STEP_BYTES[t.name] // itemsize
     tm, tn = max(1, -(-m // BLOCK)), max(1, -(-n // BLOCK))
-    op = chiplet.Gemm(tm * BLOCK, tn * BLOCK, max(k, 1), bm=BLOCK, bn=BLOCK, bk=bk,
+    op = chiplet.Gemm(tm * BLOCK, tn * BLOCK, max(k // packed, 1), bm=BLOCK, bn=BLOCK, bk=bk,
                       dtype="bf16" if itemsize == 2 else "e4m3")
     spec = chiplet.auto_mapping(op, target=t.name).spec
     return (tm * tn,), {"BK": bk, "MAP": spec, "TM": tm, "TN": tn, "TARGET": t.name}

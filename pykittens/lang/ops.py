@@ -148,6 +148,21 @@ def _need_reg(t, what):
         raise error(f"{what} works on register tiles/vectors, got {type(t).__name__}")
 
 
+def _same_packing(src, dst, what):
+    """A packed type converts to nothing and nothing converts to it."""
+    ds, dd = src.dtype, dst.dtype
+    if ds != dd and (ds.packed != 1 or dd.packed != 1):
+        raise error(f"{what} cannot convert {ds} to {dd}: packed pairs move as they are; "
+                    f"make both {ds if ds.packed != 1 else dd}")
+
+
+def _need_values(d: T.DType, what):
+    """Packed types (pk.e2m1x2) are moved and multiplied only: their bytes hold two values."""
+    if d.packed != 1:
+        raise error(f"{what}: {d} tiles hold packed pairs of values, which are only loaded, "
+                    "stored and multiplied (block-scaled mma); nothing computes on them")
+
+
 def _dst_of(dst):
     """`dst` may be a tile (written in place) or a tile type (a new tile is allocated)."""
     if isinstance(dst, Tile):
@@ -263,6 +278,8 @@ def load(dst, src, coord=None, fill: float = 0.0, direct: bool = False, end=None
     """
     dst = _dst_of(dst)
     tr = current()
+    if isinstance(src, (GL, ST)):
+        _same_packing(src, dst, "load")
     if direct and not (isinstance(src, GL) and isinstance(dst, ST)):
         raise error("direct=True applies to global -> shared loads")
     if direct and fill != 0.0:
@@ -303,6 +320,8 @@ def store(dst, src: Tile, coord=None, end=None, inside: bool = False) -> None:
     if not isinstance(src, Tile):
         raise error(f"store source must be a tile, got {type(src).__name__}")
     tr = current()
+    if isinstance(dst, (GL, ST)):
+        _same_packing(src, dst, "store")
     if isinstance(dst, GL):
         _check_window(src.type, dst.type, "store")
         if isinstance(src, ST) and src.dtype != dst.dtype:
@@ -443,6 +462,7 @@ def transpose(t: RT) -> RT:
     else:
         if t.type.role in ("a_scale", "b_scale"):
             raise error("block-scale tiles have one layout; transpose their operands instead")
+        _need_values(t.dtype, "transpose")         # a pair would straddle the new rows
         new = dataclasses.replace(t.type, shape=t.shape[::-1], layout=flip[t.type.layout],
                                   pin=None)
     dst = empty(new)
@@ -528,6 +548,7 @@ def _result_like(a: RT, dst=None, dtype=None) -> RT:
 
 def _unary(op, a, out=None):
     _need_reg(a, op)
+    _need_values(a.dtype, op)
     if not a.dtype.is_float:
         raise error(f"{op} needs a float tile, got {a.dtype}")
     dst = _result_like(a, out)
@@ -569,6 +590,7 @@ def _binary(op, a: RT, b, dst=None, reverse=False):
     broadcasts over any tile whose rows (columns) sit in the lanes of the tile it came from:
     the lowering checks this for the target."""
     _need_reg(a, op)
+    _need_values(a.dtype, op)
     if isinstance(b, RV) and not isinstance(a, RV):
         dim = 0 if b.type.axis == "row" else 1
         if b.type.length != a.shape[dim]:
@@ -604,6 +626,7 @@ def fma(a: RT, b, c, out=None) -> RT:
     its layout, vectors broadcast along their axis, or scalars. How a kernel asks for the
     hardware's FFMA / v_fma where a product feeds a sum, e.g. exp2(fma(s, scale, -max))."""
     _need_reg(a, "fma")
+    _need_values(a.dtype, "fma")
     if not a.dtype.is_float:
         raise error(f"fma needs a float tile, got {a.dtype}")
     ops_ = []
@@ -641,6 +664,7 @@ def copy(dst: RT, src) -> RT:
     _need_reg(dst, "copy")
     if isinstance(src, RT):
         _same_shape(dst, src, "copy")
+        _same_packing(src, dst, "copy")
         current().emit("copy", dst.v, (src.v,))
     else:
         fill(dst, src)
@@ -651,6 +675,8 @@ def cast(a: RT, dtype) -> RT:
     """A new tile with a's values converted to `dtype` (round to nearest even; fp8 and int8
     saturate to their largest finite value)."""
     _need_reg(a, "cast")
+    _need_values(a.dtype, "cast")
+    _need_values(T.dtype_of(dtype), "cast")
     out = _result_like(a, dtype=T.dtype_of(dtype))
     current().emit("copy", out.v, (a.v,))
     return out
@@ -673,6 +699,7 @@ def mask_outside(t: RT, origin, extent, value: float = 0.0, out=None) -> RT:
 
 def _reduce(op, axis, t: RT, into=None):
     _need_reg(t, f"{axis}_{op}")
+    _need_values(t.dtype, f"{axis}_{op}")
     if isinstance(t, RV):
         raise error("reductions take a 2-D register tile")
     if into is None:
@@ -854,6 +881,7 @@ def _check_scales(name, a, b, scale_a, scale_b, m, k, n):
         raise error(f"{name}: give both scale_a= and scale_b= (E8M0 tiles)")
     if not (a.type.scaled and b.type.scaled):
         raise error(f"{name} with scales needs operand tiles made with scaled=True")
+    k *= a.dtype.packed                       # K in elements (packed FP4: two a column)
     for t, role, shape in ((scale_a, "a_scale", (m, k // 32)), (scale_b, "b_scale", (k // 32, n))):
         if not isinstance(t, RT) or t.type.role != role or tuple(t.shape) != shape:
             raise error(f"{name}: {role.replace('_', ' ')}s must be pk.rt({shape}, pk.e8m0, "

@@ -158,6 +158,30 @@ def f8f6f4_b(n: int, k: int):
     return _f8f6f4_ab(n, k, 1)
 
 
+def _fp4_ab(mn: int, kbytes: int, name_dim: int):
+    """A or B operand of V_MFMA_SCALE_F32_{32X32X64,16X16X128}_F8F6F4 with FP4 data, in bytes
+    of packed pairs (pk.e2m1x2): lane l holds row/col l % mn and 32 consecutive K values, K
+    = 32 g .. 32 g + 31 for g = l // mn, in 16 bytes (4 registers; element 2i in bits 3:0 of
+    byte i). AMD ROCm blog "Matrix Core Programming on AMD CDNA3 and CDNA4", the fp4
+    32x32x64 example (lane l loads bytes 16 (l / 32) .. + 15 of row l % 32 of A); the
+    register count in LLVM's MC tests for gfx950 (cbsz:4 blgp:4 take 4-register operands)."""
+    groups = WAVE // mn
+    other = 1 - name_dim
+    bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
+    bits += [(other, 16 << b) for b in range(groups.bit_length() - 1)]
+    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in range(16)]
+    shape = (mn, kbytes) if name_dim == 0 else (kbytes, mn)
+    return linear(shape, bits, slots)
+
+
+def fp4_a(m: int, kbytes: int):
+    return _fp4_ab(m, kbytes, 0)
+
+
+def fp4_b(n: int, kbytes: int):
+    return _fp4_ab(n, kbytes, 1)
+
+
 def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:
     """gfx950 ds_read_b64_tr_b16: each lane of a 16-lane group reads 8 bytes (4 x 16-bit)
     and the group exchanges them as a 16 x 4 -> 4 x 16 transpose, so that, when lane i
@@ -168,8 +192,8 @@ def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:
 
 
 # cbsz / blgp operand-format codes of the scaled f8f6f4 MFMAs (CDNA4 ISA): 0 = FP8 E4M3,
-# 1 = BF8 E5M2 (2, 3, 4 are FP6/BF6/FP4, not used yet).
-F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1}
+# 1 = BF8 E5M2, 4 = FP4 E2M1 (2, 3 are FP6/BF6, not used yet).
+F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m1x2": 4}
 
 
 def mfma_scales(mn: int, k: int, name_dim: int):

@@ -27,6 +27,19 @@ def _mfma(name, m, n, k, ab, intrinsic, scaled=False, f8f6f4=False):
                     *scales, no_scale=f8f6f4 and not scaled, passes=passes)
 
 
+def _mxfp4(m, k):
+    """The block-scaled f8f6f4 MFMA on FP4 operands (cbsz:4 blgp:4): K = k elements, k / 2
+    bytes of pk.e2m1x2 per row. Half the passes of 8-bit data: the MI355X data sheet's
+    MXFP4 rate is twice MXFP8's, and LLVM's gfx950 model pads a 16x16x128 FP4 result
+    for 4 passes (ROCm 7.2's compiler)."""
+    name = f"v_mfma_scale_f32_{m}x{m}x{k}_f8f6f4"
+    return MMAInstr(name, m, m, k // 2, "e2m1x2", "f32", cdna.fp4_a(m, k // 2),
+                    cdna.fp4_b(m, k // 2), cdna.mfma_acc(m, m),
+                    f"llvm.amdgcn.mfma.scale.f32.{m}x{m}x{k}.f8f6f4", True,
+                    cdna.mfma_scales(m, k, 0), cdna.mfma_scales(m, k, 1),
+                    passes=8 if m == 32 else 4)
+
+
 TARGET = Target(
     name="gfx950", family="cdna", chips=("MI350X", "MI355X"), triple="amdgcn-amd-amdhsa",
     wave_size=cdna.WAVE, max_waves_per_workgroup=cdna.MAX_WAVES_PER_WORKGROUP,
@@ -37,7 +50,7 @@ TARGET = Target(
     num_xcds=8, cus_per_xcd=32, l2_bytes_per_xcd=cdna.L2_PER_XCD, llc_bytes=cdna.LLC,
     cache_line_bytes=cdna.CACHE_LINE, hbm_bytes_per_s=8.0e12,
     hbm_bytes_per_s_by_chip=(("MI350X", 8.0e12), ("MI355X", 8.0e12)),
-    dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "i8", "i32"}),
+    dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "e2m1x2", "i8", "i32"}),
     lds_dma_bytes=16,                  # CDNA4 ISA: buffer_load_dwordx4 ... lds (12 or 16 B/lane)
     lds_read_tr16=True,                # CDNA4 ISA: ds_read_b64_tr_b16
     fp8_flavor="ocp",
@@ -68,5 +81,7 @@ TARGET = Target(
         *(_mfma(f"v_mfma_scale_f32_{m}x{m}x{k}_f8f6f4", m, m, k, ab,
                 f"llvm.amdgcn.mfma.scale.f32.{m}x{m}x{k}.f8f6f4", scaled=True, f8f6f4=True)
           for m, k in ((32, 64), (16, 128)) for ab in ("e4m3", "e5m2")),
+        # MXFP4: the same instructions on packed FP4 pairs (K counted in bytes: 32 / 64)
+        *(_mxfp4(m, k) for m, k in ((32, 64), (16, 128))),
     ),
 )

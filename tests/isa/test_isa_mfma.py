@@ -168,7 +168,45 @@ def test_block_scaled_mfma(m, k, op, kind_a, kind_b, rng):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("m,k,op", [(32, 64, "v_mfma_scale_f32_32x32x64_f8f6f4"),
+                                    (16, 128, "v_mfma_scale_f32_16x16x128_f8f6f4")])
+def test_block_scaled_fp4_mfma(m, k, op, rng):
+    """CBSZ = BLGP = 4 (FP4 E2M1): 4 registers an operand, lane l holding K = 32 (l // M)
+    .. + 31 of row (A) / column (B) l % M, element j in bits 4 (j % 2) .. + 3 of byte j // 2
+    (the ROCm blog's fp4 example); values from ml_dtypes, placed here by hand."""
+    ca, cb = rng.integers(0, 16, (m, k)), rng.integers(0, 16, (k, m))
+    val = lambda c: c.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)  # noqa: E731
+    ea = rng.integers(120, 134, (m, k // 32))
+    eb = rng.integers(120, 134, (k // 32, m))
+    lane = np.arange(64)
+    v = {}
+    for base, codes in ((0, ca), (8, cb.T)):             # B by column: its K runs down
+        run = codes[lane % m]                                # (64, k): each lane's row
+        ks = 32 * (lane // m)[:, None] + np.arange(32)[None, :]
+        nib = np.take_along_axis(run, ks, axis=1).astype(np.uint32)      # (64, 32)
+        words = np.zeros((64, 4), np.uint32)
+        for j in range(32):
+            words[:, j // 8] |= nib[:, j] << (4 * (j % 8))
+        v.update({base + r: words[:, r] for r in range(4)})
+    v[20] = ea[lane % m, lane // m].astype(np.uint32)
+    v[21] = eb[lane // m, lane % m].astype(np.uint32)
+    nacc = m * m // 64
+    w = execute([f"{op} a[0:{nacc - 1}], v[0:3], v[8:11], 0, v20, v21 op_sel_hi:[0,0,0] "
+                 "cbsz:4 blgp:4"], "gfx950", v=v)
+    got = np.zeros((m, m))
+    for i in range(m):
+        for j in range(m):
+            r, ln = acc_entry(i, j, m)
+            got[i, j] = w.v[256 + r, ln].view(np.float32)
+    want = (val(ca) * np.repeat(2.0 ** (ea - 127), 32, 1)) @ \
+        (val(cb) * np.repeat(2.0 ** (eb - 127), 32, 0))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_unsupported_forms_are_named():
-    with pytest.raises(ISAError, match="FP6/FP4"):
+    with pytest.raises(ISAError, match="FP6"):
+        execute(["v_mfma_scale_f32_32x32x64_f8f6f4 a[0:15], v[0:5], v[8:13], 0, v20, v21 "
+                 "op_sel_hi:[0,0,0] cbsz:2 blgp:2"], "gfx950")
+    with pytest.raises(ISAError, match="format 4 takes 4 registers, not 8"):
         execute(["v_mfma_scale_f32_32x32x64_f8f6f4 a[0:15], v[0:7], v[8:15], 0, v20, v21 "
                  "op_sel_hi:[0,0,0] cbsz:4 blgp:4"], "gfx950")
