@@ -194,6 +194,22 @@ def test_op_gradients_match_torch_autograd(causal, deterministic, dtype):
     op_gradients_match(causal, dtype, deterministic=deterministic)
 
 
+def test_op_copies_ragged_stats_by_tma(monkeypatch):
+    """The op keeps LSE and delta in rows of a multiple of 4 (70 queries: rows of 72), so
+    the main pass copies them by TMA (the emulator checks the copies' alignment)."""
+    import importlib
+    opa = importlib.import_module("pykittens.ops.attention")   # the module, not the op
+    seen = []
+
+    def spy(*a, **kw):
+        plans = attention_bwd_launch(*a, **kw)
+        seen.append(plans[1][1]["STATS_TMA"])
+        return plans
+    monkeypatch.setattr(opa, "attention_bwd_launch", spy)
+    op_gradients_match(True, "bfloat16")
+    assert seen == [1]
+
+
 def op_gradients_match(causal, dtype, **op_kwargs):
     """pykittens.ops.attention's gradients through O and the LSE on a ragged GQA case, against
     torch autograd of the float64 reference (also the CDNA schedules' test)."""

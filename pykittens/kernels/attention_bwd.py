@@ -352,7 +352,7 @@ def attention_bwd_dq_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
 
 
 def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k=None,
-                                **overrides):
+                                rows: int | None = None, **overrides):
     """(prep, main, dq) launch plans of the packed backward for inputs `i`: q (Hq, total_q,
     D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here to check them; the
     longest lengths, when given, must cover every sequence). prep runs attention_bwd_prep on (1, Hq, total_q, D) views of O and
@@ -360,7 +360,7 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     attention_bwd_dq_varlen (dQ by its own pass: deterministic). Hopper: grids
     (ceil(longest Nk / 128), Hkv, B) and (ceil(longest Nq / 128), Hq, B); CDNA: the dense
     schedule's flat head-first grids (attention_bwd_cdna.cdna_bwd_launch) for the longest
-    sequences."""
+    sequences. rows: the row stride of lse and delta (default total_q)."""
     from ..targets import get
     t = get(target)
     _need_shapes(i, ("q", "k"), 3, "(H, total, D)")
@@ -378,7 +378,7 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     common = {"D": d, "CAUSAL": causal, "STAGES": 2, "TARGET": t.name, **overrides}
     return (prep,
             ((max(1, -(-max_seqlen_k // 128)), hkv, batch),
-             {"BM": 64, "STATS_TMA": stats_tma(tq), **common}),
+             {"BM": 64, "STATS_TMA": stats_tma(rows or tq), **common}),
             ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64}))
 
 
@@ -400,11 +400,19 @@ def stats_tma(rows: int) -> int:
     return int(rows % 4 == 0)
 
 
-def attention_bwd_launch(i: dict, target, dq: str | None = None, **overrides):
+def stats_rows(n: int) -> int:
+    """The row length to allocate LSE / delta of `n` queries with (viewing the first n) so
+    that attention_bwd copies them by TMA: n rounded up to 4 f32 (16 bytes)."""
+    return -(-n // 4) * 4
+
+
+def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | None = None,
+                         **overrides):
     """(prep, main, dq) launch plans for inputs `i` (q (B, Hq, Nq, D), k (B, Hkv, Nk, D)):
     each (grid, consts). dq="pass": the main pass leaves dQ to `attention_bwd_dq` (a fixed
     order of additions: deterministic); dq="atomic": the main pass adds dQ into an f32
     tensor itself, and the third plan is None; None: the target's faster one (default_dq).
+    rows: the row stride of lse and delta (default Nq; stats_rows(Nq) lets TMA copy them).
     CAUSAL in i or overrides."""
     from ..targets import get
     from .attention import _need_shapes
@@ -425,7 +433,7 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, **overrides):
         return prep, *cdna_bwd_launch(b, hq, hkv, nq, nk, d, t.name, dq, causal, overrides)
     main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
                                        "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
-                                       "STATS_TMA": stats_tma(nq), **overrides})
+                                       "STATS_TMA": stats_tma(rows or nq), **overrides})
     dq_plan = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
                                          "TARGET": t.name}) if dq == "pass" else None
     return prep, main, dq_plan

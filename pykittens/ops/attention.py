@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..kernels.attention import attention_fwd, attention_fwd_launch
-from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
+from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq, stats_rows,
                                      attention_bwd_launch, attention_bwd_prep)
 from .run import EMULATE_TARGET, HALVES as DTYPES, custom_op, from_numpy as _from_numpy
 from . import replay
@@ -111,10 +111,12 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         return _emulate_bwd(views, lse, dlse, causal, scale, deterministic)
     from ..runtime.launch import gpu_target, launch
     qv, kv, vv, dov, ov = views
+    rows = stats_rows(nq)                 # LSE and delta in rows the main pass copies by TMA
     plans = attention_bwd_launch({"q": qv, "k": kv}, gpu_target(q.device.index or 0),
-                                 dq=_dq_schedule(deterministic), CAUSAL=int(causal))
+                                 dq=_dq_schedule(deterministic), rows=rows, CAUSAL=int(causal))
     (pgrid, pconsts), (grid, consts), dq_plan = plans
-    delta = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)
+    lse = in_rows(lse, rows)
+    delta = torch.empty(b, hq, rows, device=q.device, dtype=torch.float32)[..., :nq]
     launch(attention_bwd_prep, ov, dov, delta, grid=pgrid, **pconsts)
     if dlse is not None:                 # d lse / d s = P: folds into dS = P (dP - delta)
         delta -= dlse
@@ -133,6 +135,21 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     return dq, dk, dv
 
 
+def in_rows(x, rows: int):
+    """x (..., N) float32 (a numpy array or torch tensor) in rows of `rows` elements, the
+    first N of each viewed: x itself where it already is, else a copy in a new buffer."""
+    n = x.shape[-1]
+    if isinstance(x, np.ndarray):
+        if rows == n and x.flags.c_contiguous:
+            return x
+        out = np.empty(x.shape[:-1] + (rows,), np.float32)[..., :n]
+        out[...] = x
+        return out
+    if rows == n and x.is_contiguous():
+        return x
+    return x.new_empty(*x.shape[:-1], rows)[..., :n].copy_(x)
+
+
 def _dq_schedule(deterministic: bool) -> str | None:
     """deterministic=True guarantees dQ's fixed order; otherwise the target's faster
     schedule (attention_bwd.default_dq)."""
@@ -142,20 +159,23 @@ def _dq_schedule(deterministic: bool) -> str | None:
 def _emulate_bwd(views, lse, dlse, causal, scale, deterministic):
     from .. import emulate
     q, k, v, do, o = (_to_numpy(x) for x in views)
+    rows = stats_rows(q.shape[2])                                   # as on the GPU
     (pgrid, pconsts), (grid, consts), dq_plan = attention_bwd_launch(
-        {"q": q, "k": k}, EMULATE_TARGET, dq=_dq_schedule(deterministic), CAUSAL=int(causal))
+        {"q": q, "k": k}, EMULATE_TARGET, dq=_dq_schedule(deterministic), rows=rows,
+        CAUSAL=int(causal))
     run = dict(target=EMULATE_TARGET)
     delta = emulate(attention_bwd_prep, o, do, np.zeros(lse.shape, np.float32), grid=pgrid,
                     **run, **pconsts)["delta"]
     if dlse is not None:
         delta = delta - _to_numpy(dlse.float())
+    lse, delta = in_rows(_to_numpy(lse), rows), in_rows(delta, rows)
     dq32 = np.zeros((1, 1, 1, 16) if dq_plan else q.shape, np.float32)   # as on the GPU
-    out = emulate(attention_bwd, q, k, v, do, _to_numpy(lse), delta, dq32,
+    out = emulate(attention_bwd, q, k, v, do, lse, delta, dq32,
                   np.zeros_like(k), np.zeros_like(v), scale, grid=grid, **run, **consts)
     dtype = views[0].dtype
     dq = _from_numpy(out["dq"], dtype)
     if dq_plan is not None:
-        dq = _from_numpy(emulate(attention_bwd_dq, q, k, v, do, _to_numpy(lse), delta,
+        dq = _from_numpy(emulate(attention_bwd_dq, q, k, v, do, lse, delta,
                                  np.zeros_like(q), scale, grid=dq_plan[0], **run,
                                  **dq_plan[1])["dq"], dtype)
     return _bhnd(dq), _bhnd(_from_numpy(out["dk"], dtype)), _bhnd(_from_numpy(out["dv"], dtype))

@@ -10,8 +10,9 @@ import torch
 
 from ..kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
 from ..kernels.attention_bwd import (attention_bwd_dq_varlen, attention_bwd_prep,
-                                     attention_bwd_varlen, attention_bwd_varlen_launch)
-from .attention import _check as _check_dense
+                                     attention_bwd_varlen, attention_bwd_varlen_launch,
+                                     stats_rows)
+from .attention import _check as _check_dense, in_rows
 from .run import custom_op, run, target_of
 
 OP = "attention_varlen"
@@ -82,10 +83,12 @@ def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.numel() == 0 or k.numel() == 0 or max_q == 0 or max_k == 0:
         return dq, dk, dv
     qv, kv, vv, dov, ov, dqv, dkv, dvv = _heads_first(q, k, v, do.contiguous(), o, dq, dk, dv)
+    rows = stats_rows(lse.shape[-1])      # LSE and delta in rows the main pass copies by TMA
     (pgrid, pconsts), (grid, consts), (qgrid, qconsts) = attention_bwd_varlen_launch(
         _inputs(qv, kv, cu_q, cu_k), target_of(q), max_seqlen_q=max_q,
-        max_seqlen_k=max_k, CAUSAL=int(causal))
-    delta = lse.new_empty((1,) + tuple(lse.shape))
+        max_seqlen_k=max_k, rows=rows, CAUSAL=int(causal))
+    lse = in_rows(lse, rows)
+    delta = lse.new_empty((1, lse.shape[0], rows))[..., :lse.shape[-1]]
     run(attention_bwd_prep, {"o": ov[None], "do": dov[None], "delta": delta}, pgrid, pconsts,
         ("delta",))
     common = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0],
