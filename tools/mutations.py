@@ -149,8 +149,8 @@ MUTATIONS: list[Mutation] = [
        "ISA emulator against float64 (`test_mma::test_block_scaled_mma_on_gfx950`); the "
        "modifiers LLVM prints (`test_mx_layout`); pinned MX kernels (`test_cdna_hazards`)"),
     _m("fp4-operand-bytes", CDNA_PY,
-       "    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in range(16)]",
-       "    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in (*range(8, 16), *range(8))]",
+       "        runs = list(range(16))",
+       "        runs = [*range(8, 16), *range(8)]",
        "FP4 operands of the f8f6f4 MFMAs with a lane's two 8-byte halves exchanged (registers "
        "0-1 and 2-3)",
        ["tests/test_mx_layout.py", "tests/test_mma.py::test_block_scaled_fp4_mma_on_gfx950"],

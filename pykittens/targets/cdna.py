@@ -130,7 +130,7 @@ def mfma_b(n: int, k: int, krun: int | None = None):
     return _mfma_ab(n, k, 1, krun)
 
 
-def _f8f6f4_ab(mn: int, k: int, name_dim: int):
+def _f8f6f4_ab(mn: int, k: int, name_dim: int, fp4: bool = False):
     """A or B operand of V_MFMA_[SCALE_]F32_{32X32X64,16X16X128}_F8F6F4 with fp8 data: lane l
     holds row/col l % mn and 32 K values in two runs of 16 that are K/2 apart: K = 16 * g + s
     for slots s = 0..15 and K/2 + 16 * g + (s - 16) for s = 16..31, g = l // mn (registers
@@ -138,48 +138,31 @@ def _f8f6f4_ab(mn: int, k: int, name_dim: int):
     of the F8F6F4 MFMAs; the same in AMD's ROCm blog "Matrix Core Programming on AMD CDNA3
     and CDNA4" (fp8 32x32x64 example: lane l loads A[l % 32][(l / 32) * 16 + i * 32 + j],
     i = 0..1, j = 0..15) and in Triton's AMD backend (LinearLayoutConversions.cpp: "for
-    mxfp6/mxfp8, there are 2 16-consecutive elements blocks"). fp4 data (not used here)
-    instead packs 32 consecutive K per lane."""
+    mxfp6/mxfp8, there are 2 16-consecutive elements blocks").
+
+    fp4=True: FP4 data in bytes of packed pairs (pk.e2m1x2, k counting bytes): lane l holds
+    32 consecutive K values, K = 32 g .. 32 g + 31, in 16 bytes (4 registers; element 2i in
+    bits 3:0 of byte i): the same blog's fp4 32x32x64 example (lane l loads bytes
+    16 (l / 32) .. + 15 of row l % 32 of A); LLVM's MC tests for gfx950 give cbsz:4 blgp:4
+    4-register operands."""
     groups = WAVE // mn
     other = 1 - name_dim
     bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
     bits += [(other, 16 << b) for b in range(groups.bit_length() - 1)]
     runs = [r * (k // 2) + s for r in range(2) for s in range(16)]
+    if fp4:
+        runs = list(range(16))
     slots = [((0, kk) if name_dim == 0 else (kk, 0)) for kk in runs]
     shape = (mn, k) if name_dim == 0 else (k, mn)
     return linear(shape, bits, slots)
 
 
-def f8f6f4_a(m: int, k: int):
-    return _f8f6f4_ab(m, k, 0)
+def f8f6f4_a(m: int, k: int, fp4: bool = False):
+    return _f8f6f4_ab(m, k, 0, fp4)
 
 
-def f8f6f4_b(n: int, k: int):
-    return _f8f6f4_ab(n, k, 1)
-
-
-def _fp4_ab(mn: int, kbytes: int, name_dim: int):
-    """A or B operand of V_MFMA_SCALE_F32_{32X32X64,16X16X128}_F8F6F4 with FP4 data, in bytes
-    of packed pairs (pk.e2m1x2): lane l holds row/col l % mn and 32 consecutive K values, K
-    = 32 g .. 32 g + 31 for g = l // mn, in 16 bytes (4 registers; element 2i in bits 3:0 of
-    byte i). AMD ROCm blog "Matrix Core Programming on AMD CDNA3 and CDNA4", the fp4
-    32x32x64 example (lane l loads bytes 16 (l / 32) .. + 15 of row l % 32 of A); the
-    register count in LLVM's MC tests for gfx950 (cbsz:4 blgp:4 take 4-register operands)."""
-    groups = WAVE // mn
-    other = 1 - name_dim
-    bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
-    bits += [(other, 16 << b) for b in range(groups.bit_length() - 1)]
-    slots = [((0, s) if name_dim == 0 else (s, 0)) for s in range(16)]
-    shape = (mn, kbytes) if name_dim == 0 else (kbytes, mn)
-    return linear(shape, bits, slots)
-
-
-def fp4_a(m: int, kbytes: int):
-    return _fp4_ab(m, kbytes, 0)
-
-
-def fp4_b(n: int, kbytes: int):
-    return _fp4_ab(n, kbytes, 1)
+def f8f6f4_b(n: int, k: int, fp4: bool = False):
+    return _f8f6f4_ab(n, k, 1, fp4)
 
 
 def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:

@@ -33,8 +33,8 @@ def _mxfp4(m, k):
     MXFP4 rate is twice MXFP8's, and LLVM's gfx950 model pads a 16x16x128 FP4 result
     for 4 passes (ROCm 7.2's compiler)."""
     name = f"v_mfma_scale_f32_{m}x{m}x{k}_f8f6f4"
-    return MMAInstr(name, m, m, k // 2, "e2m1x2", "f32", cdna.fp4_a(m, k // 2),
-                    cdna.fp4_b(m, k // 2), cdna.mfma_acc(m, m),
+    return MMAInstr(name, m, m, k // 2, "e2m1x2", "f32", cdna.f8f6f4_a(m, k // 2, fp4=True),
+                    cdna.f8f6f4_b(m, k // 2, fp4=True), cdna.mfma_acc(m, m),
                     f"llvm.amdgcn.mfma.scale.f32.{m}x{m}x{k}.f8f6f4", True,
                     cdna.mfma_scales(m, k, 0), cdna.mfma_scales(m, k, 1),
                     passes=8 if m == 32 else 4)
