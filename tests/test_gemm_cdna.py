@@ -18,6 +18,7 @@ from pykittens.kernels.gemm import output_tile
 from pykittens.kernels.gemm_cdna import (STEP_BYTES, WAVE_M, WAVE_N, gemm_pingpong,
                                          gemm_pingpong_launch)
 from pykittens.toolchain import amdgpu
+from test_mma import _fp4_pack, _fp4_values
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 
@@ -249,12 +250,11 @@ def test_mxfp4_in_both_emulators():
     rng = np.random.default_rng(11)
     m, n, k = 300, 260, 384
     ca, cb = rng.integers(0, 16, (m, k)), rng.integers(0, 16, (n, k))
-    a, b = ((c[:, 0::2] | c[:, 1::2] << 4).astype(np.uint8) for c in (ca, cb))
+    a, b = _fp4_pack(ca, 1), _fp4_pack(cb, 1)
     sa = (2.0 ** rng.integers(-4, 5, (m, k // 32))).astype(pk.e8m0.np)
     sb = (2.0 ** rng.integers(-4, 5, (k // 32, n))).astype(pk.e8m0.np)
-    val = lambda c: c.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)  # noqa: E731
-    want = (val(ca) * np.repeat(sa.astype(np.float64), 32, axis=1)) @ \
-        (val(cb) * np.repeat(sb.astype(np.float64).T, 32, axis=1)).T
+    want = (_fp4_values(ca) * np.repeat(sa.astype(np.float64), 32, axis=1)) @ \
+        (_fp4_values(cb) * np.repeat(sb.astype(np.float64).T, 32, axis=1)).T
     grid, consts = gemm_pingpong_launch(m, n, k, "gfx950", itemsize=1, packed=2)
     assert consts["BK"] == STEP_BYTES["gfx950"]          # 64 bytes: 128 FP4 values a step
     got = [pk.emulate(gemm_pingpong_mx, a, b, sa, sb, np.full((m, n), np.nan, np.float32),

@@ -393,17 +393,17 @@ def default_dq(target) -> str:
     return "atomic" if get(target).family == "hopper" else "pass"
 
 
-def stats_tma(rows: int) -> int:
-    """Whether attention_bwd's LSE and delta rows (of `rows` f32 elements, contiguous) can be
-    copied by TMA, which wants 16-byte row strides: 2% faster than a producer wave's copy on
-    the H200 (docs/PERF.md)."""
-    return int(rows % 4 == 0)
-
-
 def stats_rows(n: int) -> int:
     """The row length to allocate LSE / delta of `n` queries with (viewing the first n) so
-    that attention_bwd copies them by TMA: n rounded up to 4 f32 (16 bytes)."""
+    that attention_bwd copies them by TMA, which wants 16-byte row strides: n rounded up to
+    4 f32."""
     return -(-n // 4) * 4
+
+
+def stats_tma(rows: int) -> int:
+    """Whether attention_bwd's LSE and delta rows (of `rows` f32 elements, contiguous) can be
+    copied by TMA: 2% faster than a producer wave's copy on the H200 (docs/PERF.md)."""
+    return int(stats_rows(rows) == rows)
 
 
 def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | None = None,
