@@ -140,9 +140,25 @@ def performance(rows, details):
 # on Hopper). DQ_DIAG builds (timing only, their dQ is wrong or absent; add them here to use
 # them) place the time of dQ: 1 leaves out the TMA reductions, 2 the groups' wait for each
 # other's dS, 3 both (docs/PERF.md)
-MAIN_VARIANTS = ({}, {"DQ_ATOMIC": 1})
+MAIN_VARIANTS = ({}, {"DQ_ATOMIC": 1}, {"DQ_ATOMIC": 1, "STATS_IN_ACC": 1},
+                 {"DQ_ATOMIC": 1, "STATS_IN_ACC": 2})
 DQ_VARIANTS = ({},)
 PASS_SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1)]
+
+
+def _env_shapes(name, default):
+    """Shapes from $name ("B,Hq,Hkv,N,D,causal;..."), else `default`: other shapes in one
+    run without editing the script (e.g. the same work at other lengths, to place the
+    per-workgroup cost)."""
+    import os
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part]
+
+
+SHAPES = _env_shapes("ATTN_BWD_SHAPES", SHAPES)
+PASS_SHAPES = _env_shapes("ATTN_BWD_PASS_SHAPES", PASS_SHAPES)
 
 
 def pass_plans(shape, dt="bf16"):
@@ -206,6 +222,12 @@ def passes(rows, details):
                  f"{tf:.0f} TFLOP/s" if products else "", agree)
             details.append({"check": "pass_time", "shape": shape, "pass": name, "s": t,
                             "tflops": tf, "agreement": agree})
+        # what the op adds around the passes with atomic dQ: the f32 sum zeroed, then cast
+        for name, fn in (("op: zero dQ f32", lambda: torch.zeros(q.shape, device=DEV)),
+                         ("op: dQ f32 -> bf16", lambda: dq32.to(torch.bfloat16))):
+            t = graph_time(fn, reps=10)
+            _row(rows, "pass", name, "bf16", label, f"{t * 1e3:.3f} ms", "", "")
+            details.append({"check": "pass_time", "shape": shape, "pass": name, "s": t})
 
 
 def main() -> int:

@@ -114,6 +114,18 @@ def test_atomic_dq_schedule_many_query_blocks(rng, d, causal):
     check(got, want)
 
 
+@pytest.mark.parametrize("in_acc", [0, 1, 2, 3])
+@pytest.mark.parametrize("d,causal", [(64, 0), (128, 1)])
+def test_stats_before_or_after_the_products(rng, d, causal, in_acc):
+    """S^T and dP^T start from -LSE / scale and -delta (STATS_IN_ACC=3, the launch's choice
+    at D=128), or either from zero with its statistic subtracted after (0: both, at D=64)."""
+    q, k, v, do = inputs(rng, 1, 4, 2, 200, 256, d)
+    consts = attention_bwd_launch({"q": q, "k": k}, "sm_90a", dq="atomic")[1][1]
+    assert consts["STATS_IN_ACC"] == (3 if d == 128 else 0)
+    got, want = backward(q, k, v, do, causal, "atomic", STATS_IN_ACC=in_acc)
+    check(got, want)
+
+
 def test_rows_that_see_no_key_get_zero_gradients(rng):
     """Causal with Nq > Nk: the first Nq - Nk queries see no key (LSE = -inf); their dQ is 0
     and they add nothing to dK, dV."""

@@ -238,3 +238,31 @@ def test_atom_and_reducing_tma_store_errors():
 
     with pytest.raises(pk.KernelError, match="adds f32, f16 or bf16 tiles, not i32"):
         compiler.tile_ir(bad_add)
+
+
+@pk.kernel(num_waves=4)
+def tma_after_a_barrier(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):
+    """An unswizzled tile allocated right after an 8-byte mbarrier, filled and written back
+    by TMA."""
+    full = pk.mbarrier(1)
+    t = pk.empty(pk.st((8, 64), pk.f32))
+    with pk.if_(pk.wave_id() == 0):
+        pk.tma_load(t, x, (0, 0), full)
+    pk.wait(full, 0)
+    with pk.if_(pk.wave_id() == 0):
+        pk.tma_store(out, t, (0, 0))
+
+
+def test_tma_tiles_start_on_128_byte_boundaries(rng, monkeypatch):
+    """Bulk tensor copies need 128-byte-aligned shared addresses (the GPU stops with
+    "misaligned address" otherwise): the lowering places every tile a TMA box could copy
+    there on Hopper, and the emulator refuses a box that is not."""
+    import importlib
+    from pykittens.emulator import Misaligned
+    lower = importlib.import_module("pykittens.lower.lower")
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    out = pk.emulate(tma_after_a_barrier, x, np.zeros_like(x), grid=1, target="sm_90a")["out"]
+    np.testing.assert_array_equal(out, x)
+    monkeypatch.setattr(lower, "TMA_ALIGN", lower.LDS_ALIGN)     # the rule left out
+    with pytest.raises(Misaligned, match="not a multiple of 128"):
+        pk.emulate(tma_after_a_barrier, x, np.zeros_like(x), grid=1, target="sm_90a")

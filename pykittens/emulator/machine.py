@@ -36,6 +36,11 @@ class Race(EmulatorError):
     pass
 
 
+class Misaligned(EmulatorError):
+    """An access whose address the hardware requires aligned, not aligned (as the GPU's
+    "misaligned address" error)."""
+
+
 class MissingBarrier(Race, UnwrittenRead):
     """A wave reads shared memory that other waves write, before they wrote it: the
     barrier between the store and the load is missing."""
@@ -767,6 +772,7 @@ class _Machine:
         if at < 0 or at + box_rows > t.shape[0]:
             raise self.fail(OutOfBounds, w, op, f"TMA box of {box_rows} rows at row {at} falls "
                             f"outside shared tile {region.name} of shape {t.shape}")
+        self._check_tma_lds(w, op, region, at)
         rows = np.arange(box_rows)[:, None]
         cols = np.arange(t.shape[1])[None, :]
         off, mask = _box(buf, rows + r0, cols + c0, lead)
@@ -783,6 +789,7 @@ class _Machine:
         buf, region = self.bufs[op.attrs["gl"].name], self.at(w, op.attrs["region"])
         t = region.tile
         *lead, r0, c0 = (int(self.get(w, s)) for s in op.srcs)
+        self._check_tma_lds(w, op, region, 0)
         rows = np.arange(t.shape[0])[:, None]
         cols = np.arange(t.shape[1])[None, :]
         idx = _element_bytes(region, rows, cols)
@@ -795,6 +802,17 @@ class _Machine:
             buf.flat[off[mask]] = vals.astype(buf.flat.dtype)
         else:
             buf.flat[off[mask]] = vals[mask]
+
+    def _check_tma_lds(self, w, op, region, at):
+        """Each box of a bulk tensor copy (one per column block) starts on a 128-byte
+        boundary of shared memory (PTX ISA, cp.async.bulk.tensor)."""
+        t = region.tile
+        block_row = t.shape[1] * t.dtype.bytes // t.atoms        # a column block's row bytes
+        for j in range(t.atoms):
+            addr = region.base + (j * t.shape[0] + at) * block_row
+            if addr % 128:
+                raise self.fail(Misaligned, w, op, f"TMA box {j} of {region.name} (row {at}) "
+                                f"starts at shared byte {addr}, not a multiple of 128")
 
     def _lds_write(self, w, op, value, origin):
         d = op.attrs["region"].tile.dtype

@@ -14,7 +14,9 @@ Three passes, each a library kernel:
   query block walks the key blocks in order and accumulates dQ in registers (it recomputes
   S and dP: two more products).
 with dS = P * (dP - delta), dP = dO V^T, all in the base-2 domain of the forward."""
+import functools
 import math
+import operator
 
 import pykittens as pk
 
@@ -47,7 +49,7 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
                   DQ_ATOMIC: pk.const = 1, TARGET: pk.target = None,
                   MAP: pk.const = "head-first", DQ_DIAG: pk.const = 0,
-                  STATS_TMA: pk.const = 0):
+                  STATS_TMA: pk.const = 0, STATS_IN_ACC: pk.const = 3):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
     Grid and constants: attention_bwd_launch. DQ_DIAG (Hopper, timing only; 0 in every
@@ -55,10 +57,13 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
     other's dS (a race: wrong dQ) - variants for bench/attention_bwd.py, to place the time.
     STATS_TMA (Hopper): LSE and delta are copied by TMA, which needs rows of a multiple of 4
     elements (attention_bwd_launch sets it when Nq is such a multiple); otherwise a producer
-    wave copies them."""
+    wave copies them. STATS_IN_ACC (Hopper): bit 1 starts S^T from -LSE / scale, bit 2 dP^T
+    from -delta; a clear bit starts the product from zero and subtracts after it (LSE or
+    delta read from shared memory under the products). The launch takes the faster on the
+    H200: 3 at D=128, 0 at D=64 (docs/PERF.md)."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                    DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA)
+                    DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA, in_acc=STATS_IN_ACC)
     elif TARGET in CDNA_TARGETS:
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
                  TARGET)
@@ -79,7 +84,7 @@ def _sequence(q, k, b, cu_q, cu_k):
 
 
 def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, stats_tma=0):
+                DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, stats_tma=0, in_acc=3):
     """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
     (64 per consumer) and then each query block's Q, dO, LSE and delta into a ring; two consumer
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
@@ -179,24 +184,36 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             for step in pk.range(steps):
                 h, q0 = block(step)
                 s = ring.wait(step)
-                lse_q = pk.load(pk.rv(t_t, "col"), s.lse, (0, 0))     # per query: columns
-                delta_q = pk.load(pk.rv(t_t, "col"), s.delta, (0, 0))
-                # S^T and dP^T start from -LSE / scale and -delta: P^T = exp2(scale2 S^T)
-                st_ = pk.mma_ABt(pk.zeros(t_t) - lse_q * (1 / scale), kt[g], s.q,
-                                 in_flight=1)                           # S^T = K Q^T
-                dpt = pk.mma_ABt(pk.zeros(t_t) - delta_q, vt[g], s.do,
-                                 in_flight=1)                           # dP^T = V dO^T
+                # S^T starts from -LSE / scale (P^T = exp2(scale2 S^T)) and dP^T from -delta
+                # (bits 1 and 2 of in_acc), or from zero, LSE and delta subtracted after
+                col = pk.rv(t_t, "col")                 # per query: columns
+                if in_acc & 1:
+                    st0 = pk.zeros(t_t) - pk.load(col, s.lse, (0, 0)) * (1 / scale)
+                    st_ = pk.mma_ABt(st0, kt[g], s.q, in_flight=1)     # S^T = K Q^T
+                else:
+                    st_ = pk.mma_ABt(pk.empty(t_t), kt[g], s.q, c=0, in_flight=1)
+                if in_acc & 2:
+                    dpt = pk.mma_ABt(pk.zeros(t_t) - pk.load(col, s.delta, (0, 0)), vt[g],
+                                     s.do, in_flight=1)                 # dP^T = V dO^T
+                else:
+                    dpt = pk.mma_ABt(pk.empty(t_t), vt[g], s.do, c=0, in_flight=1)
+                if in_acc & 1:
+                    p_t = pk.exp2(st_ * scale2)
+                else:                                   # LSE loaded under the products
+                    p_t = pk.exp2(pk.fma(st_, scale2, -(pk.load(col, s.lse, (0, 0)) * LOG2E)))
+                # Keys past the end need no mask: their K and V rows read 0, so they add
+                # nothing to dQ, and their dK, dV rows are not stored (packed: they are the
+                # next sequence's, as are the queries past the end)
                 keys, queries = pk.row_index(t_t, key0), pk.col_index(t_t, q0)
-                keep = keys < nk
-                if varlen:                      # rows past the end: the next sequence's
-                    keep = keep & (queries < nq)
+                keep = [keys < nk, queries < nq] if varlen else []
                 if CAUSAL:
-                    keep = keep & (keys <= queries + offset)
-                p_t = pk.where(keep, pk.exp2(st_ * scale2), 0.0)
+                    keep.append(keys <= queries + offset)
+                if keep:
+                    p_t = pk.where(functools.reduce(operator.and_, keep), p_t, 0.0)
                 p_a = pk.convert(pk.rt((16, BM), DT, role="a"), p_t)
                 pk.mma_AB(dv_acc, p_a, s.do, in_flight=2)               # dV += P^T dO
                 pk.mma_wait(dpt, in_flight=1)
-                ds_t = p_t * dpt
+                ds_t = p_t * (dpt if in_acc & 2 else dpt - pk.load(col, s.delta, (0, 0)))
                 if DQ_ATOMIC:                      # dS^T (this group's 64 keys), transposed
                     pk.store(sds[g][step % 2], pk.transpose(ds_t).cast(DT), (0, 16 * w))
                 ds_a = pk.convert(pk.rt((16, BM), DT, role="a"), ds_t)
@@ -286,10 +303,14 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
                 pk.mma_ABt(s, sq[g], st.k, c=0, in_flight=1)
                 pk.mma_ABt(dp, sdo[g], st.v, c=0, in_flight=1)        # S has retired
                 cols, rows = pk.col_index(s_t, j * BN), pk.row_index(s_t, row0)
-                keep = cols < nk
+                # keys past the end: K and V rows of 0 add nothing (packed: the next
+                # sequence's, masked)
+                keep = [cols < nk] if cu_q is not None else []
                 if CAUSAL:
-                    keep = keep & (cols <= rows + offset)
-                p = pk.where(keep, pk.exp2(pk.fma(s, scale2, -lse_r)), 0.0)  # under dO V^T
+                    keep.append(cols <= rows + offset)
+                p = pk.exp2(pk.fma(s, scale2, -lse_r))                  # under dO V^T
+                if keep:
+                    p = pk.where(functools.reduce(operator.and_, keep), p, 0.0)
                 pk.mma_wait(dp)
                 ds = pk.convert(pk.rt((16, BN), DT, role="a"), p * (dp - delta_r))
                 pk.mma_AB(acc, ds, st.k)
@@ -433,7 +454,8 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
         return prep, *cdna_bwd_launch(b, hq, hkv, nq, nk, d, t.name, dq, causal, overrides)
     main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
                                        "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
-                                       "STATS_TMA": stats_tma(rows or nq), **overrides})
+                                       "STATS_TMA": stats_tma(rows or nq),
+                                       "STATS_IN_ACC": 3 if d == 128 else 0, **overrides})
     dq_plan = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
                                          "TARGET": t.name}) if dq == "pass" else None
     return prep, main, dq_plan

@@ -14,6 +14,7 @@ from . import layouts as L
 from .lane import LaneBuilder, LaneProgram, LDSRegion
 
 LDS_ALIGN = 16
+TMA_ALIGN = 128       # shared addresses of bulk tensor copies (PTX ISA, cp.async.bulk.tensor)
 
 
 class _Lowering:
@@ -179,9 +180,12 @@ class _Lowering:
             self.emit("barrier")
             return reg
         # a 128-byte-swizzled tile starts on a 1024-byte boundary: the hardware's swizzle
-        # (wgmma, TMA) is defined on absolute shared addresses
+        # (wgmma, TMA) is defined on absolute shared addresses; on Hopper any tile a TMA
+        # box could copy (rows of a multiple of 16 bytes) starts on a 128-byte one, as
+        # the bulk tensor copies require
         row_bytes = t.shape[1] * t.dtype.bytes
-        align = 1024 if t.swizzle == 8 and row_bytes % 128 == 0 else LDS_ALIGN
+        align = 1024 if t.swizzle == 8 and row_bytes % 128 == 0 else \
+            TMA_ALIGN if self.t.family == "hopper" and row_bytes % 16 == 0 else LDS_ALIGN
         if t.swizzle and row_bytes < 16 * t.swizzle:
             raise self.err(f"swizzle={t.swizzle} needs rows of at least {16 * t.swizzle} "
                            f"bytes; this tile's rows are {row_bytes}")
