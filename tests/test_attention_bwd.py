@@ -126,6 +126,19 @@ def test_stats_before_or_after_the_products(rng, d, causal, in_acc):
     check(got, want)
 
 
+def test_causal_launches_take_the_longest_key_blocks_first(rng):
+    """Causal: a flat grid, 4 heads' key blocks at a time in order of their work (the
+    gradient tests above run it, 5 heads making a last group of 1 among them)."""
+    q, k, _, _ = inputs(rng, 5, 2, 1, 64, 300, 64)
+    (grid, consts) = attention_bwd_launch({"q": q, "k": k}, "sm_90a", CAUSAL=1)[1]
+    assert grid == (3 * 5,) and consts["LONGEST_FIRST"] == 1
+    assert attention_bwd_launch({"q": q, "k": k}, "sm_90a")[1][0] == (3, 1, 5)
+    with pytest.raises(ValueError, match="LONGEST_FIRST orders causal launches"):
+        attention_bwd_launch({"q": q, "k": k}, "sm_90a", LONGEST_FIRST=1)
+    got, want = backward(*inputs(rng, 5, 2, 1, 64, 300, 64), 1, "atomic")
+    check(got, want)
+
+
 def test_rows_that_see_no_key_get_zero_gradients(rng):
     """Causal with Nq > Nk: the first Nq - Nk queries see no key (LSE = -inf); their dQ is 0
     and they add nothing to dK, dV."""

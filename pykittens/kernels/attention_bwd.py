@@ -49,7 +49,8 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
                   DQ_ATOMIC: pk.const = 1, TARGET: pk.target = None,
                   MAP: pk.const = "head-first", DQ_DIAG: pk.const = 0,
-                  STATS_TMA: pk.const = 0, STATS_IN_ACC: pk.const = 3):
+                  STATS_TMA: pk.const = 0, STATS_IN_ACC: pk.const = 3,
+                  LONGEST_FIRST: pk.const = 0):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
     Grid and constants: attention_bwd_launch. DQ_DIAG (Hopper, timing only; 0 in every
@@ -63,7 +64,8 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
     H200: 3 at D=128, 0 at D=64 (docs/PERF.md)."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                    DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA, in_acc=STATS_IN_ACC)
+                    DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA, in_acc=STATS_IN_ACC,
+                    longest_first=LONGEST_FIRST)
     elif TARGET in CDNA_TARGETS:
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
                  TARGET)
@@ -84,7 +86,8 @@ def _sequence(q, k, b, cu_q, cu_k):
 
 
 def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, stats_tma=0, in_acc=3):
+                DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, stats_tma=0, in_acc=3,
+                longest_first=0):
     """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
     (64 per consumer) and then each query block's Q, dO, LSE and delta into a ring; two consumer
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
@@ -93,12 +96,24 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, issued before dK's
     product and staged in shared memory while the tensor cores compute dK, then added into
     the f32 `dq` (scaled) by TMA reductions that a second producer wave issues.
-    Grid (ceil(Nk / 128), Hkv, B).
+    Grid (ceil(Nk / 128), Hkv, B); longest_first (causal launches): a flat grid that takes
+    the heads in groups of 4 and, within a group, the key blocks in order of their work
+    (the first key block, which every query block sees, of each of the 4 heads, then the
+    second...), so the grid's last workgroups are short ones (1.5-1.8% faster than a head's
+    key blocks one after another on the H200, docs/PERF.md), while 4 heads' Q, dO and dQ
+    stay in L2.
 
     With cu_q / cu_k (packed batches, dQ by its own pass): (H, total, D) tensors, lse and
     delta (Hq, total_q); queries past the sequence's end are masked (their rows belong to
     the next sequence) and dK, dV are stored up to the sequence's end."""
-    kb, hk, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
+    if longest_first:
+        nkb, heads = (k.shape[2] + 127) // 128, k.shape[0] * k.shape[1]
+        i, span = pk.program_id(0), 4 * nkb                 # a group of 4 heads' blocks
+        in_group = pk.minimum(heads - i // span * 4, 4)     # the last group: fewer
+        head = i // span * 4 + i % span % in_group
+        kb, hk, b = i % span // in_group, head % k.shape[1], head // k.shape[1]
+    else:
+        kb, hk, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
     qs, ks_, nq, nk, at, row_at = _sequence(q, k, b, cu_q, cu_k)
     group = q.shape[-3] // k.shape[-3]
     offset, k0 = nk - nq, kb * 128
@@ -452,10 +467,14 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
     prep = ((-(-nq // 64), hq, b), {"D": d})
     if t.family == "cdna":
         return prep, *cdna_bwd_launch(b, hq, hkv, nq, nk, d, t.name, dq, causal, overrides)
-    main = ((-(-nk // 128), hkv, b), {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
-                                       "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
-                                       "STATS_TMA": stats_tma(rows or nq),
-                                       "STATS_IN_ACC": 3 if d == 128 else 0, **overrides})
+    consts = {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
+              "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
+              "STATS_TMA": stats_tma(rows or nq), "STATS_IN_ACC": 3 if d == 128 else 0,
+              "LONGEST_FIRST": causal, **overrides}
+    if consts["LONGEST_FIRST"] and not causal:
+        raise ValueError("attention backward: LONGEST_FIRST orders causal launches")
+    main = ((-(-nk // 128) * hkv * b,) if consts["LONGEST_FIRST"] else (-(-nk // 128), hkv, b),
+            consts)
     dq_plan = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
                                          "TARGET": t.name}) if dq == "pass" else None
     return prep, main, dq_plan
