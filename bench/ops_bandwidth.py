@@ -18,7 +18,8 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
   ops     each op at each shape: forward and gradients against torch in float32, then the
           forward and forward+backward timed as CUDA graph replays (backward = the
           difference); pykittens, torch eager, QuACK (rms_norm, softmax) where importable
-  host    microseconds of host time per cached call on tiny inputs (pykittens and torch),
+  host    microseconds of host time per cached call on tiny inputs (pykittens and torch;
+          the median of 5 rounds of 200 calls),
           and pk.launch's fast path against its checked path
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -47,7 +49,7 @@ HEAD_DIM = 128                 # rope: an (M, N) activation is (1, M, N / 128, 1
 EPS = 1e-5
 TOL = 2e-2                     # relative error against float32 torch (bfloat16 results)
 BUDGET_S = 420                 # timing stops after this many seconds of the run
-HOST_CALLS = 500
+HOST_CALLS, HOST_ROUNDS = 200, 5
 DT = torch.bfloat16
 DEVICE = "cuda"                # (the CPU test of this script runs the ops step on "cpu")
 
@@ -350,18 +352,21 @@ def _summary_rows(results):
     return out
 
 
-def _host_us(fn, calls=HOST_CALLS) -> float:
+def _host_us(fn, calls=HOST_CALLS, rounds=HOST_ROUNDS) -> float:
     """Host microseconds per call: calls issued back to back, the GPU work (tiny inputs)
-    never the bottleneck."""
+    never the bottleneck; the median over `rounds` rounds of `calls` calls, so that one
+    round slowed by the host (interrupts, other processes) does not decide it."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return t / calls * 1e6
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize()
+    return statistics.median(per_call) * 1e6
 
 
 def _host_inputs():

@@ -106,3 +106,19 @@ def test_launch_cache_keys_constants_by_value(monkeypatch):
     assert not np.array_equal(a, b)
     from pykittens.lang.kernel import const_key
     assert len({const_key({"N": v}) for v in (1, 1.0, True)}) == 3    # equal, not the same
+
+
+def test_tensor_maps_of_recent_addresses_are_kept():
+    """A tensor map is a function of its geometry and address: a replayed launch whose
+    output comes back at one of a few addresses (torch's caching allocator) encodes each
+    once; the oldest is dropped past TensorMap.RECENT."""
+    from pykittens.runtime import cuda
+    tm = object.__new__(cuda.TensorMap)
+    tm._recent, encoded = {}, []
+    tm._encode = lambda address: encoded.append(address) or address.to_bytes(128, "little")
+    for address in (0x1000, 0x2000, 0x1000, 0x2000, 0x1000):
+        assert tm.encode(address) == address.to_bytes(128, "little")
+    assert encoded == [0x1000, 0x2000]
+    for address in range(0x3000, 0x3000 + 16 * cuda.TensorMap.RECENT, 16):
+        tm.encode(address)
+    assert len(tm._recent) == cuda.TensorMap.RECENT and 0x1000 not in tm._recent

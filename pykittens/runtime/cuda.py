@@ -590,9 +590,15 @@ class TensorMap:
     """cuTensorMapEncodeTiled's arguments for one tensor geometry (shape, strides, element
     type) and box, all but the address: made once, so that a launch replayed on a tensor
     of that geometry somewhere else re-encodes its map from the new address alone (through
-    libcuda by ctypes where it loads, the arguments converted once; else the bindings)."""
+    libcuda by ctypes where it loads, the arguments converted once; else the bindings).
+    The maps of the last few addresses are kept: a replayed op's outputs come back at the
+    same few addresses from torch's caching allocator, and a map is a function of the
+    geometry and the address alone."""
+
+    RECENT = 4                      # maps kept per geometry, the oldest dropped first
 
     def __init__(self, t, desc, dtype):
+        self._recent: dict[int, bytes] = {}
         d = driver()
         esz = T.dtype_of(dtype).bytes
         rank = t.dim()
@@ -626,6 +632,15 @@ class TensorMap:
 
     def encode(self, address: int) -> bytes:
         """The 128-byte map of a tensor of this geometry at `address`."""
+        got = self._recent.get(address)
+        if got is None:
+            got = self._encode(address)
+            if len(self._recent) >= self.RECENT:
+                del self._recent[next(iter(self._recent))]
+            self._recent[address] = got
+        return got
+
+    def _encode(self, address: int) -> bytes:
         if address % 16:
             raise ValueError(f"TMA needs a 16-byte aligned tensor; this one is at "
                              f"{address:#x}")
