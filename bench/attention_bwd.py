@@ -12,6 +12,7 @@ Details go to $OUT/attention_bwd.json when OUT is set; a table is printed last.
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
@@ -149,7 +150,6 @@ def _env_shapes(name, default):
     """Shapes from $name ("B,Hq,Hkv,N,D,causal;..."), else `default`: other shapes in one
     run without editing the script (e.g. the same work at other lengths, to place the
     per-workgroup cost)."""
-    import os
     text = os.environ.get(name, "").strip()
     if not text:
         return default
