@@ -19,6 +19,7 @@ import math
 import operator
 
 import pykittens as pk
+from pykittens.chiplet import mapping as chip
 
 from .attention import (LOG2E, _causal_blocks, _check_heads, _max_length, _need_shapes,
                         packed_offsets)
@@ -96,22 +97,19 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, issued before dK's
     product and staged in shared memory while the tensor cores compute dK, then added into
     the f32 `dq` (scaled) by TMA reductions that a second producer wave issues.
-    Grid (ceil(Nk / 128), Hkv, B); longest_first (causal launches): a flat grid that takes
-    the heads in groups of 4 and, within a group, the key blocks in order of their work
-    (the first key block, which every query block sees, of each of the 4 heads, then the
-    second...), so the grid's last workgroups are short ones (1.5-1.8% faster than a head's
-    key blocks one after another on the H200, docs/PERF.md), while 4 heads' Q, dO and dQ
-    stay in L2.
+    Grid (ceil(Nk / 128), Hkv, B); longest_first (causal launches): a flat grid in
+    block-first order over windows of 4 key/value heads (chiplet.mapping.block_first): the
+    key blocks in order of their work (the first key block, which every query block sees, of
+    each of the 4 heads, then the second...), so the grid's last workgroups are short ones
+    (1.5-1.8% faster than a head's key blocks one after another on the H200,
+    docs/PERF.md), while 4 heads' Q, dO and dQ stay in L2.
 
     With cu_q / cu_k (packed batches, dQ by its own pass): (H, total, D) tensors, lse and
     delta (Hq, total_q); queries past the sequence's end are masked (their rows belong to
     the next sequence) and dK, dV are stored up to the sequence's end."""
-    if longest_first:
-        nkb, heads = (k.shape[2] + 127) // 128, k.shape[0] * k.shape[1]
-        i, span = pk.program_id(0), 4 * nkb                 # a group of 4 heads' blocks
-        in_group = pk.minimum(heads - i // span * 4, 4)     # the last group: fewer
-        head = i // span * 4 + i % span % in_group
-        kb, hk, b = i % span // in_group, head % k.shape[1], head // k.shape[1]
+    if longest_first:       # the NUMA study's block-first order, key blocks for query blocks
+        b, hk, kb = chip.block_first(pk.program_id(0), k.shape[0], k.shape[1],
+                                     (k.shape[2] + 127) // 128, 4)
     else:
         kb, hk, b = pk.program_id(0), pk.program_id(1), pk.program_id(2)
     qs, ks_, nq, nk, at, row_at = _sequence(q, k, b, cu_q, cu_k)
