@@ -7,7 +7,10 @@ all in one run. TFLOP/s of forward+backward = 3.5 x the forward's 4 B Hq Nq Nk D
     PYTHONPATH=. python3 bench/attention_bwd.py                 # everything
     PYTHONPATH=. python3 bench/attention_bwd.py correctness     # only the named steps
     PYTHONPATH=. python3 bench/attention_bwd.py passes          # each pass alone, variants
-Details go to $OUT/attention_bwd.json when OUT is set; a table is printed last.
+    ATTN_BWD_SHAPES="4,16,16,8192,128,0;..." ATTN_BWD_PASS_SHAPES="..." ...  # other shapes
+Shapes are "B,Hq,Hkv,N,D,causal", separated by ";" (for `performance` / `passes`; by default
+SHAPES and PASS_SHAPES below). Details go to $OUT/attention_bwd.json when OUT is set; a table
+is printed last.
 """
 from __future__ import annotations
 
