@@ -74,6 +74,12 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
         raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
 
 
+def _zero_unless(t, conditions: list):
+    """t where every condition (a boolean tile of its shape) holds, 0 elsewhere; t itself
+    where there is none."""
+    return pk.where(functools.reduce(operator.and_, conditions), t, 0.0) if conditions else t
+
+
 def _sequence(q, k, b, cu_q, cu_k):
     """Sequence b's first query and key rows, its lengths, and the coordinates of a row of
     head h in the (B, H, N, D) tensors and the (B, H, N) row vectors — or, packed (cu_q /
@@ -221,8 +227,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 keep = [keys < nk, queries < nq] if varlen else []
                 if CAUSAL:
                     keep.append(keys <= queries + offset)
-                if keep:
-                    p_t = pk.where(functools.reduce(operator.and_, keep), p_t, 0.0)
+                p_t = _zero_unless(p_t, keep)
                 p_a = pk.convert(pk.rt((16, BM), DT, role="a"), p_t)
                 pk.mma_AB(dv_acc, p_a, s.do, in_flight=2)               # dV += P^T dO
                 pk.mma_wait(dpt, in_flight=1)
@@ -321,9 +326,7 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
                 keep = [cols < nk] if cu_q is not None else []
                 if CAUSAL:
                     keep.append(cols <= rows + offset)
-                p = pk.exp2(pk.fma(s, scale2, -lse_r))                  # under dO V^T
-                if keep:
-                    p = pk.where(functools.reduce(operator.and_, keep), p, 0.0)
+                p = _zero_unless(pk.exp2(pk.fma(s, scale2, -lse_r)), keep)  # under dO V^T
                 pk.mma_wait(dp)
                 ds = pk.convert(pk.rt((16, BN), DT, role="a"), p * (dp - delta_r))
                 pk.mma_AB(acc, ds, st.k)
