@@ -149,7 +149,9 @@ def _f8f6f4_ab(mn: int, k: int, name_dim: int, fp4: bool = False):
     other = 1 - name_dim
     bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
     bits += [(other, 16 << b) for b in range(groups.bit_length() - 1)]
-    runs = list(range(16)) if fp4 else [r * (k // 2) + s for r in range(2) for s in range(16)]
+    runs = [r * (k // 2) + s for r in range(2) for s in range(16)]
+    if fp4:
+        runs = list(range(16))
     slots = [((0, kk) if name_dim == 0 else (kk, 0)) for kk in runs]
     shape = (mn, k) if name_dim == 0 else (k, mn)
     return linear(shape, bits, slots)
