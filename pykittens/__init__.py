@@ -16,7 +16,7 @@ from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
 from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, col_sum, convert, copy, div,
                        else_, empty, exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
                        mask_outside, max, min, mma_AB, mma_ABt, mma_AtB, mma_wait, mul,
-                       num_programs, num_waves, program_id, programs_per_cu, range,
+                       num_programs, num_waves, program_id, programs_per_cu, range, relabel,
                        row_index, row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st,
                        static_range, store, sub, subtile, transpose, wave_id, workgroup_max,
                        workgroup_sum, xor_cols, zeros)

@@ -173,6 +173,48 @@ def test_transpose_is_a_view_of_the_same_registers(rng, target):
     assert "lds_load(" not in lane and "bfly" not in lane
 
 
+@pk.kernel(num_waves=1)
+def relabelled(x: pk.gl[pk.f32, 2], acc_out: pk.gl[pk.f32, 2], back: pk.gl[pk.f32, 2]):
+    """A generic (32, 32) tile read as a Hopper m16 accumulator (16, 64), and back."""
+    acc = pk.relabel(pk.rt((16, 64), pk.f32, role="acc"), pk.load(pk.rt((32, 32), pk.f32), x))
+    pk.store(acc_out, acc)
+    pk.store(back, pk.relabel(pk.rt((32, 32), pk.f32), acc))
+
+
+def test_relabel_reads_the_same_registers_in_another_layout(rng):
+    """Lane l's register i, from the layouts as PTX documents them (not from the layout
+    tables): in the generic tile (8 columns a lane, 4 lanes a row) element
+    (l // 4 + 8 (i // 8), 8 (l % 4) + i % 8); in an m16n8 accumulator, tiled over 64 columns,
+    (l // 4 + 8 ((i // 2) % 2), 8 (i // 4) + 2 (l % 4) + i % 2)."""
+    x = rng.standard_normal((32, 32)).astype(np.float32)
+    got = pk.emulate(relabelled, x, np.zeros((16, 64), np.float32), np.zeros_like(x), grid=1,
+                     target="sm_90a")
+    want = np.full((16, 64), np.nan, np.float32)
+    for lane in range(32):
+        for i in range(32):
+            want[lane // 4 + 8 * (i // 2 % 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2] = \
+                x[lane // 4 + 8 * (i // 8), 8 * (lane % 4) + i % 8]
+    assert np.array_equal(got["acc_out"], want)
+    assert np.array_equal(got["back"], x)                  # relabelled back: as it was
+    lane_ir = compiler.emit(relabelled, "sm_90a", "lane")
+    assert "bfly" not in lane_ir and "lds_load(" not in lane_ir  # no data moves
+
+
+def test_relabel_names_what_does_not_match(rng):
+    def build(src, dst):
+        @pk.kernel(num_waves=1)
+        def bad(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2]):
+            pk.store(out, pk.relabel(dst, pk.load(src, x)))
+        return bad
+
+    x = np.zeros((32, 64), np.float32)
+    cases = ((pk.rt((16, 64), pk.f32), pk.rt((16, 32), pk.f32), "keeps the number of elements"),
+             (pk.rt((16, 64), pk.f32), pk.rt((16, 64), pk.bf16), "keeps the element type"))
+    for src, dst, msg in cases:
+        with pytest.raises(pk.KernelError, match=msg):
+            pk.emulate(build(src, dst), x, x, grid=1, target="sm_90a")
+
+
 @pytest.mark.parametrize("target", ["gfx942", "sm_90a"])
 def test_a_vector_broadcasts_over_any_tile_of_its_row_layout(rng, target):
     @pk.kernel

@@ -446,6 +446,31 @@ def convert(dst, src: RT) -> RT:
     return dst
 
 
+def relabel(dst, src: RT) -> RT:
+    """dst <- src's registers as they are, read in dst's layout: slot s of lane l of the
+    result is slot s of lane l of `src`, whatever elements the two layouts say they hold.
+    Nothing moves; what changes is the (row, col) each register stands for. It moves a tile
+    through memory in the order its lanes hold it: an accumulator relabelled as a generic
+    tile is stored in 16-byte runs a lane (where its own layout's pairs meet in shared-memory
+    banks), and whoever reads the buffer back relabels it with the same two layouts. Same
+    element type and element count on both sides, and the same slots per lane on the target
+    (the compiler checks). `dst` is a tile type or a tile to write."""
+    _need_reg(src, "relabel")
+    dst = _dst_of(dst)
+    _need_reg(dst, "relabel")
+    if isinstance(src, RV) or isinstance(dst, RV):
+        raise error("pk.relabel reads a tile's registers as another tile; vectors follow "
+                    "their tile (pk.rv)")
+    if src.dtype != dst.dtype:
+        raise error(f"pk.relabel keeps the element type: {src.type} -> {dst.type}; "
+                    "pk.cast first")
+    if math.prod(src.shape) != math.prod(dst.shape):
+        raise error(f"pk.relabel keeps the number of elements: {src.type} holds "
+                    f"{math.prod(src.shape)}, {dst.type} {math.prod(dst.shape)}")
+    current().emit("convert", dst.v, (src.v,), relabel=True)
+    return dst
+
+
 def transpose(t: RT) -> RT:
     """The tile's transpose as a view of the same registers: the element (r, c) of the result
     is t's (c, r); a 'row' layout becomes 'col' and the other way round (an accumulator too),

@@ -249,6 +249,14 @@ class _Lowering:
         lane must already be in that lane (for a transpose: at the swapped position)."""
         src_v, dst_v = op.srcs[0], op.dst
         src_l, dst_l = self.layout(src_v), self.layout(dst_v)
+        if op.attrs.get("relabel"):                      # pk.relabel: the registers as they are
+            if src_l.nslots != dst_l.nslots or src_l.lanes != dst_l.lanes:
+                raise self.err(f"pk.relabel: {src_v.type} holds {src_l.nslots} elements a "
+                               f"lane on {self.t.name}, {dst_v.type} {dst_l.nslots}: no "
+                               "register-for-register reading")
+            self.emit("slots", self.env[dst_v], (self.val(src_v),),
+                      index=tuple(range(src_l.nslots)))
+            return
         rows, cols = dst_l.coords()
         if op.attrs.get("transpose"):
             rows, cols = cols, rows
