@@ -167,7 +167,8 @@ def pass_plans(shape, dt="bf16"):
     """(name, kernel, grid, consts) of every pass variant of one (B, Hq, Hkv, N, D, causal)."""
     import numpy as np
     from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
-                                                 attention_bwd_launch, attention_bwd_prep)
+                                                 attention_bwd_dq_finish, attention_bwd_launch,
+                                                 attention_bwd_prep, dq_finish_launch)
     b, hq, hkv, n, d, causal = shape
     shapes = {"q": np.empty((b, hq, n, d), np.float16), "k": np.empty((b, hkv, n, d), np.float16)}
     (pg, pc), _, (qg, qc) = attention_bwd_launch(shapes, "sm_90a", dq="pass", CAUSAL=causal)
@@ -177,13 +178,16 @@ def pass_plans(shape, dt="bf16"):
         out.append(("main " + (str(o) if o else "default"), attention_bwd, mg, {"DT": dt, **mc}))
     out += [("dq " + (str(o) if o else "default"), attention_bwd_dq, qg, {"DT": dt, **qc, **o})
             for o in DQ_VARIANTS]
-    return out
+    fg, fc = dq_finish_launch((b, hq, n, d))
+    return out + [("finish", attention_bwd_dq_finish, fg, {"DT": dt, **fc})]
 
 
 def passes(rows, details):
     """Each backward pass alone, the default schedule and its variants: where the time goes."""
     import math as m
     import pykittens as pk
+    from pykittens.kernels.attention_bwd import (attention_bwd_dq_finish, dq_finish_launch,
+                                                 dq_sum_shape)
     for shape in PASS_SHAPES:
         b, hq, hkv, n, d, causal = shape
         q = torch.randn(b, hq, n, d, device=DEV, dtype=torch.bfloat16)
@@ -192,30 +196,37 @@ def passes(rows, details):
         lse = torch.full((b, hq, n), float(m.log(n)), device=DEV)
         delta = torch.zeros(b, hq, n, device=DEV)
         dk, dv, dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
-        dq32 = torch.zeros(q.shape, device=DEV)
-        args = {"prep": (o, do, delta), "main": (q, k, v, do, lse, delta, dq32, dk, dv,
-                                                   1 / m.sqrt(d)),
-                "dq": (q, k, v, do, lse, delta, dq, 1 / m.sqrt(d))}
+        dq_sum = torch.zeros(dq_sum_shape(*q.shape), device=DEV)
+        dq_f32, dq32 = torch.empty(q.shape, device=DEV), torch.zeros(q.shape, device=DEV)
+        args = {"prep": (o, do, delta), "dq": (q, k, v, do, lse, delta, dq, 1 / m.sqrt(d)),
+                "main": (q, k, v, do, lse, delta, dq_sum, dk, dv, 1 / m.sqrt(d)),
+                "finish": (dq_sum, dq)}
+
+        def dq_of():                        # the f32 dQ a main pass added, in dQ's rows
+            pk.launch(attention_bwd_dq_finish, dq_sum, dq_f32, grid=dq_finish_launch(
+                q.shape)[0], D=d)
+            return dq_f32.clone()
         gemm = 2 * b * hq * n * n * d / (2 if causal else 1)       # one n x n x d product
         label = f"({b},{hq},{hkv},{n},{d}){' causal' if causal else ''}"
         first = {}          # the main pass's outputs by its first variant with(out) dQ
         for name, kernel, grid, consts in pass_plans(shape):
-            fn = lambda: pk.launch(kernel, *args[name.split()[0]], grid=grid, **consts)  # noqa: E731
+            kind = name.split()[0]
+            fn = lambda: pk.launch(kernel, *args[kind], grid=grid, **consts)  # noqa: E731
             t = graph_time(fn, reps=10)
             products = {"prep": 0, "main": 5 if consts.get("DQ_ATOMIC") else 4,
-                        "dq": 3}[name.split()[0]]
+                        "dq": 3, "finish": 0}[kind]
             tf = products * gemm / t / 1e12
             agree = ""
             if name.startswith("main") and not consts.get("DQ_DIAG"):
                 # one more launch from a zeroed dQ and poisoned dK, dV: each variant computes
                 # what the first of its kind does (up to the order of dQ's additions)
-                dq32.zero_()
+                dq_sum.zero_()
                 dk.fill_(float("nan"))
                 dv.fill_(float("nan"))
                 fn()
-                torch.cuda.synchronize()
-                outs = [dk.float(), dv.float()] + ([dq32.clone()] if consts.get("DQ_ATOMIC")
+                outs = [dk.float(), dv.float()] + ([dq_of()] if consts.get("DQ_ATOMIC")
                                                    else [])
+                torch.cuda.synchronize()
                 ref = first.setdefault(bool(consts.get("DQ_ATOMIC")), outs)
                 err = max(float((a - b).norm() / b.norm()) if torch.isfinite(a).all()
                           else math.inf for a, b in zip(outs, ref))
@@ -224,9 +235,10 @@ def passes(rows, details):
                  f"{tf:.0f} TFLOP/s" if products else "", agree)
             details.append({"check": "pass_time", "shape": shape, "pass": name, "s": t,
                             "tflops": tf, "agreement": agree})
-        # what the op adds around the passes with atomic dQ: the f32 sum zeroed, then cast
-        for name, fn in (("op: zero dQ f32", lambda: torch.zeros(q.shape, device=DEV)),
-                         ("op: dQ f32 -> bf16", lambda: dq32.to(torch.bfloat16))):
+        # what the op adds around the passes with atomic dQ: the f32 sum zeroed (and, beside
+        # the finish pass, torch's cast of an f32 dQ in rows: the same bytes)
+        for name, fn in (("op: zero dQ f32", lambda: torch.zeros(dq_sum.shape, device=DEV)),
+                         ("torch: f32 -> bf16", lambda: dq32.to(torch.bfloat16))):
             t = graph_time(fn, reps=10)
             _row(rows, "pass", name, "bf16", label, f"{t * 1e3:.3f} ms", "", "")
             details.append({"check": "pass_time", "shape": shape, "pass": name, "s": t})

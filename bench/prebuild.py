@@ -31,11 +31,14 @@ def attention_bwd():
     import numpy as np
     from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
     from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
-                                                 attention_bwd_launch, attention_bwd_prep)
+                                                 attention_bwd_dq_finish, attention_bwd_launch,
+                                                 attention_bwd_prep)
     for dt, d, causal in itertools.product(("bf16", "f16"), (64, 128), (0, 1)):
         shapes = {n: np.empty((1, 8, 256, d), np.float16) for n in "qkv"}
         yield attention_fwd, {"DT": dt, **attention_fwd_launch(shapes, "sm_90a",
                                                                CAUSAL=causal)[1]}
+        if causal:
+            yield attention_bwd_dq_finish, {"DT": dt, "D": d}
         for dq, nq in itertools.product(("pass", "atomic"), (256, 130)):  # 130: STATS_TMA=0
             shapes["q"] = np.empty((1, 8, nq, d), np.float16)
             plans = attention_bwd_launch(shapes, "sm_90a", dq=dq, CAUSAL=causal)
@@ -48,9 +51,11 @@ def attention_bwd():
 def attention_bwd_passes():
     """The pass variants bench/attention_bwd.py times alone (step "passes")."""
     import attention_bwd as bench               # bench/, this script's directory
+    from pykittens.kernels.attention_bwd import attention_bwd_dq_finish
     for shape in bench.PASS_SHAPES:
         for _, kernel, _, consts in bench.pass_plans(shape):
             yield kernel, consts
+        yield attention_bwd_dq_finish, {"DT": "f32", "D": shape[4]}   # dQ's sums compared
 
 
 def chiplet_l2():

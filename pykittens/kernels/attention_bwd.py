@@ -3,13 +3,13 @@ dQ, dK, dV of O = softmax(Q K^T * scale) V, on the same (B, H, N, D) views as th
 (GQA: dK and dV summed over each key/value head's group of query heads; causal aligned to
 the bottom right; ragged lengths).
 
-Three passes, each a library kernel:
+Three passes (four with atomic dQ), each a library kernel:
 - `attention_bwd_prep`: delta = rowsum(dO * O) per query row (f32);
 - `attention_bwd`: one workgroup per block of keys (and key/value head, batch) walks every
   query block of the group's heads, recomputes P from Q K^T and the LSE, and accumulates
   dV = P^T dO and dK = dS^T Q in registers; with dq="atomic" (Hopper's default) it also
-  adds each query block's dQ = dS K into an f32 tensor (TMA reductions: the order of
-  additions varies between runs);
+  adds each query block's dQ = dS K into an f32 sum (TMA reductions: the order of
+  additions varies between runs), which `attention_bwd_dq_finish` then casts to dQ;
 - `attention_bwd_dq` (dq="pass": deterministic; CDNA's only schedule): one workgroup per
   query block walks the key blocks in order and accumulates dQ in registers (it recomputes
   S and dP: two more products).
@@ -52,7 +52,8 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   MAP: pk.const = "head-first", DQ_DIAG: pk.const = 0,
                   STATS_TMA: pk.const = 0, STATS_IN_ACC: pk.const = 3,
                   LONGEST_FIRST: pk.const = 0):
-    """dK, dV (and with DQ_ATOMIC, dQ added into the f32 `dq`) of one block of keys per
+    """dK, dV (and with DQ_ATOMIC, dQ added into the f32 sum `dq`, zeroed, of shape
+    dq_sum_shape: attention_bwd_dq_finish makes dQ of it) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
     Grid and constants: attention_bwd_launch. DQ_DIAG (Hopper, timing only; 0 in every
     library launch): 1 leaves out dQ's TMA reductions, 2 the consumers' wait for each
@@ -72,6 +73,25 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                  TARGET)
     else:
         raise pk.NotSupportedYet(f"attention_bwd has no schedule for {TARGET} yet")
+
+
+# dQ's f32 sum (the atomic schedule) is kept in the order the consumers' accumulators hold
+# it: each wave's (16 queries, 64 columns) block of dQ, relabelled (pk.relabel) as a generic
+# (32, 32) tile, is 32 rows of 128 bytes. So it goes to shared memory in 16-byte runs a lane
+# without bank conflicts (the accumulator's pairs of columns meet two rows to a bank) and
+# reaches global memory as one TMA box per 64 columns; attention_bwd_dq_finish reads the
+# blocks back and relabels them. Query block q0's columns 64j.. start at row
+# _dq_sum_row(q0, j, D) of its head, wave w's rows 32 w further.
+DQ_SUM_WAVE = (32, 32)
+
+
+def _dq_sum_row(q0, j, D):
+    return (q0 // 64 * (D // 64) + j) * 4 * DQ_SUM_WAVE[0]
+
+
+def dq_sum_shape(b: int, hq: int, nq: int, d: int) -> tuple:
+    """The shape of the zeroed f32 sum attention_bwd adds dQ into (atomic schedule)."""
+    return (b, hq, _dq_sum_row(-(-nq // 64) * 64, 0, d), DQ_SUM_WAVE[1])  # blocks' rows
 
 
 def _zero_unless(t, conditions: list):
@@ -145,11 +165,15 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     # parity, so that storing the next step's never overwrites one a slower wave still reads
     sds = [pk.empty(pk.st((BM, 64), DT, swizzle=8), count=2) for _ in range(2)]
     ds_ready = pk.mbarrier(8)
-    # dQ's 64-column blocks leave through shared memory: the consumers write a block, a
-    # producer wave has the TMA unit add it into `dq` and waits for the copy to read it, so
-    # the consumers go on (the tile is free again long before the next step's block)
+    # dQ's 64-column blocks leave through shared memory: the consumers write a block (in
+    # their registers' order, DQ_SUM_WAVE), a producer wave has the TMA unit add it into
+    # `dq` and waits for the copy to read it, so the consumers go on (the tile is free again
+    # long before the next step's block)
     if DQ_ATOMIC:
-        dq_stage = [pk.empty(pk.st((BM, 64), pk.f32, swizzle=8)) for _ in range(D // 64)]
+        if BM != 64:
+            raise ValueError("the atomic dQ schedule keeps 64-row query blocks (BM=64)")
+        dq_stage = [pk.empty(pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8))
+                    for _ in range(D // 64)]
         dq_ready = [pk.mbarrier(4) for _ in range(D // 64)]
         dq_free = [pk.mbarrier(1) for _ in range(D // 64)]
     scale2 = scale * LOG2E
@@ -189,7 +213,8 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                     for j in pk.static_range(D // 64):
                         pk.wait(dq_ready[j], step % 2)
                         if not diag & 1:
-                            pk.tma_store(dq, dq_stage[j], (b, h, q0, 64 * j), add=True)
+                            pk.tma_store(dq, dq_stage[j], (b, h, _dq_sum_row(q0, j, D), 0),
+                                         add=True)
                         pk.arrive(dq_free[j])
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=240):
@@ -248,7 +273,9 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 for j, dq_part in parts.items():
                     with pk.if_(step >= 1):         # the writer has read the tile
                         pk.wait(dq_free[j], (step - 1) % 2)
-                    pk.store(dq_stage[j], dq_part * scale, (16 * w, 0))
+                    pk.store(dq_stage[j], pk.relabel(pk.rt(DQ_SUM_WAVE, pk.f32),
+                                                     dq_part * scale),
+                             (DQ_SUM_WAVE[0] * w, 0))
                     pk.arrive(dq_ready[j])
                 pk.mma_wait(dk_acc)
                 ring.release(step)
@@ -335,6 +362,44 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
             pk.store(dq, (acc * scale).cast(DT), at(h, qs + row0), end=end)
 
 
+@pk.kernel(num_waves=4)
+def attention_bwd_dq_finish(dq_sum: pk.gl[pk.f32, 4], dq: pk.gl["DT", HEAD],
+                            DT: pk.const = None, D: pk.const = 128,
+                            TARGET: pk.target = None):
+    """dQ (B, Hq, Nq, D) from attention_bwd's f32 sum (atomic schedule, dq_sum_shape), one
+    64-row query block per workgroup: its blocks come by TMA as the main pass's stage held
+    them, each wave reads its 16 rows' back in register order, relabels them as the
+    accumulators that added them and writes them cast to a shared tile, which TMA stores
+    (rows past Nq are not written). Through shared memory both ways, so every global access
+    is a whole box. Grid (ceil(Nq / 64), Hq, B)."""
+    if TARGET != "sm_90a":
+        raise pk.NotSupportedYet(f"attention_bwd's atomic dQ schedule is Hopper's; {TARGET} "
+                                 "takes dQ by its own pass (dq='pass')")
+    q0, h, b = pk.program_id(0) * 64, pk.program_id(1), pk.program_id(2)
+    w = pk.wave_id()
+    sums = [pk.empty(pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8))
+            for _ in range(D // 64)]
+    out = pk.empty(pk.st((64, D), DT, swizzle=8))
+    full = pk.mbarrier(D // 64)
+    with pk.if_(w == 0):
+        for j in pk.static_range(D // 64):
+            pk.tma_load(sums[j], dq_sum, (b, h, _dq_sum_row(q0, j, D), 0), full)
+    pk.wait(full, 0)
+    for j in pk.static_range(D // 64):
+        part = pk.load(pk.rt(DQ_SUM_WAVE, pk.f32), sums[j], (DQ_SUM_WAVE[0] * w, 0))
+        part = pk.relabel(pk.rt((16, 64), pk.f32, role="acc"), part)
+        pk.store(out, part.cast(DT), (16 * w, 64 * j))
+    pk.barrier()
+    with pk.if_(w == 0):
+        pk.tma_store(dq, out, (b, h, q0, 0))
+
+
+def dq_finish_launch(q_shape) -> tuple:
+    """(grid, consts) of attention_bwd_dq_finish for q (B, Hq, Nq, D)."""
+    b, hq, nq, d = q_shape
+    return (-(-nq // 64), hq, b), {"D": d}
+
+
 # (H, total, D) views of packed (total, H, D) tensors, head dim the const D
 PACKED = (None, None, "D")
 
@@ -392,8 +457,9 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
                                 rows: int | None = None, **overrides):
     """(prep, main, dq) launch plans of the packed backward for inputs `i`: q (Hq, total_q,
     D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here to check them; the
-    longest lengths, when given, must cover every sequence). prep runs attention_bwd_prep on (1, Hq, total_q, D) views of O and
-    dO (delta does not depend on the sequences); main is attention_bwd_varlen, dq
+    longest lengths, when given, must cover every sequence). prep runs attention_bwd_prep
+    on (1, Hq, total_q, D) views of O and dO (delta does not depend on the sequences);
+    main is attention_bwd_varlen, dq
     attention_bwd_dq_varlen (dQ by its own pass: deterministic). Hopper: grids
     (ceil(longest Nk / 128), Hkv, B) and (ceil(longest Nq / 128), Hq, B); CDNA: the dense
     schedule's flat head-first grids (attention_bwd_cdna.cdna_bwd_launch) for the longest

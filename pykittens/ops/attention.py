@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from ..kernels.attention import attention_fwd, attention_fwd_launch
-from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq, stats_rows,
-                                     attention_bwd_launch, attention_bwd_prep)
+from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq, attention_bwd_dq_finish,
+                                     attention_bwd_launch, attention_bwd_prep, dq_finish_launch,
+                                     dq_sum_shape, stats_rows)
 from .run import EMULATE_TARGET, HALVES as DTYPES, custom_op, from_numpy as _from_numpy
 from . import replay
 from .run import kernel_output, replayable, run, target_of, to_numpy as _to_numpy
@@ -123,13 +124,15 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     # the f32 sum of the atomic schedule; with a dQ pass the main pass does not touch it (a
     # placeholder with 16-element strides keeps the aligned build)
-    dq32 = q.new_empty((1, 1, 1, 16), dtype=torch.float32) if dq_plan else \
-        q.new_zeros(q.shape, dtype=torch.float32)
-    launch(attention_bwd, qv, kv, vv, dov, lse, delta, dq32.transpose(1, 2),
-           dk.transpose(1, 2), dv.transpose(1, 2), scale, grid=grid, **consts)
-    if dq_plan is None:
-        return dq32.to(q.dtype), dk, dv
+    dq_sum = q.new_empty((1, 1, 1, 16), dtype=torch.float32) if dq_plan else \
+        q.new_zeros(dq_sum_shape(*qv.shape), dtype=torch.float32)
+    launch(attention_bwd, qv, kv, vv, dov, lse, delta, dq_sum, dk.transpose(1, 2),
+           dv.transpose(1, 2), scale, grid=grid, **consts)
     dq = torch.empty_like(q)
+    if dq_plan is None:
+        fgrid, fconsts = dq_finish_launch(qv.shape)
+        launch(attention_bwd_dq_finish, dq_sum, dq.transpose(1, 2), grid=fgrid, **fconsts)
+        return dq, dk, dv
     launch(attention_bwd_dq, qv, kv, vv, dov, lse, delta, dq.transpose(1, 2), scale,
            grid=dq_plan[0], **dq_plan[1])
     return dq, dk, dv
@@ -169,12 +172,15 @@ def _emulate_bwd(views, lse, dlse, causal, scale, deterministic):
     if dlse is not None:
         delta = delta - _to_numpy(dlse.float())
     lse, delta = in_rows(_to_numpy(lse), rows), in_rows(delta, rows)
-    dq32 = np.zeros((1, 1, 1, 16) if dq_plan else q.shape, np.float32)   # as on the GPU
-    out = emulate(attention_bwd, q, k, v, do, lse, delta, dq32,
+    dq_sum = np.zeros((1, 1, 1, 16) if dq_plan else dq_sum_shape(*q.shape), np.float32)
+    out = emulate(attention_bwd, q, k, v, do, lse, delta, dq_sum,
                   np.zeros_like(k), np.zeros_like(v), scale, grid=grid, **run, **consts)
     dtype = views[0].dtype
-    dq = _from_numpy(out["dq"], dtype)
-    if dq_plan is not None:
+    if dq_plan is None:                                              # as on the GPU
+        fgrid, fconsts = dq_finish_launch(q.shape)
+        dq = _from_numpy(emulate(attention_bwd_dq_finish, out["dq"], np.zeros_like(q),
+                                 grid=fgrid, **run, **fconsts)["dq"], dtype)
+    else:
         dq = _from_numpy(emulate(attention_bwd_dq, q, k, v, do, lse, delta,
                                  np.zeros_like(q), scale, grid=dq_plan[0], **run,
                                  **dq_plan[1])["dq"], dtype)
