@@ -21,6 +21,8 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
   host    microseconds of host time per cached call on tiny inputs (pykittens and torch;
           the median of 5 rounds of 200 calls),
           and pk.launch's fast path against its checked path
+  host_profile  each op's replayed call with the garbage collector on and off, and the
+          functions its host time goes to (cProfile)
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
   variants  ops under the launch rule and under other schedules (VARIANTS: forward row
@@ -369,6 +371,17 @@ def _host_us(fn, calls=HOST_CALLS, rounds=HOST_ROUNDS) -> float:
     return statistics.median(per_call) * 1e6
 
 
+def _warm_gpu(seconds: float = 1.0) -> None:
+    """Matrix products for `seconds`: the GPU's clocks up before host times are taken (an
+    idle GPU runs the first calls' tiny kernels slowly enough to pace their launches)."""
+    a = torch.randn(4096, 4096, device=DEVICE, dtype=DT)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def _host_inputs():
     return {"layer_norm": (8, 1024), "rms_norm": (8, 1024), "add_rms_norm": (8, 1024),
             "softmax": (8, 1024), "rope": (8, 1024), "linear": (8, 1024)}
@@ -387,6 +400,7 @@ def step_host(rows, details):
     import pykittens as pk
     from pykittens.runtime import launch as launch_mod
     shapes = _host_inputs()
+    _warm_gpu()
     for op in _ops():
         _host_row(rows, details, op.name, shapes[op.name], op.pykittens, op.torch,
                   op.make(shapes[op.name]))
@@ -410,6 +424,40 @@ def step_host(rows, details):
                     "checked_us": us[False]})
     rows.append(["host", "pk.launch rmsnorm", f"fast path {us[True]:.1f} us",
                  f"checked {us[False]:.1f} us", f"{us[False] / us[True]:.1f}x less host time"])
+
+
+def step_host_profile(rows, details):
+    """Where a replayed call's host time goes, op by op: its time with Python's garbage
+    collector on and off, and the functions that take it (cProfile over HOST_CALLS calls,
+    the top ones by own time in the details)."""
+    import cProfile
+    import gc
+    import pstats
+    shapes = _host_inputs()
+    _warm_gpu()
+    ops = [(op.name, op.pykittens, op.make(shapes[op.name])) for op in _ops()]
+    ops.append(ops[1])                         # rms_norm again, last: does its place matter?
+    for name, fn, inputs in ops:
+        us = {"gc on": _host_us(lambda: fn(*inputs))}
+        gc.disable()
+        try:
+            us["gc off"] = _host_us(lambda: fn(*inputs))
+        finally:
+            gc.enable()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(HOST_CALLS):
+            fn(*inputs)
+        prof.disable()
+        torch.cuda.synchronize()
+        st = pstats.Stats(prof)
+        top = sorted(((v[2] / HOST_CALLS * 1e6, v[1] // HOST_CALLS, f"{k[0].split('/')[-1]}:"
+                       f"{k[1]}({k[2]})") for k, v in st.stats.items()), reverse=True)[:12]
+        details.append({"step": "host_profile", "op": name, "us": us,
+                        "top_own_us_per_call": [list(t) for t in top]})
+        rows.append(["host profile", name, f"gc on {us['gc on']:.1f} us, off "
+                     f"{us['gc off']:.1f} us",
+                     ", ".join(f"{t[2]} {t[0]:.1f}" for t in top[:3]), ""])
 
 
 def _host_row(rows, details, name, shape, pykittens, peer, inputs):
@@ -712,7 +760,8 @@ def main() -> int:
     env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "quack": "yes" if _quack("rmsnorm") else "not importable",
            "cache": os.environ.get("PYKITTENS_CACHE", "(default)")}
-    steps = {"copy": step_copy, "ops": step_ops, "host": step_host, "graph": step_graph,
+    steps = {"copy": step_copy, "ops": step_ops, "host": step_host,
+             "host_profile": step_host_profile, "graph": step_graph,
              "variants": step_variants, "report": step_report}
 
     def builds(rows, details):

@@ -43,6 +43,7 @@ def run_steps(name: str, steps: dict, env: dict, argv=None, header=None) -> int:
             rows.append([step, "ERROR", "", "", type(e).__name__, str(e)[:80]])
     out = os.environ.get("OUT")
     if out:
+        os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, f"{name}.json"), "w") as f:
             json.dump({"env": env, "results": details}, f, indent=2, default=str)
     print(f"\n{env}  ({time.time() - t0:.0f}s)")
