@@ -7,6 +7,7 @@ all in one run. TFLOP/s of forward+backward = 3.5 x the forward's 4 B Hq Nq Nk D
     PYTHONPATH=. python3 bench/attention_bwd.py                 # everything
     PYTHONPATH=. python3 bench/attention_bwd.py correctness     # only the named steps
     PYTHONPATH=. python3 bench/attention_bwd.py passes          # each pass alone, variants
+    PYTHONPATH=. python3 bench/attention_bwd.py varlen          # packed batches
     ATTN_BWD_SHAPES="4,16,16,8192,128,0;..." ATTN_BWD_PASS_SHAPES="..." ...  # other shapes
 Shapes are "B,Hq,Hkv,N,D,causal", separated by ";" (for `performance` / `passes`; by default
 SHAPES and PASS_SHAPES below). Details go to $OUT/attention_bwd.json when OUT is set; a table
@@ -14,6 +15,7 @@ is printed last.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -139,6 +141,90 @@ def performance(rows, details):
                         "causal": causal, **res})
 
 
+# packed batches (step "varlen"): 16 sequences of 512 to 4096 tokens (40960 in all), and the
+# heads, head dim and causality of each run
+VARLEN_LENGTHS = [4096, 1024, 2560, 512, 3584, 2048, 1536, 3072, 4096, 768, 2816, 1280, 3840,
+                  2304, 1792, 3328]
+VARLEN_HEADS = [(16, 16, 128, 0), (16, 16, 128, 1), (32, 8, 128, 1)]
+
+
+def _packed(lengths, hq, hkv, d, dtype=torch.bfloat16):
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
+                      device=DEV)
+    n = int(cu[-1])
+    q, k, v = (torch.randn(n, h, d, device=DEV, dtype=dtype, requires_grad=True)
+               for h in (hq, hkv, hkv))
+    return q, k, v, cu
+
+
+def varlen(rows, details):
+    """Packed batches through pykittens.ops.attention_varlen: gradients per sequence against
+    float64 (small batches, dQ both ways), then forward+backward TFLOP/s with dQ added into
+    the f32 sum (the default) and by its own pass (deterministic), and FA4's varlen function
+    where importable. Timed by CUDA events (the op reads the offsets on the host)."""
+    import pykittens.ops as pko
+    from pykittens.bench.gpu import event_time
+    for hq, hkv, d, causal in ((4, 2, 64, 1), (4, 4, 128, 0)):
+        lengths = [100, 0, 300, 257]
+        q, k, v, cu = _packed(lengths, hq, hkv, d)
+        do = torch.randn_like(q)
+        for det in (False, True):
+            got = torch.autograd.grad(pko.attention_varlen(
+                q, k, v, cu, cu, max(lengths), max(lengths), causal=bool(causal),
+                deterministic=det), (q, k, v), do)
+            errs = []
+            for a, b in itertools.pairwise(cu.tolist()):
+                if a == b:
+                    continue
+                seq = [x.detach()[a:b][None].double().requires_grad_() for x in (q, k, v)]
+                want = torch.autograd.grad(reference(*seq, causal), seq,
+                                           do[a:b][None].double())
+                errs.append(max(float((g[a:b].double() - w[0]).norm() / w[0].norm())
+                                for g, w in zip(got, want)))
+            ok = max(errs) < 2e-2
+            shape = f"{lengths} ({hq},{hkv},{d}){' causal' if causal else ''}"
+            _row(rows, "varlen grad", "deterministic" if det else "atomic dQ", "bf16", shape,
+                 f"{max(errs):.1e}", "ok" if ok else "FAIL")
+            details.append({"check": "varlen_gradients", "shape": shape, "deterministic": det,
+                            "rel_err": errs, "ok": ok})
+    try:
+        from flash_attn.cute import flash_attn_varlen_func as fa4
+    except Exception as e:  # noqa: BLE001 - the peer is optional
+        fa4 = f"not importable: {type(e).__name__}: {e}"[:80]
+    lengths, m = VARLEN_LENGTHS, max(VARLEN_LENGTHS)
+    for hq, hkv, d, causal in VARLEN_HEADS:
+        q, k, v, cu = _packed(lengths, hq, hkv, d)
+        do = torch.randn_like(q)
+        flops = sum(4 * hq * n * n * d / (2 if causal else 1) for n in lengths)
+        shape = f"16 seqs, {sum(lengths)} tokens ({hq},{hkv},{d}){' causal' if causal else ''}"
+        runs = {"pykittens": lambda: pko.attention_varlen(q, k, v, cu, cu, m, m,
+                                                          causal=bool(causal)),
+                "pykittens deterministic": lambda: pko.attention_varlen(
+                    q, k, v, cu, cu, m, m, causal=bool(causal), deterministic=True)}
+        if isinstance(fa4, str):
+            _row(rows, "varlen perf", "FA4 (flash_attn.cute)", "bf16", shape, "-", fa4)
+        else:
+            runs["FA4 (flash_attn.cute)"] = lambda: fa4(
+                q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
+                causal=bool(causal))
+        res = {}
+        for name, fn in runs.items():
+            def fwd_bwd(f=fn):
+                torch.autograd.grad(_first(f()), (q, k, v), do)
+            try:
+                t = event_time(fwd_bwd, reps=3, rounds=5)
+            except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
+                _row(rows, "varlen perf", name, "bf16", shape, "ERROR", str(e)[:60])
+                continue
+            res[name] = {"fwd_bwd_s": t, "fwd_bwd_tflops": 3.5 * flops / t / 1e12}
+        base = res.get("pykittens deterministic", {}).get("fwd_bwd_tflops")
+        for name, r in res.items():
+            _row(rows, "varlen perf", name, "bf16", shape,
+                 f"{r['fwd_bwd_tflops']:.0f} fwd+bwd",
+                 f"{r['fwd_bwd_tflops'] / base:.2f}x deterministic" if base else "")
+        details.append({"check": "varlen_fwd_bwd_throughput", "shape": shape, **res})
+
+
 # schedule variants of the two big passes, timed alone (bench step "passes"), over dq="pass"'s
 # launch constants: the main pass without dQ and with it (DQ_ATOMIC, the library's default
 # on Hopper). DQ_DIAG builds (timing only, their dQ is wrong or absent; add them here to use
@@ -248,7 +334,7 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     env = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
     return run_steps("attention_bwd", {"correctness": correctness, "performance": performance,
-                                       "passes": passes}, env)
+                                       "passes": passes, "varlen": varlen}, env)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,28 @@ def attention_bwd():
                     yield kernel, {"DT": dt, **plan[1]}
 
 
+def attention_varlen():
+    """pykittens.ops.attention_varlen's forward and backward builds (bench/attention_bwd.py
+    step "varlen"): dQ added into the sum and finished, or by its own pass."""
+    import numpy as np
+    from pykittens.kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
+    from pykittens.kernels.attention_bwd import (attention_bwd_dq_finish_varlen,
+                                                 attention_bwd_dq_varlen, attention_bwd_prep,
+                                                 attention_bwd_varlen,
+                                                 attention_bwd_varlen_launch)
+    cu = np.array([0, 100, 256], np.int32)
+    for dt, d, causal in itertools.product(("bf16",), (64, 128), (0, 1)):
+        i = {"q": np.empty((8, 256, d), np.float16), "k": np.empty((8, 256, d), np.float16),
+             "v": np.empty((8, 256, d), np.float16), "cu_seqlens_q": cu, "cu_seqlens_k": cu}
+        yield attention_fwd_varlen, {"DT": dt, **attention_fwd_varlen_launch(
+            i, "sm_90a", CAUSAL=causal)[1]}
+        for dq, third in (("pass", attention_bwd_dq_varlen),
+                          ("atomic", attention_bwd_dq_finish_varlen)):
+            plans = attention_bwd_varlen_launch(i, "sm_90a", CAUSAL=causal, dq=dq)
+            for kernel, plan in zip((attention_bwd_prep, attention_bwd_varlen, third), plans):
+                yield kernel, {"DT": dt, **plan[1]}
+
+
 def attention_bwd_passes():
     """The pass variants bench/attention_bwd.py times alone (step "passes")."""
     import attention_bwd as bench               # bench/, this script's directory
@@ -74,7 +96,7 @@ def chiplet_attention():
         yield attention_fwd, bench.plan(*case)[1]
 
 
-RAGGED = ("attention_bwd",)
+RAGGED = ("attention_bwd", "attention_varlen")
 
 
 def main() -> int:

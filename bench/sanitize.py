@@ -104,7 +104,8 @@ def run_attention():
 
 def run_attention_bwd():
     """The backward passes through pykittens.ops.attention's autograd: ragged, causal and
-    not, GQA, both head dims, f32-atomic and deterministic dQ. dO comes up by a copy (so
+    not, GQA, both head dims, f32-atomic and deterministic dQ; and attention_varlen's on a
+    packed batch (a sequence without tokens among them). dO comes up by a copy (so
     initcheck sees it initialised)."""
     import torch
     import pykittens.ops as pko
@@ -117,6 +118,13 @@ def run_attention_bwd():
         do = torch.randn(b, nq, hq, d, dtype=torch.bfloat16).to("cuda")
         torch.autograd.grad(pko.attention(q, k, v, causal=bool(causal), deterministic=det),
                             (q, k, v), do)
+    cu = torch.tensor([0, 100, 100, 357], dtype=torch.int32, device="cuda")   # packed
+    for causal in (0, 1):
+        q, k, v = (torch.randn(357, h, 128, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for h in (4, 2, 2))
+        do = torch.randn(357, 4, 128, dtype=torch.bfloat16).to("cuda")
+        torch.autograd.grad(pko.attention_varlen(q, k, v, cu, cu, 257, 257,
+                                                 causal=bool(causal)), (q, k, v), do)
     torch.cuda.synchronize()
 
 

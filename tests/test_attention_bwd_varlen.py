@@ -13,9 +13,10 @@ import pykittens as pk
 from pykittens import compiler, isa
 from pykittens.kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
 from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
+                                             attention_bwd_dq_finish_varlen,
                                              attention_bwd_dq_varlen, attention_bwd_launch,
                                              attention_bwd_prep, attention_bwd_varlen,
-                                             attention_bwd_varlen_launch)
+                                             attention_bwd_varlen_launch, dq_sum_shape)
 from pykittens.kernels.attention_bwd_cdna import BLOCK_KEYS, DQ_ROWS, WAVES
 from conftest import needs_amd_llvm, needs_ptxas, rel_err
 from test_attention_bwd import DT, check, reference_grads
@@ -25,10 +26,11 @@ CDNA = ("gfx950", "gfx942")
 
 
 def packed_backward(rng, lq, lk, hq, hkv, d, causal, dt="bf16", target="sm_90a",
-                    isa_run=False):
+                    isa_run=False, dq_schedule="pass"):
     """The forward and the three backward passes on `target` (the main and dQ passes on
     the ISA emulator with isa_run) over packed (H, total, D) tensors with PAST rows after
-    the last sequence; checks every sequence's gradients and the untouched rows."""
+    the last sequence; checks every sequence's gradients and the untouched rows.
+    dq_schedule="atomic": dQ added into the main pass's f32 sum, then finished."""
     cq, ck = (np.cumsum([0] + n).astype(np.int32) for n in (lq, lk))
     mk = lambda h, n: rng.standard_normal((h, n, d)).astype(DT[dt])  # noqa: E731
     q, do = mk(hq, cq[-1] + PAST), mk(hq, cq[-1] + PAST)
@@ -41,15 +43,23 @@ def packed_backward(rng, lq, lk, hq, hkv, d, causal, dt="bf16", target="sm_90a",
     fwd = pk.emulate(attention_fwd_varlen, q, k, v, np.zeros_like(q),
                      np.zeros(q.shape[:2], np.float32), cq, ck, scale, grid=grid, **run,
                      **consts)
-    (pg, pc), (mg, mc), (qg, qc) = attention_bwd_varlen_launch(i, target, CAUSAL=causal)
+    (pg, pc), (mg, mc), (qg, qc) = attention_bwd_varlen_launch(i, target, CAUSAL=causal,
+                                                                dq=dq_schedule)
     delta = pk.emulate(attention_bwd_prep, fwd["o"][None], do[None],
                        np.zeros((1,) + q.shape[:2], np.float32), grid=pg, **run,
                        **pc)["delta"][0]
     seven = lambda x: np.full(x.shape, 7.0, x.dtype)  # noqa: E731
-    out = pk.emulate(attention_bwd_varlen, q, k, v, do, fwd["lse"], delta, seven(k), seven(v),
-                     cq, ck, scale, grid=mg, isa=isa_run, **run, **mc)
-    dq = pk.emulate(attention_bwd_dq_varlen, q, k, v, do, fwd["lse"], delta, seven(q), cq, ck,
-                    scale, grid=qg, isa=isa_run, **run, **qc)["dq"]
+    atomic = dq_schedule == "atomic"
+    dq_sum = np.zeros(dq_sum_shape(len(lq), hq, max(lq), d) if atomic else (1, 1, 1, 16),
+                      np.float32)
+    out = pk.emulate(attention_bwd_varlen, q, k, v, do, fwd["lse"], delta, dq_sum, seven(k),
+                     seven(v), cq, ck, scale, grid=mg, isa=isa_run, **run, **mc)
+    if atomic:
+        dq = pk.emulate(attention_bwd_dq_finish_varlen, out["dq"], seven(q), cq, grid=qg,
+                        **run, **qc)["dq"]
+    else:
+        dq = pk.emulate(attention_bwd_dq_varlen, q, k, v, do, fwd["lse"], delta, seven(q), cq,
+                        ck, scale, grid=qg, isa=isa_run, **run, **qc)["dq"]
     for b in range(len(lq)):
         rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
         got = (dq[None, :, rows], out["dk"][None, :, keys], out["dv"][None, :, keys])
@@ -74,6 +84,22 @@ LQ, LK = [50, 0, 200, 40, 90], [70, 30, 260, 0, 40]
 def test_packed_gradients_match_float64(rng, target, d, causal):
     """GQA 2:1, bf16."""
     packed_backward(rng, LQ, LK, 4, 2, d, causal, target=target)
+
+
+@pytest.mark.parametrize("d,causal", [(64, 1), (128, 0)])
+def test_packed_atomic_dq_schedule(rng, d, causal):
+    """Hopper: dQ added into the main pass's per-sequence f32 sum and finished sequence by
+    sequence (stored up to each end: the query blocks reading on past an end add nothing,
+    and the rows after it are the next sequence's), GQA 2:1."""
+    packed_backward(rng, LQ, LK, 4, 2, d, causal, dq_schedule="atomic")
+
+
+def test_packed_atomic_dq_is_hoppers():
+    i = {"q": np.empty((2, 64, 64), np.float16), "k": np.empty((2, 64, 64), np.float16),
+         "cu_seqlens_q": np.array([0, 64], np.int32), "cu_seqlens_k": np.array([0, 64], np.int32)}
+    with pytest.raises(ValueError, match="takes dQ by its own pass"):
+        attention_bwd_varlen_launch(i, "gfx950", dq="atomic")
+    assert attention_bwd_varlen_launch(i, "sm_90a", dq=None)[1][1]["DQ_ATOMIC"] == 1
 
 
 @pytest.mark.parametrize("target,d", [("sm_90a", 64), ("gfx950", 128), ("gfx942", 128)])
@@ -109,9 +135,14 @@ def test_packed_cubins_have_no_spills(d, causal):
          "cu_seqlens_q": np.array([0, 200, 512], np.int32),
          "cu_seqlens_k": np.array([0, 300, 512], np.int32)}
     _, (_, main), (_, dq) = attention_bwd_varlen_launch(i, "sm_90a", CAUSAL=causal)
-    for kernel, consts in ((attention_bwd_varlen, main), (attention_bwd_dq_varlen, dq)):
+    _, (_, amain), (_, fin) = attention_bwd_varlen_launch(i, "sm_90a", CAUSAL=causal,
+                                                          dq="atomic")
+    for kernel, consts in ((attention_bwd_varlen, main), (attention_bwd_dq_varlen, dq),
+                           (attention_bwd_dq_finish_varlen, fin)):
         rep = compiler.report(kernel, "sm_90a", DT="bf16", **consts)
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, (kernel.name, rep)
+    rep = compiler.report(attention_bwd_varlen, "sm_90a", DT="bf16", **amain)  # as dense
+    assert rep["spill_bytes"] <= (128 if d == 128 else 0), rep
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -155,11 +186,12 @@ def test_packed_code_objects_compute_the_gradients(rng, target, d, dt):
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_varlen_op_matches_torch_autograd_per_sequence(causal):
+@pytest.mark.parametrize("causal,deterministic", [(False, False), (True, False), (True, True)])
+def test_varlen_op_matches_torch_autograd_per_sequence(causal, deterministic):
     """ops.attention_varlen on a packed CPU batch (a sequence without queries, one without
     keys, GQA 2:1): the output and dQ, dK, dV of every sequence against torch autograd of
-    the float64 reference on that sequence alone; rows after the last sequence get 0."""
+    the float64 reference on that sequence alone; rows after the last sequence get 0. dQ
+    by the atomic schedule (the default) or its own pass (deterministic=True)."""
     import pykittens.ops as pko
     from test_attention_bwd import torch_reference
     lq, lk = [40, 0, 70, 25], [50, 20, 90, 0]
@@ -168,7 +200,8 @@ def test_varlen_op_matches_torch_autograd_per_sequence(causal):
     mk = lambda n, h: torch.randn(n, h, 64, generator=g).bfloat16().requires_grad_()  # noqa: E731
     q, k, v = mk(int(cq[-1]) + 3, 4), mk(int(ck[-1]) + 2, 2), mk(int(ck[-1]) + 2, 2)
     w = torch.randn(q.shape, generator=g)
-    o = pko.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal)
+    o = pko.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal,
+                             deterministic=deterministic)
     (o.float() * w).sum().backward()
     assert not o[int(cq[-1]):].any() and not q.grad[int(cq[-1]):].any()
     assert not k.grad[int(ck[-1]):].any() and not v.grad[int(ck[-1]):].any()

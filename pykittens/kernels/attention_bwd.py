@@ -130,9 +130,10 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     (1.5-1.8% faster than a head's key blocks one after another on the H200,
     docs/PERF.md), while 4 heads' Q, dO and dQ stay in L2.
 
-    With cu_q / cu_k (packed batches, dQ by its own pass): (H, total, D) tensors, lse and
-    delta (Hq, total_q); queries past the sequence's end are masked (their rows belong to
-    the next sequence) and dK, dV are stored up to the sequence's end."""
+    With cu_q / cu_k (packed batches): (H, total, D) tensors, lse and delta (Hq, total_q);
+    queries past the sequence's end are masked (their rows belong to the next sequence) and
+    dK, dV are stored up to the sequence's end; dQ's sum (DQ_ATOMIC) is per sequence,
+    (B, Hq, ...) as for a dense batch of the longest sequences."""
     if longest_first:       # the NUMA study's block-first order, key blocks for query blocks
         b, hk, kb = chip.block_first(pk.program_id(0), k.shape[0], k.shape[1],
                                      (k.shape[2] + 127) // 128, 4)
@@ -147,8 +148,6 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     steps = group * per_head
     varlen = cu_q is not None
     if varlen:
-        if DQ_ATOMIC:
-            raise ValueError("packed batches take dQ by its own pass (dq='pass')")
         steps = pk.where(k0 < nk, steps, 0)          # key blocks past a short sequence
     kt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     vt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
@@ -367,31 +366,46 @@ def attention_bwd_dq_finish(dq_sum: pk.gl[pk.f32, 4], dq: pk.gl["DT", HEAD],
                             DT: pk.const = None, D: pk.const = 128,
                             TARGET: pk.target = None):
     """dQ (B, Hq, Nq, D) from attention_bwd's f32 sum (atomic schedule, dq_sum_shape), one
-    64-row query block per workgroup: its blocks come by TMA as the main pass's stage held
-    them, each wave reads its 16 rows' back in register order, relabels them as the
-    accumulators that added them and writes them cast to a shared tile, which TMA stores
-    (rows past Nq are not written). Through shared memory both ways, so every global access
-    is a whole box. Grid (ceil(Nq / 64), Hq, B)."""
-    if TARGET != "sm_90a":
-        raise pk.NotSupportedYet(f"attention_bwd's atomic dQ schedule is Hopper's; {TARGET} "
-                                 "takes dQ by its own pass (dq='pass')")
+    64-row query block per workgroup (_finish_block), written cast to a shared tile that
+    TMA stores (rows past Nq are not written): every global access is a whole box. Grid
+    (ceil(Nq / 64), Hq, B)."""
+    _need_hopper_sum(TARGET)
     q0, h, b = pk.program_id(0) * 64, pk.program_id(1), pk.program_id(2)
-    w = pk.wave_id()
-    sums = [pk.empty(pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8))
-            for _ in range(D // 64)]
     out = pk.empty(pk.st((64, D), DT, swizzle=8))
-    full = pk.mbarrier(D // 64)
+    _finish_block(dq_sum, _finish_tiles(D), b, h, q0, D, lambda j, part: pk.store(
+        out, part.cast(DT), (16 * pk.wave_id(), 64 * j)))
+    pk.barrier()
+    with pk.if_(pk.wave_id() == 0):
+        pk.tma_store(dq, out, (b, h, q0, 0))
+
+
+def _need_hopper_sum(target):
+    if target != "sm_90a":
+        raise pk.NotSupportedYet(f"attention_bwd's atomic dQ schedule is Hopper's; {target} "
+                                 "takes dQ by its own pass (dq='pass')")
+
+
+def _finish_tiles(D):
+    """The shared tiles _finish_block reads a query block's sums into, and their barrier
+    (allocated at the kernel's top)."""
+    return [pk.empty(pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8))
+            for _ in range(D // 64)], pk.mbarrier(D // 64)
+
+
+def _finish_block(dq_sum, tiles, b, h, q0, D, store):
+    """Query block q0 of head h, sequence b, of dQ's f32 sum: its blocks come by TMA (into
+    `tiles`, _finish_tiles) as the main pass's stage held them, each wave reads its 16
+    rows' back in register order and relabels them as the accumulators that added them;
+    store(j, part) takes the wave's (16, 64) f32 block of columns 64 j.."""
+    w = pk.wave_id()
+    sums, full = tiles
     with pk.if_(w == 0):
         for j in pk.static_range(D // 64):
             pk.tma_load(sums[j], dq_sum, (b, h, _dq_sum_row(q0, j, D), 0), full)
     pk.wait(full, 0)
     for j in pk.static_range(D // 64):
         part = pk.load(pk.rt(DQ_SUM_WAVE, pk.f32), sums[j], (DQ_SUM_WAVE[0] * w, 0))
-        part = pk.relabel(pk.rt((16, 64), pk.f32, role="acc"), part)
-        pk.store(out, part.cast(DT), (16 * w, 64 * j))
-    pk.barrier()
-    with pk.if_(w == 0):
-        pk.tma_store(dq, out, (b, h, q0, 0))
+        store(j, pk.relabel(pk.rt((16, 64), pk.f32, role="acc"), part))
 
 
 def dq_finish_launch(q_shape) -> tuple:
@@ -408,23 +422,28 @@ PACKED = (None, None, "D")
 def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
                          v: pk.gl["DT", PACKED], do: pk.gl["DT", PACKED],
                          lse: pk.gl[pk.f32, 2], delta: pk.gl[pk.f32, 2],
-                         dk: pk.gl["DT", PACKED], dv: pk.gl["DT", PACKED],
-                         cu_seqlens_q: pk.gl[pk.i32, 1], cu_seqlens_k: pk.gl[pk.i32, 1],
-                         scale: pk.f32, DT: pk.const = None, D: pk.const = 128,
-                         CAUSAL: pk.const = 0, BM: pk.const = 64, STAGES: pk.const = 2,
-                         TARGET: pk.target = None, MAP: pk.const = "head-first",
-                         STATS_TMA: pk.const = 0):
+                         dq: pk.gl[pk.f32, 4], dk: pk.gl["DT", PACKED],
+                         dv: pk.gl["DT", PACKED], cu_seqlens_q: pk.gl[pk.i32, 1],
+                         cu_seqlens_k: pk.gl[pk.i32, 1], scale: pk.f32, DT: pk.const = None,
+                         D: pk.const = 128, CAUSAL: pk.const = 0, BM: pk.const = 64,
+                         STAGES: pk.const = 2, TARGET: pk.target = None,
+                         MAP: pk.const = "head-first", STATS_TMA: pk.const = 0,
+                         DQ_ATOMIC: pk.const = 0):
     """attention_bwd's dK and dV over a packed batch, as attention_fwd_varlen lays it out:
     q, do (Hq, total_q, D), k, v, dk, dv (Hkv, total_k, D), lse, delta (Hq, total_q), int32
     cu_seqlens_q / cu_seqlens_k (B + 1). Causal masks are bottom-right aligned per
     sequence; a sequence with no queries or no keys gets dK = dV = 0, and rows outside
-    every sequence are never written. dQ: attention_bwd_dq_varlen. Hopper's schedule on
-    sm_90a, the dense CDNA schedule (attention_bwd_cdna) on gfx942 and gfx950, each over
-    the forward's packed geometry. Grid and constants: attention_bwd_varlen_launch."""
+    every sequence are never written. dQ: attention_bwd_dq_varlen, or with DQ_ATOMIC
+    (Hopper) added into the zeroed f32 sum `dq` of dq_sum_shape(B, Hq, longest Nq, D) for
+    attention_bwd_dq_finish_varlen. Hopper's schedule on sm_90a, the dense CDNA schedule
+    (attention_bwd_cdna) on gfx942 and gfx950, each over the forward's packed geometry.
+    Grid and constants: attention_bwd_varlen_launch."""
     if TARGET == "sm_90a":
-        _hopper_bwd(q, k, v, do, lse, delta, None, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                    0, cu_seqlens_q, cu_seqlens_k, stats_tma=STATS_TMA)
+        _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
+                    DQ_ATOMIC, cu_seqlens_q, cu_seqlens_k, stats_tma=STATS_TMA)
     elif TARGET in CDNA_TARGETS:
+        if DQ_ATOMIC:
+            _need_hopper_sum(TARGET)
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, 0, MAP, TARGET,
                  cu_seqlens_q, cu_seqlens_k)
     else:
@@ -453,19 +472,44 @@ def attention_bwd_dq_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
         raise pk.NotSupportedYet(f"attention_bwd_dq_varlen has no schedule for {TARGET} yet")
 
 
+@pk.kernel(num_waves=4)
+def attention_bwd_dq_finish_varlen(dq_sum: pk.gl[pk.f32, 4], dq: pk.gl["DT", PACKED],
+                                   cu_seqlens_q: pk.gl[pk.i32, 1], DT: pk.const = None,
+                                   D: pk.const = 128, TARGET: pk.target = None):
+    """attention_bwd_dq_finish over a packed batch: dQ (Hq, total_q, D) from
+    attention_bwd_varlen's sum (DQ_ATOMIC), sequence by sequence, each stored up to its
+    sequence's end (rows after it are the next sequence's). Grid (ceil(longest Nq / 64),
+    Hq, B)."""
+    _need_hopper_sum(TARGET)
+    q0, h, b = pk.program_id(0) * 64, pk.program_id(1), pk.program_id(2)
+    qs = cu_seqlens_q[b]
+    end = cu_seqlens_q[b + 1]
+    tiles = _finish_tiles(D)
+    with pk.if_(qs + q0 < end):                    # query blocks past a short sequence
+        _finish_block(dq_sum, tiles, b, h, q0, D, lambda j, part: pk.store(
+            dq, part.cast(DT), (h, qs + q0 + 16 * pk.wave_id(), 64 * j),
+            end=(None, end, None)))
+
+
 def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k=None,
-                                rows: int | None = None, **overrides):
+                                rows: int | None = None, dq: str | None = "pass",
+                                **overrides):
     """(prep, main, dq) launch plans of the packed backward for inputs `i`: q (Hq, total_q,
     D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here to check them; the
     longest lengths, when given, must cover every sequence). prep runs attention_bwd_prep
     on (1, Hq, total_q, D) views of O and dO (delta does not depend on the sequences);
-    main is attention_bwd_varlen, dq
-    attention_bwd_dq_varlen (dQ by its own pass: deterministic). Hopper: grids
-    (ceil(longest Nk / 128), Hkv, B) and (ceil(longest Nq / 128), Hq, B); CDNA: the dense
-    schedule's flat head-first grids (attention_bwd_cdna.cdna_bwd_launch) for the longest
-    sequences. rows: the row stride of lse and delta (default total_q)."""
+    main is attention_bwd_varlen; dq="pass" (deterministic, the default): dq plans
+    attention_bwd_dq_varlen; dq="atomic" (Hopper): the main pass adds dQ into an f32 sum
+    and dq plans attention_bwd_dq_finish_varlen; None: the target's faster one. Hopper:
+    grids (ceil(longest Nk / 128), Hkv, B) and (ceil(longest Nq / 128), Hq, B) (the finish:
+    64-row blocks); CDNA: the dense schedule's flat head-first grids
+    (attention_bwd_cdna.cdna_bwd_launch) for the longest sequences, dQ by its pass. rows:
+    the row stride of lse and delta (default total_q)."""
     from ..targets import get
     t = get(target)
+    dq = default_dq(t) if dq is None else dq
+    if dq not in DQ_SCHEDULES:
+        raise ValueError(f"attention backward: dq={dq!r}; choose one of {DQ_SCHEDULES}")
     _need_shapes(i, ("q", "k"), 3, "(H, total, D)")
     (hq, tq, d), (hkv, _, _) = i["q"].shape, i["k"].shape
     _check_heads(i["q"].shape, i["k"].shape, i["k"].shape)
@@ -475,14 +519,20 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     prep = ((-(-tq // 64), hq, 1), {"D": d})
     if t.family == "cdna":
+        if dq == "atomic":
+            raise ValueError(f"attention backward: {t.name} takes dQ by its own pass "
+                             "(dq='pass'); the atomic schedule is Hopper's")
         return prep, *cdna_bwd_launch(batch, hq, hkv, max(1, max_seqlen_q),
                                       max(1, max_seqlen_k), d, t.name, "pass", causal,
                                       overrides, packed=True)
     common = {"D": d, "CAUSAL": causal, "STAGES": 2, "TARGET": t.name, **overrides}
-    return (prep,
-            ((max(1, -(-max_seqlen_k // 128)), hkv, batch),
-             {"BM": 64, "STATS_TMA": stats_tma(rows or tq), **common}),
-            ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64}))
+    main = ((max(1, -(-max_seqlen_k // 128)), hkv, batch),
+            {"BM": 64, "STATS_TMA": stats_tma(rows or tq), "DQ_ATOMIC": int(dq == "atomic"),
+             **common})
+    if dq == "atomic":
+        return prep, main, ((max(1, -(-max_seqlen_q // 64)), hq, batch),
+                            {"D": d, "TARGET": t.name})
+    return prep, main, ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64})
 
 
 DQ_SCHEDULES = ("pass", "atomic")

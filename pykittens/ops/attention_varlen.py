@@ -1,7 +1,8 @@
 """Attention over packed batches of sequences of different lengths, as FlashAttention's
 `flash_attn_varlen_func` takes them, as a differentiable torch operator: the forward over
-`attention_fwd_varlen`, the backward over `attention_bwd_varlen` and
-`attention_bwd_dq_varlen` (dQ by its own pass: the gradients are deterministic)."""
+`attention_fwd_varlen`, the backward over `attention_bwd_varlen` with dQ added into an f32
+sum and finished (`attention_bwd_dq_finish_varlen`) or, with deterministic=True (and on
+CDNA), by its own pass (`attention_bwd_dq_varlen`: the gradients are deterministic)."""
 from __future__ import annotations
 
 import math
@@ -9,10 +10,10 @@ import math
 import torch
 
 from ..kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launch
-from ..kernels.attention_bwd import (attention_bwd_dq_varlen, attention_bwd_prep,
-                                     attention_bwd_varlen, attention_bwd_varlen_launch,
-                                     stats_rows)
-from .attention import _check as _check_dense, in_rows
+from ..kernels.attention_bwd import (attention_bwd_dq_finish_varlen, attention_bwd_dq_varlen,
+                                     attention_bwd_prep, attention_bwd_varlen,
+                                     attention_bwd_varlen_launch, dq_sum_shape, stats_rows)
+from .attention import _check as _check_dense, _dq_schedule, in_rows
 from .run import custom_op, run, target_of
 
 OP = "attention_varlen"
@@ -54,8 +55,8 @@ def _inputs(q, k, cu_q, cu_k):
 
 @custom_op("pykittens::attention_varlen_fwd")
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-         cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+         cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float,
+         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     o = torch.zeros_like(q)                   # rows outside every sequence stay 0
     lse = q.new_full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32)
     if q.numel() == 0 or max_q == 0:
@@ -70,14 +71,14 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
 
 
 @_fwd.register_fake
-def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @custom_op("pykittens::attention_varlen_bwd")
 def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          o: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-         max_q: int, max_k: int, causal: bool, scale: float
+         max_q: int, max_k: int, causal: bool, scale: float, deterministic: bool
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if q.numel() == 0 or k.numel() == 0 or max_q == 0 or max_k == 0:
@@ -86,27 +87,38 @@ def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rows = stats_rows(lse.shape[-1])      # LSE and delta in rows the main pass copies by TMA
     (pgrid, pconsts), (grid, consts), (qgrid, qconsts) = attention_bwd_varlen_launch(
         _inputs(qv, kv, cu_q, cu_k), target_of(q), max_seqlen_q=max_q,
-        max_seqlen_k=max_k, rows=rows, CAUSAL=int(causal))
+        max_seqlen_k=max_k, rows=rows, dq=_dq_schedule(deterministic), CAUSAL=int(causal))
     lse = in_rows(lse, rows)
     delta = lse.new_empty((1, lse.shape[0], rows))[..., :lse.shape[-1]]
     run(attention_bwd_prep, {"o": ov[None], "do": dov[None], "delta": delta}, pgrid, pconsts,
         ("delta",))
     common = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0],
               "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale}
-    run(attention_bwd_varlen, {**common, "dk": dkv, "dv": dvv}, grid, consts, ("dk", "dv"))
+    if consts.get("DQ_ATOMIC"):               # dQ added into a zeroed f32 sum, then finished
+        dq_sum = q.new_zeros(dq_sum_shape(cu_q.shape[0] - 1, qv.shape[0], max_q, qv.shape[2]),
+                             dtype=torch.float32)
+        run(attention_bwd_varlen, {**common, "dq": dq_sum, "dk": dkv, "dv": dvv}, grid,
+            consts, ("dq", "dk", "dv"))
+        run(attention_bwd_dq_finish_varlen, {"dq_sum": dq_sum, "dq": dqv,
+                                             "cu_seqlens_q": cu_q}, qgrid, qconsts, ("dq",))
+        return dq, dk, dv
+    unused = q.new_empty((1, 1, 1, 16), dtype=torch.float32)   # the sum: not touched
+    run(attention_bwd_varlen, {**common, "dq": unused, "dk": dkv, "dv": dvv}, grid, consts,
+        ("dk", "dv"))
     run(attention_bwd_dq_varlen, {**common, "dq": dqv}, qgrid, qconsts, ("dq",))
     return dq, dk, dv
 
 
 @_bwd.register_fake
-def _(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
+def _(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k)
     ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
+    ctx.deterministic = deterministic
     ctx.mark_non_differentiable(output[1])
 
 
@@ -115,15 +127,16 @@ def _backward(ctx, do, _dlse):
     if do is None:
         do = torch.zeros_like(o)
     dq, dk, dv = _bwd(do, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                      ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None
+                      ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                     max_seqlen_k: int, causal: bool = False, scale: float | None = None):
+                     max_seqlen_k: int, causal: bool = False, scale: float | None = None,
+                     deterministic: bool = False):
     """Attention over a packed batch, as FlashAttention's `flash_attn_varlen_func`: q
     (total_q, Hq, D), k and v (total_k, Hkv, D) hold B sequences one after another; int32
     `cu_seqlens_q` / `cu_seqlens_k` (B + 1, on the tensors' device) say where each starts
@@ -132,7 +145,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     float16, head dim 64 or 128, GQA, `causal` aligned to the bottom right of each sequence,
     `scale` 1/sqrt(head_dim) by default; a sequence with no keys gives 0. Rows after the
     last sequence are left 0 in the output and the gradients. Differentiable in q, k, v;
-    the gradients are deterministic (dQ by its own pass).
+    deterministic=True gives the same gradients bitwise on every run (dQ by its own pass,
+    which costs time: without it, on Hopper, dQ is added into an f32 sum in no fixed
+    order; CDNA always takes the pass).
 
         >>> cu = torch.tensor([0, 100, 350], dtype=torch.int32, device="cuda")
         >>> o = pykittens.ops.attention_varlen(q, k, v, cu, cu, 250, 250, causal=True)
@@ -140,5 +155,5 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     o, _ = _fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                bool(causal), scale)
+                bool(causal), scale, bool(deterministic))
     return o
