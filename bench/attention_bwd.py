@@ -141,7 +141,7 @@ def performance(rows, details):
                         "causal": causal, **res})
 
 
-# packed batches (step "varlen"): 16 sequences of 512 to 4096 tokens (40960 in all), and the
+# packed batches (step "varlen"): 16 sequences of 512 to 4096 tokens (38656 in all), and the
 # heads, head dim and causality of each run
 VARLEN_LENGTHS = [4096, 1024, 2560, 512, 3584, 2048, 1536, 3072, 4096, 768, 2816, 1280, 3840,
                   2304, 1792, 3328]
