@@ -209,18 +209,27 @@ def varlen(rows, details):
                 causal=bool(causal))
         res = {}
         for name, fn in runs.items():
+            def fwd(f=fn):
+                with torch.no_grad():
+                    f()
+
             def fwd_bwd(f=fn):
                 torch.autograd.grad(_first(f()), (q, k, v), do)
             try:
+                t_fwd = event_time(fwd, reps=3, rounds=5)
                 t = event_time(fwd_bwd, reps=3, rounds=5)
             except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
                 _row(rows, "varlen perf", name, "bf16", shape, "ERROR", str(e)[:60])
                 continue
-            res[name] = {"fwd_bwd_s": t, "fwd_bwd_tflops": 3.5 * flops / t / 1e12}
+            res[name] = {"fwd_s": t_fwd, "fwd_bwd_s": t,
+                         "fwd_tflops": flops / t_fwd / 1e12,
+                         "fwd_bwd_tflops": 3.5 * flops / t / 1e12,
+                         "bwd_tflops": 2.5 * flops / max(t - t_fwd, 1e-9) / 1e12}
         base = res.get("pykittens deterministic", {}).get("fwd_bwd_tflops")
         for name, r in res.items():
             _row(rows, "varlen perf", name, "bf16", shape,
-                 f"{r['fwd_bwd_tflops']:.0f} fwd+bwd",
+                 f"{r['fwd_bwd_tflops']:.0f} fwd+bwd, {r['fwd_tflops']:.0f} fwd, "
+                 f"{r['bwd_tflops']:.0f} bwd",
                  f"{r['fwd_bwd_tflops'] / base:.2f}x deterministic" if base else "")
         details.append({"check": "varlen_fwd_bwd_throughput", "shape": shape, **res})
 
