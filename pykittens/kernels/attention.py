@@ -97,9 +97,9 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
     window of heads one after another, query block by query block).
 
     With cu_q / cu_k (packed batches): q, o are (Hq, total_q, D), k, v (Hkv, total_k, D),
-    lse (Hq, total_q); sequence b holds rows cu[b] .. cu[b + 1] - 1; O and LSE are stored
-    from registers, bounded by the sequence's end (a TMA box would write the next
-    sequence's rows)."""
+    lse (Hq, total_q); sequence b holds rows cu[b] .. cu[b + 1] - 1; a consumer's 64 rows of
+    O go by TMA where they all lie in the sequence, else from registers, bounded by the
+    sequence's end (a TMA box would write the next sequence's rows); LSE from registers."""
     varlen = cu_q is not None
     hdim = 0 if varlen else 1                              # where the head dim sits
     heads, group = q.shape[hdim], q.shape[hdim] // k.shape[hdim]
@@ -153,8 +153,7 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
     vs = pk.Ring(STAGES, fill=1, drain=4 * WG, t=kv)
     # O leaves through each consumer's Q tile once its last Q K^T has retired (persistent:
     # a tile of its own, as the next tile's Q lands meanwhile)
-    out = None if varlen else [pk.StagedStore((64, D), DT, tile=None if PERSISTENT else sq[g])
-                               for g in range(WG)]
+    out = [pk.StagedStore((64, D), DT, tile=None if PERSISTENT else sq[g]) for g in range(WG)]
     turn = pk.mbarrier(4, count=WG) if PINGPONG else None
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
@@ -241,8 +240,11 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
                 if PERSISTENT:
                     pk.arrive(q_free[g])            # its last Q K^T has retired
                 res, row_lse = _finish(acc, m, l_)
-                if varlen:                       # from registers, up to the sequence's end
-                    pk.store(o, res, (h, qs + row0, 0), end=(None, qs + nq, None))
+                if varlen:      # a whole block by TMA; one the sequence ends in from registers
+                    with pk.if_(q0 + 64 * (g + 1) <= nq):
+                        out[g].store(o, res, (h, qs + q0 + 64 * g, 0), use=t)
+                    with pk.else_():
+                        pk.store(o, res, (h, qs + row0, 0), end=(None, qs + nq, None))
                     pk.store(lse, row_lse, (h, qs + row0), end=(None, qs + nq))
                 else:
                     out[g].store(o, res, (b, h, q0 + 64 * g, 0), use=t)

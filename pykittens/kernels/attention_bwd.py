@@ -372,11 +372,7 @@ def attention_bwd_dq_finish(dq_sum: pk.gl[pk.f32, 4], dq: pk.gl["DT", HEAD],
     _need_hopper_sum(TARGET)
     q0, h, b = pk.program_id(0) * 64, pk.program_id(1), pk.program_id(2)
     out = pk.empty(pk.st((64, D), DT, swizzle=8))
-    _finish_block(dq_sum, _finish_tiles(D), b, h, q0, D, lambda j, part: pk.store(
-        out, part.cast(DT), (16 * pk.wave_id(), 64 * j)))
-    pk.barrier()
-    with pk.if_(pk.wave_id() == 0):
-        pk.tma_store(dq, out, (b, h, q0, 0))
+    _finish_staged(dq_sum, _finish_tiles(D), out, dq, b, h, q0, D, DT, (b, h, q0, 0))
 
 
 def _need_hopper_sum(target):
@@ -390,6 +386,16 @@ def _finish_tiles(D):
     (allocated at the kernel's top)."""
     return [pk.empty(pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8))
             for _ in range(D // 64)], pk.mbarrier(D // 64)
+
+
+def _finish_staged(dq_sum, tiles, out, dq, b, h, q0, D, DT, at):
+    """_finish_block's 64 rows cast into the shared tile `out`, which TMA stores to `dq` at
+    `at` (every wave of the workgroup takes part)."""
+    _finish_block(dq_sum, tiles, b, h, q0, D, lambda j, part: pk.store(
+        out, part.cast(DT), (16 * pk.wave_id(), 64 * j)))
+    pk.barrier()
+    with pk.if_(pk.wave_id() == 0):
+        pk.tma_store(dq, out, at)
 
 
 def _finish_block(dq_sum, tiles, b, h, q0, D, store):
@@ -477,18 +483,22 @@ def attention_bwd_dq_finish_varlen(dq_sum: pk.gl[pk.f32, 4], dq: pk.gl["DT", PAC
                                    cu_seqlens_q: pk.gl[pk.i32, 1], DT: pk.const = None,
                                    D: pk.const = 128, TARGET: pk.target = None):
     """attention_bwd_dq_finish over a packed batch: dQ (Hq, total_q, D) from
-    attention_bwd_varlen's sum (DQ_ATOMIC), sequence by sequence, each stored up to its
-    sequence's end (rows after it are the next sequence's). Grid (ceil(longest Nq / 64),
-    Hq, B)."""
+    attention_bwd_varlen's sum (DQ_ATOMIC), sequence by sequence: a block inside its
+    sequence by TMA as the dense pass, the one the sequence ends in from registers, up to
+    the end (rows after it are the next sequence's). Grid (ceil(longest Nq / 64), Hq, B)."""
     _need_hopper_sum(TARGET)
     q0, h, b = pk.program_id(0) * 64, pk.program_id(1), pk.program_id(2)
     qs = cu_seqlens_q[b]
     end = cu_seqlens_q[b + 1]
+    out = pk.empty(pk.st((64, D), DT, swizzle=8))
     tiles = _finish_tiles(D)
-    with pk.if_(qs + q0 < end):                    # query blocks past a short sequence
-        _finish_block(dq_sum, tiles, b, h, q0, D, lambda j, part: pk.store(
-            dq, part.cast(DT), (h, qs + q0 + 16 * pk.wave_id(), 64 * j),
-            end=(None, end, None)))
+    with pk.if_(qs + q0 + 64 <= end):
+        _finish_staged(dq_sum, tiles, out, dq, b, h, q0, D, DT, (h, qs + q0, 0))
+    with pk.else_():
+        with pk.if_(qs + q0 < end):                # not a block past a short sequence
+            _finish_block(dq_sum, tiles, b, h, q0, D, lambda j, part: pk.store(
+                dq, part.cast(DT), (h, qs + q0 + 16 * pk.wave_id(), 64 * j),
+                end=(None, end, None)))
 
 
 def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k=None,
