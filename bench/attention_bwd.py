@@ -263,7 +263,7 @@ def pass_plans(shape, dt="bf16"):
     import numpy as np
     from pykittens.kernels.attention_bwd import (attention_bwd, attention_bwd_dq,
                                                  attention_bwd_dq_finish, attention_bwd_launch,
-                                                 attention_bwd_prep, dq_finish_launch)
+                                                 attention_bwd_prep)
     b, hq, hkv, n, d, causal = shape
     shapes = {"q": np.empty((b, hq, n, d), np.float16), "k": np.empty((b, hkv, n, d), np.float16)}
     (pg, pc), _, (qg, qc) = attention_bwd_launch(shapes, "sm_90a", dq="pass", CAUSAL=causal)
@@ -273,7 +273,7 @@ def pass_plans(shape, dt="bf16"):
         out.append(("main " + (str(o) if o else "default"), attention_bwd, mg, {"DT": dt, **mc}))
     out += [("dq " + (str(o) if o else "default"), attention_bwd_dq, qg, {"DT": dt, **qc, **o})
             for o in DQ_VARIANTS]
-    fg, fc = dq_finish_launch((b, hq, n, d))
+    fg, fc = attention_bwd_launch(shapes, "sm_90a", dq="atomic", CAUSAL=causal)[2]
     return out + [("finish", attention_bwd_dq_finish, fg, {"DT": dt, **fc})]
 
 
@@ -281,8 +281,7 @@ def passes(rows, details):
     """Each backward pass alone, the default schedule and its variants: where the time goes."""
     import math as m
     import pykittens as pk
-    from pykittens.kernels.attention_bwd import (attention_bwd_dq_finish, dq_finish_launch,
-                                                 dq_sum_shape)
+    from pykittens.kernels.attention_bwd import attention_bwd_dq_finish, dq_sum_shape
     for shape in PASS_SHAPES:
         b, hq, hkv, n, d, causal = shape
         q = torch.randn(b, hq, n, d, device=DEV, dtype=torch.bfloat16)
@@ -297,14 +296,16 @@ def passes(rows, details):
                 "main": (q, k, v, do, lse, delta, dq_sum, dk, dv, 1 / m.sqrt(d)),
                 "finish": (dq_sum, dq)}
 
+        plans = pass_plans(shape)
+        finish_grid = next(grid for name, _, grid, _ in plans if name == "finish")
+
         def dq_of():                        # the f32 dQ a main pass added, in dQ's rows
-            pk.launch(attention_bwd_dq_finish, dq_sum, dq_f32, grid=dq_finish_launch(
-                q.shape)[0], D=d)
+            pk.launch(attention_bwd_dq_finish, dq_sum, dq_f32, grid=finish_grid, D=d)
             return dq_f32.clone()
         gemm = 2 * b * hq * n * n * d / (2 if causal else 1)       # one n x n x d product
         label = f"({b},{hq},{hkv},{n},{d}){' causal' if causal else ''}"
         first = {}          # the main pass's outputs by its first variant with(out) dQ
-        for name, kernel, grid, consts in pass_plans(shape):
+        for name, kernel, grid, consts in plans:
             kind = name.split()[0]
             fn = lambda: pk.launch(kernel, *args[kind], grid=grid, **consts)  # noqa: E731
             t = graph_time(fn, reps=10)

@@ -37,15 +37,12 @@ def attention_bwd():
         shapes = {n: np.empty((1, 8, 256, d), np.float16) for n in "qkv"}
         yield attention_fwd, {"DT": dt, **attention_fwd_launch(shapes, "sm_90a",
                                                                CAUSAL=causal)[1]}
-        if causal:
-            yield attention_bwd_dq_finish, {"DT": dt, "D": d}
         for dq, nq in itertools.product(("pass", "atomic"), (256, 130)):  # 130: STATS_TMA=0
             shapes["q"] = np.empty((1, 8, nq, d), np.float16)
             plans = attention_bwd_launch(shapes, "sm_90a", dq=dq, CAUSAL=causal)
-            for kernel, plan in zip((attention_bwd_prep, attention_bwd, attention_bwd_dq),
-                                    plans):
-                if plan is not None:
-                    yield kernel, {"DT": dt, **plan[1]}
+            third = attention_bwd_dq_finish if dq == "atomic" else attention_bwd_dq
+            for kernel, plan in zip((attention_bwd_prep, attention_bwd, third), plans):
+                yield kernel, {"DT": dt, **plan[1]}
 
 
 def attention_varlen():
@@ -77,7 +74,8 @@ def attention_bwd_passes():
     for shape in bench.PASS_SHAPES:
         for _, kernel, _, consts in bench.pass_plans(shape):
             yield kernel, consts
-        yield attention_bwd_dq_finish, {"DT": "f32", "D": shape[4]}   # dQ's sums compared
+        yield attention_bwd_dq_finish, {"DT": "f32", "D": shape[4],    # dQ's sums compared
+                                        "TARGET": "sm_90a"}
 
 
 def chiplet_l2():

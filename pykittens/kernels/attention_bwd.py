@@ -414,12 +414,6 @@ def _finish_block(dq_sum, tiles, b, h, q0, D, store):
         store(j, pk.relabel(pk.rt((16, 64), pk.f32, role="acc"), part))
 
 
-def dq_finish_launch(q_shape) -> tuple:
-    """(grid, consts) of attention_bwd_dq_finish for q (B, Hq, Nq, D)."""
-    b, hq, nq, d = q_shape
-    return (-(-nq // 64), hq, b), {"D": d}
-
-
 # (H, total, D) views of packed (total, H, D) tensors, head dim the const D
 PACKED = (None, None, "D")
 
@@ -502,13 +496,13 @@ def attention_bwd_dq_finish_varlen(dq_sum: pk.gl[pk.f32, 4], dq: pk.gl["DT", PAC
 
 
 def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k=None,
-                                rows: int | None = None, dq: str | None = "pass",
+                                rows: int | None = None, dq: str | None = None,
                                 **overrides):
     """(prep, main, dq) launch plans of the packed backward for inputs `i`: q (Hq, total_q,
     D), k (Hkv, total_k, D), cu_seqlens_q, cu_seqlens_k (read here to check them; the
     longest lengths, when given, must cover every sequence). prep runs attention_bwd_prep
     on (1, Hq, total_q, D) views of O and dO (delta does not depend on the sequences);
-    main is attention_bwd_varlen; dq="pass" (deterministic, the default): dq plans
+    main is attention_bwd_varlen; dq="pass" (deterministic): dq plans
     attention_bwd_dq_varlen; dq="atomic" (Hopper): the main pass adds dQ into an f32 sum
     and dq plans attention_bwd_dq_finish_varlen; None: the target's faster one. Hopper:
     grids (ceil(longest Nk / 128), Hkv, B) and (ceil(longest Nq / 128), Hq, B) (the finish:
@@ -540,8 +534,7 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
             {"BM": 64, "STATS_TMA": stats_tma(rows or tq), "DQ_ATOMIC": int(dq == "atomic"),
              **common})
     if dq == "atomic":
-        return prep, main, ((max(1, -(-max_seqlen_q // 64)), hq, batch),
-                            {"D": d, "TARGET": t.name})
+        return prep, main, _finish_plan(batch, hq, max_seqlen_q, d, t.name)
     return prep, main, ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64})
 
 
@@ -573,10 +566,11 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
                          **overrides):
     """(prep, main, dq) launch plans for inputs `i` (q (B, Hq, Nq, D), k (B, Hkv, Nk, D)):
     each (grid, consts). dq="pass": the main pass leaves dQ to `attention_bwd_dq` (a fixed
-    order of additions: deterministic); dq="atomic": the main pass adds dQ into an f32
-    tensor itself, and the third plan is None; None: the target's faster one (default_dq).
-    rows: the row stride of lse and delta (default Nq; stats_rows(Nq) lets TMA copy them).
-    CAUSAL in i or overrides."""
+    order of additions: deterministic), which the third plan launches; dq="atomic": the
+    main pass adds dQ into a zeroed f32 sum (dq_sum_shape; its consts say DQ_ATOMIC=1) and
+    the third plan launches `attention_bwd_dq_finish`; None: the target's faster one
+    (default_dq). rows: the row stride of lse and delta (default Nq; stats_rows(Nq) lets
+    TMA copy them). CAUSAL in i or overrides."""
     from ..targets import get
     from .attention import _need_shapes
     t = get(target)
@@ -602,6 +596,13 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
         raise ValueError("attention backward: LONGEST_FIRST orders causal launches")
     main = ((-(-nk // 128) * hkv * b,) if consts["LONGEST_FIRST"] else (-(-nk // 128), hkv, b),
             consts)
-    dq_plan = ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64, "STAGES": 2,
-                                         "TARGET": t.name}) if dq == "pass" else None
-    return prep, main, dq_plan
+    if dq == "atomic":
+        return prep, main, _finish_plan(b, hq, nq, d, t.name)
+    return prep, main, ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64,
+                                                 "STAGES": 2, "TARGET": t.name})
+
+
+def _finish_plan(b, hq, nq, d, target):
+    """(grid, consts) of attention_bwd_dq_finish(_varlen): 64-row query blocks."""
+    return (max(1, -(-nq // 64)), hq, b), {"D": d, "TARGET": target}
+

@@ -9,11 +9,9 @@ import torch
 
 from ..kernels.attention import attention_fwd, attention_fwd_launch
 from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq, attention_bwd_dq_finish,
-                                     attention_bwd_launch, attention_bwd_prep, dq_finish_launch,
-                                     dq_sum_shape, stats_rows)
-from .run import EMULATE_TARGET, HALVES as DTYPES, custom_op, from_numpy as _from_numpy
-from . import replay
-from .run import kernel_output, replayable, run, target_of, to_numpy as _to_numpy
+                                     attention_bwd_launch, attention_bwd_prep, dq_sum_shape,
+                                     stats_rows)
+from .run import HALVES as DTYPES, custom_op, kernel_output, replayable, run, target_of
 
 
 def _check(q, k, v, scale, causal=False):
@@ -68,28 +66,11 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     views = [x.transpose(1, 2) for x in (q, k, v, o)]       # (B, H, N, D)
-    if not replay.on_gpu(q):
-        return _emulate(views, lse, causal, scale)
     grid, consts = attention_fwd_launch({"q": views[0], "k": views[1], "v": views[2]},
                                         target_of(q), CAUSAL=int(causal))
     run(attention_fwd, dict(zip(("q", "k", "v", "o"), views), lse=lse, scale=scale), grid,
-        consts)
+        consts, ("o", "lse"))
     return o, lse
-
-
-def _emulate(views, lse, causal, scale):
-    from .. import emulate
-    npy = [_to_numpy(x) for x in views]
-    grid, consts = attention_fwd_launch({"q": npy[0], "k": npy[1], "v": npy[2]},
-                                        EMULATE_TARGET, CAUSAL=int(causal))
-    out = emulate(attention_fwd, *npy, np.zeros(tuple(lse.shape), np.float32), scale,
-                  grid=grid, target=EMULATE_TARGET, **consts)
-    return _bhnd(_from_numpy(out["o"], views[0].dtype)), torch.from_numpy(out["lse"].copy())
-
-
-def _bhnd(t):
-    """A (B, H, N, D) result back in the op's (B, N, H, D) layout."""
-    return t.transpose(1, 2).contiguous()
 
 
 @_attention_fwd.register_fake
@@ -107,47 +88,48 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     b, nq, hq, _ = q.shape
-    views = [x.transpose(1, 2) for x in (q, k, v, do.contiguous(), o)]   # (B, H, N, D)
-    if q.device.type == "cpu":
-        return _emulate_bwd(views, lse, dlse, causal, scale, deterministic)
-    from ..runtime.launch import gpu_target, launch
-    qv, kv, vv, dov, ov = views
+    qv, kv, vv, dov, ov = (x.transpose(1, 2) for x in (q, k, v, do.contiguous(), o))
     rows = stats_rows(nq)                 # LSE and delta in rows the main pass copies by TMA
-    plans = attention_bwd_launch({"q": qv, "k": kv}, gpu_target(q.device.index or 0),
-                                 dq=_dq_schedule(deterministic), rows=rows, CAUSAL=int(causal))
-    (pgrid, pconsts), (grid, consts), dq_plan = plans
+    (pgrid, pconsts), *plans = attention_bwd_launch(
+        {"q": qv, "k": kv}, target_of(q), dq=_dq_schedule(deterministic), rows=rows,
+        CAUSAL=int(causal))
     lse = in_rows(lse, rows)
-    delta = torch.empty(b, hq, rows, device=q.device, dtype=torch.float32)[..., :nq]
-    launch(attention_bwd_prep, ov, dov, delta, grid=pgrid, **pconsts)
+    delta = lse.new_empty((b, hq, rows))[..., :nq]
+    run(attention_bwd_prep, {"o": ov, "do": dov, "delta": delta}, pgrid, pconsts, ("delta",))
     if dlse is not None:                 # d lse / d s = P: folds into dS = P (dP - delta)
         delta -= dlse
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    # the f32 sum of the atomic schedule; with a dQ pass the main pass does not touch it (a
-    # placeholder with 16-element strides keeps the aligned build)
-    dq_sum = q.new_empty((1, 1, 1, 16), dtype=torch.float32) if dq_plan else \
-        q.new_zeros(dq_sum_shape(*qv.shape), dtype=torch.float32)
-    launch(attention_bwd, qv, kv, vv, dov, lse, delta, dq_sum, dk.transpose(1, 2),
-           dv.transpose(1, 2), scale, grid=grid, **consts)
-    dq = torch.empty_like(q)
-    if dq_plan is None:
-        fgrid, fconsts = dq_finish_launch(qv.shape)
-        launch(attention_bwd_dq_finish, dq_sum, dq.transpose(1, 2), grid=fgrid, **fconsts)
-        return dq, dk, dv
-    launch(attention_bwd_dq, qv, kv, vv, dov, lse, delta, dq.transpose(1, 2), scale,
-           grid=dq_plan[0], **dq_plan[1])
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    main_and_dq((attention_bwd, attention_bwd_dq_finish, attention_bwd_dq), plans,
+                dq_sum_shape(*qv.shape),
+                {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta,
+                 "scale": scale}, *(x.transpose(1, 2) for x in (dq, dk, dv)))
     return dq, dk, dv
 
 
-def in_rows(x, rows: int):
-    """x (..., N) float32 (a numpy array or torch tensor) in rows of `rows` elements, the
-    first N of each viewed: x itself where it already is, else a copy in a new buffer."""
+def main_and_dq(kernels, plans, sum_shape, common: dict, dq, dk, dv, finish_args=None):
+    """The backward's main pass and dQ's plan (attention_bwd_launch or its packed twin):
+    kernels = (main, finish, dq pass). With DQ_ATOMIC the main pass adds dQ into a zeroed
+    f32 sum of `sum_shape` that the finish pass (given `finish_args` too) turns into dQ;
+    otherwise dQ's own pass computes it and the main pass gets a placeholder it never
+    touches (16-element strides keep the aligned build)."""
+    main, finish, dq_pass = kernels
+    (grid, consts), (qgrid, qconsts) = plans
+    if consts.get("DQ_ATOMIC"):
+        dq_sum = dq.new_zeros(sum_shape, dtype=torch.float32)
+        run(main, {**common, "dq": dq_sum, "dk": dk, "dv": dv}, grid, consts,
+            ("dq", "dk", "dv"))
+        run(finish, {"dq_sum": dq_sum, "dq": dq, **(finish_args or {})}, qgrid, qconsts,
+            ("dq",))
+        return
+    unused = dq.new_empty((1, 1, 1, 16), dtype=torch.float32)
+    run(main, {**common, "dq": unused, "dk": dk, "dv": dv}, grid, consts, ("dk", "dv"))
+    run(dq_pass, {**common, "dq": dq}, qgrid, qconsts, ("dq",))
+
+
+def in_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x (..., N) float32 in rows of `rows` elements, the first N of each viewed: x itself
+    where it already is, else a copy in a new buffer."""
     n = x.shape[-1]
-    if isinstance(x, np.ndarray):
-        if rows == n and x.flags.c_contiguous:
-            return x
-        out = np.empty(x.shape[:-1] + (rows,), np.float32)[..., :n]
-        out[...] = x
-        return out
     if rows == n and x.is_contiguous():
         return x
     return x.new_empty(*x.shape[:-1], rows)[..., :n].copy_(x)
@@ -157,34 +139,6 @@ def _dq_schedule(deterministic: bool) -> str | None:
     """deterministic=True guarantees dQ's fixed order; otherwise the target's faster
     schedule (attention_bwd.default_dq)."""
     return "pass" if deterministic else None
-
-
-def _emulate_bwd(views, lse, dlse, causal, scale, deterministic):
-    from .. import emulate
-    q, k, v, do, o = (_to_numpy(x) for x in views)
-    rows = stats_rows(q.shape[2])                                   # as on the GPU
-    (pgrid, pconsts), (grid, consts), dq_plan = attention_bwd_launch(
-        {"q": q, "k": k}, EMULATE_TARGET, dq=_dq_schedule(deterministic), rows=rows,
-        CAUSAL=int(causal))
-    run = dict(target=EMULATE_TARGET)
-    delta = emulate(attention_bwd_prep, o, do, np.zeros(lse.shape, np.float32), grid=pgrid,
-                    **run, **pconsts)["delta"]
-    if dlse is not None:
-        delta = delta - _to_numpy(dlse.float())
-    lse, delta = in_rows(_to_numpy(lse), rows), in_rows(delta, rows)
-    dq_sum = np.zeros((1, 1, 1, 16) if dq_plan else dq_sum_shape(*q.shape), np.float32)
-    out = emulate(attention_bwd, q, k, v, do, lse, delta, dq_sum,
-                  np.zeros_like(k), np.zeros_like(v), scale, grid=grid, **run, **consts)
-    dtype = views[0].dtype
-    if dq_plan is None:                                              # as on the GPU
-        fgrid, fconsts = dq_finish_launch(q.shape)
-        dq = _from_numpy(emulate(attention_bwd_dq_finish, out["dq"], np.zeros_like(q),
-                                 grid=fgrid, **run, **fconsts)["dq"], dtype)
-    else:
-        dq = _from_numpy(emulate(attention_bwd_dq, q, k, v, do, lse, delta,
-                                 np.zeros_like(q), scale, grid=dq_plan[0], **run,
-                                 **dq_plan[1])["dq"], dtype)
-    return _bhnd(dq), _bhnd(_from_numpy(out["dk"], dtype)), _bhnd(_from_numpy(out["dv"], dtype))
 
 
 @_attention_bwd.register_fake

@@ -13,7 +13,7 @@ from ..kernels.attention import attention_fwd_varlen, attention_fwd_varlen_launc
 from ..kernels.attention_bwd import (attention_bwd_dq_finish_varlen, attention_bwd_dq_varlen,
                                      attention_bwd_prep, attention_bwd_varlen,
                                      attention_bwd_varlen_launch, dq_sum_shape, stats_rows)
-from .attention import _check as _check_dense, _dq_schedule, in_rows
+from .attention import _check as _check_dense, _dq_schedule, in_rows, main_and_dq
 from .run import custom_op, run, target_of
 
 OP = "attention_varlen"
@@ -85,27 +85,18 @@ def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return dq, dk, dv
     qv, kv, vv, dov, ov, dqv, dkv, dvv = _heads_first(q, k, v, do.contiguous(), o, dq, dk, dv)
     rows = stats_rows(lse.shape[-1])      # LSE and delta in rows the main pass copies by TMA
-    (pgrid, pconsts), (grid, consts), (qgrid, qconsts) = attention_bwd_varlen_launch(
+    (pgrid, pconsts), *plans = attention_bwd_varlen_launch(
         _inputs(qv, kv, cu_q, cu_k), target_of(q), max_seqlen_q=max_q,
         max_seqlen_k=max_k, rows=rows, dq=_dq_schedule(deterministic), CAUSAL=int(causal))
     lse = in_rows(lse, rows)
     delta = lse.new_empty((1, lse.shape[0], rows))[..., :lse.shape[-1]]
     run(attention_bwd_prep, {"o": ov[None], "do": dov[None], "delta": delta}, pgrid, pconsts,
         ("delta",))
-    common = {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0],
-              "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale}
-    if consts.get("DQ_ATOMIC"):               # dQ added into a zeroed f32 sum, then finished
-        dq_sum = q.new_zeros(dq_sum_shape(cu_q.shape[0] - 1, qv.shape[0], max_q, qv.shape[2]),
-                             dtype=torch.float32)
-        run(attention_bwd_varlen, {**common, "dq": dq_sum, "dk": dkv, "dv": dvv}, grid,
-            consts, ("dq", "dk", "dv"))
-        run(attention_bwd_dq_finish_varlen, {"dq_sum": dq_sum, "dq": dqv,
-                                             "cu_seqlens_q": cu_q}, qgrid, qconsts, ("dq",))
-        return dq, dk, dv
-    unused = q.new_empty((1, 1, 1, 16), dtype=torch.float32)   # the sum: not touched
-    run(attention_bwd_varlen, {**common, "dq": unused, "dk": dkv, "dv": dvv}, grid, consts,
-        ("dk", "dv"))
-    run(attention_bwd_dq_varlen, {**common, "dq": dqv}, qgrid, qconsts, ("dq",))
+    main_and_dq((attention_bwd_varlen, attention_bwd_dq_finish_varlen, attention_bwd_dq_varlen),
+                plans, dq_sum_shape(cu_q.shape[0] - 1, qv.shape[0], max_q, qv.shape[2]),
+                {"q": qv, "k": kv, "v": vv, "do": dov, "lse": lse, "delta": delta[0],
+                 "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "scale": scale},
+                dqv, dkv, dvv, finish_args={"cu_seqlens_q": cu_q})
     return dq, dk, dv
 
 
