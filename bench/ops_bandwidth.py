@@ -670,8 +670,9 @@ def launch_key(kernel, args: dict, consts: dict):
 def builds_not_launches(verbose=True):
     """Within: the ops' library launches on CPU tensors build the kernel for sm_90a (same
     constants and alignment as the GPU run's launch) instead of emulating it, and the
-    attention op returns zeros without emulating (its builds: bench/prebuild.py
-    attention_bwd). Yields ({launch_key: seconds} of the builds made, the build function)."""
+    attention op's launch nothing (its outputs keep what they were allocated with; its
+    builds: bench/prebuild.py attention_bwd). Yields ({launch_key: seconds} of the builds
+    made, the build function)."""
     import importlib
     from pykittens import compiler
     from pykittens.lower import lower
@@ -690,24 +691,19 @@ def builds_not_launches(verbose=True):
             if verbose:
                 print(f"  {kernel.name} {len(built)}: {built[key]:.1f} s", flush=True)
 
-    def attention_zeros(views, lse, *rest):
-        return attn._bhnd(torch.zeros_like(views[0])), torch.zeros(tuple(lse.shape))
-
-    def attention_grad_zeros(views, *rest):
-        return tuple(attn._bhnd(torch.zeros_like(v)) for v in views[:3])
+    def skip(*args, **kwargs):          # attention: its outputs stay as allocated
+        return None
 
     mods = [importlib.import_module(f"pykittens.ops.{n}")    # the modules, not the ops
-            for n in ("matmul", "norms", "rope", "softmax")]
-    saved = [m.run for m in mods], attn._emulate, attn._emulate_bwd
+            for n in ("matmul", "norms", "rope", "softmax", "attention")]
+    saved = [m.run for m in mods]
     try:
         for m in mods:
-            m.run = build
-        attn._emulate, attn._emulate_bwd = attention_zeros, attention_grad_zeros
+            m.run = skip if m is attn else build
         yield built, build
     finally:
-        for m, r in zip(mods, saved[0]):
+        for m, r in zip(mods, saved):
             m.run = r
-        attn._emulate, attn._emulate_bwd = saved[1:]
         ops_run.EMULATE_TARGET = target
         _state["prebuild"] = False
 
