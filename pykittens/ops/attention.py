@@ -11,7 +11,8 @@ from ..kernels.attention import attention_fwd, attention_fwd_launch
 from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq, attention_bwd_dq_finish,
                                      attention_bwd_launch, attention_bwd_prep, dq_sum_shape,
                                      stats_rows)
-from .run import HALVES as DTYPES, custom_op, kernel_output, replayable, run, target_of
+from .run import (HALVES as DTYPES, custom_op, kernel_output, placeholder, replayable, run,
+                  target_of)
 
 
 def _check(q, k, v, scale, causal=False):
@@ -111,7 +112,7 @@ def main_and_dq(kernels, plans, sum_shape, common: dict, dq, dk, dv, finish_args
     kernels = (main, finish, dq pass). With DQ_ATOMIC the main pass adds dQ into a zeroed
     f32 sum of `sum_shape` that the finish pass (given `finish_args` too) turns into dQ;
     otherwise dQ's own pass computes it and the main pass gets a placeholder it never
-    touches (16-element strides keep the aligned build)."""
+    touches."""
     main, finish, dq_pass = kernels
     (grid, consts), (qgrid, qconsts) = plans
     if consts.get("DQ_ATOMIC"):
@@ -121,8 +122,8 @@ def main_and_dq(kernels, plans, sum_shape, common: dict, dq, dk, dv, finish_args
         run(finish, {"dq_sum": dq_sum, "dq": dq, **(finish_args or {})}, qgrid, qconsts,
             ("dq",))
         return
-    unused = dq.new_empty((1, 1, 1, 16), dtype=torch.float32)
-    run(main, {**common, "dq": unused, "dk": dk, "dv": dv}, grid, consts, ("dk", "dv"))
+    run(main, {**common, "dq": placeholder(dq, 4, torch.float32), "dk": dk, "dv": dv}, grid,
+        consts, ("dk", "dv"))
     run(dq_pass, {**common, "dq": dq}, qgrid, qconsts, ("dq",))
 
 
