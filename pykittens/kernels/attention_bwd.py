@@ -83,10 +83,12 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
 # blocks back and relabels them. Query block q0's columns 64j.. start at row
 # _dq_sum_row(q0, j, D) of its head, wave w's rows 32 w further.
 DQ_SUM_WAVE = (32, 32)
+DQ_PART = pk.rt((16, 64), pk.f32, role="acc")        # a wave's block of dQ, as computed
+DQ_SUM_STAGE = pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8)  # 4 waves'
 
 
 def _dq_sum_row(q0, j, D):
-    return (q0 // 64 * (D // 64) + j) * 4 * DQ_SUM_WAVE[0]
+    return (q0 // 64 * (D // 64) + j) * DQ_SUM_STAGE.shape[0]
 
 
 def dq_sum_shape(b: int, hq: int, nq: int, d: int) -> tuple:
@@ -171,8 +173,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     if DQ_ATOMIC:
         if BM != 64:
             raise ValueError("the atomic dQ schedule keeps 64-row query blocks (BM=64)")
-        dq_stage = [pk.empty(pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8))
-                    for _ in range(D // 64)]
+        dq_stage = [pk.empty(DQ_SUM_STAGE) for _ in range(D // 64)]
         dq_ready = [pk.mbarrier(4) for _ in range(D // 64)]
         dq_free = [pk.mbarrier(1) for _ in range(D // 64)]
     scale2 = scale * LOG2E
@@ -263,7 +264,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                     pk.arrive(ds_ready)
                     if not diag & 2:
                         pk.wait(ds_ready, step % 2)
-                parts = {j: pk.empty(pk.rt((16, 64), pk.f32, role="acc")) for j in mine}
+                parts = {j: pk.empty(DQ_PART) for j in mine}
                 for j, dq_part in parts.items():   # dQ = dS K over both groups' keys
                     pk.mma_AB(dq_part, sds[0][step % 2], kt[0].atom(j), c=0, in_flight=2)
                     pk.mma_AB(dq_part, sds[1][step % 2], kt[1].atom(j), in_flight=2)
@@ -384,8 +385,7 @@ def _need_hopper_sum(target):
 def _finish_tiles(D):
     """The shared tiles _finish_block reads a query block's sums into, and their barrier
     (allocated at the kernel's top)."""
-    return [pk.empty(pk.st((4 * DQ_SUM_WAVE[0], DQ_SUM_WAVE[1]), pk.f32, swizzle=8))
-            for _ in range(D // 64)], pk.mbarrier(D // 64)
+    return [pk.empty(DQ_SUM_STAGE) for _ in range(D // 64)], pk.mbarrier(D // 64)
 
 
 def _finish_staged(dq_sum, tiles, out, dq, b, h, q0, D, DT, at):
@@ -411,7 +411,7 @@ def _finish_block(dq_sum, tiles, b, h, q0, D, store):
     pk.wait(full, 0)
     for j in pk.static_range(D // 64):
         part = pk.load(pk.rt(DQ_SUM_WAVE, pk.f32), sums[j], (DQ_SUM_WAVE[0] * w, 0))
-        store(j, pk.relabel(pk.rt((16, 64), pk.f32, role="acc"), part))
+        store(j, pk.relabel(DQ_PART, part))
 
 
 # (H, total, D) views of packed (total, H, D) tensors, head dim the const D
