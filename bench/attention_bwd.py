@@ -236,10 +236,12 @@ def varlen(rows, details):
 
 # schedule variants of the two big passes, timed alone (bench step "passes"), over dq="pass"'s
 # launch constants: the main pass without dQ and with it (DQ_ATOMIC, the library's default
-# on Hopper). DQ_DIAG builds (timing only, their dQ is wrong or absent; add them here to use
-# them) place the time of dQ: 1 leaves out the TMA reductions, 2 the groups' wait for each
+# on Hopper), each also with the walk the library used before DV_LATE and SPLIT_CAUSAL.
+# DQ_DIAG builds (timing only, their dQ is wrong or absent; add them here to use them)
+# place the time of dQ: 1 leaves out the TMA reductions, 2 the groups' wait for each
 # other's dS, 3 both (docs/PERF.md)
-MAIN_VARIANTS = ({}, {"DQ_ATOMIC": 1})
+EARLIER_WALK = {"DV_LATE": 0, "SPLIT_CAUSAL": 0}
+MAIN_VARIANTS = ({}, EARLIER_WALK, {"DQ_ATOMIC": 1}, {"DQ_ATOMIC": 1, **EARLIER_WALK})
 DQ_VARIANTS = ({},)
 PASS_SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1)]
 

@@ -51,7 +51,8 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   DQ_ATOMIC: pk.const = 1, TARGET: pk.target = None,
                   MAP: pk.const = "head-first", DQ_DIAG: pk.const = 0,
                   STATS_TMA: pk.const = 0, STATS_IN_ACC: pk.const = 3,
-                  LONGEST_FIRST: pk.const = 0):
+                  LONGEST_FIRST: pk.const = 0, DV_LATE: pk.const = 0,
+                  SPLIT_CAUSAL: pk.const = 0):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 sum `dq`, zeroed, of shape
     dq_sum_shape: attention_bwd_dq_finish makes dQ of it) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
@@ -63,11 +64,17 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
     wave copies them. STATS_IN_ACC (Hopper): bit 1 starts S^T from -LSE / scale, bit 2 dP^T
     from -delta; a clear bit starts the product from zero and subtracts after it (LSE or
     delta read from shared memory under the products). The launch takes the faster on the
-    H200: 3 at D=128, 0 at D=64 (docs/PERF.md)."""
+    H200: 3 at D=128, 0 at D=64 (docs/PERF.md). DV_LATE (Hopper): dV's product is issued
+    once dS is stored rather than before dP^T's wait, so the tensor cores have it while the
+    two groups wait for each other's dS (in loops without the causal mask). SPLIT_CAUSAL
+    (Hopper, causal, dense): the query blocks the mask cuts are walked first, in a loop of
+    their own, so the rest runs without the mask (and with DV_LATE). The launch sets both
+    where they are faster on the H200 (_walk)."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                     DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA, in_acc=STATS_IN_ACC,
-                    longest_first=LONGEST_FIRST)
+                    longest_first=LONGEST_FIRST, dv_late=DV_LATE,
+                    split=SPLIT_CAUSAL)
     elif TARGET in CDNA_TARGETS:
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
                  TARGET)
@@ -116,7 +123,7 @@ def _sequence(q, k, b, cu_q, cu_k):
 
 def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                 DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, stats_tma=0, in_acc=3,
-                longest_first=0):
+                longest_first=0, dv_late=0, split=0):
     """Hopper: a producer warpgroup has one wave copy the block's 128 keys and values once
     (64 per consumer) and then each query block's Q, dO, LSE and delta into a ring; two consumer
     warpgroups, 64 keys each, compute S^T = K Q^T and dP^T = V dO^T by wgmma from shared
@@ -177,45 +184,72 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
         dq_ready = [pk.mbarrier(4) for _ in range(D // 64)]
         dq_free = [pk.mbarrier(1) for _ in range(D // 64)]
     scale2 = scale * LOG2E
+    # the walk's loops (first step, end, kind): "cut" walks query blocks the causal mask
+    # may cut, "whole" blocks every key of the block sees. With `split` (dense, causal) the
+    # blocks the mask cuts come first, for each head of the group, and the rest get a loop
+    # without the mask's registers
+    split = bool(split and CAUSAL and not varlen)
+    if split:
+        whole = pk.minimum(pk.maximum((k0 + 127 - offset + BM - 1) // BM, first), nqb)
+        cut = group * (whole - first)
+        walks = [(0, cut, "cut"), (cut, steps, "whole")]
+    else:
+        walks = [(0, steps, "cut" if CAUSAL or varlen else "whole")]
 
-    def block(step):
+    def block(step, kind):
         """(query head, first query row) of a step of this workgroup's walk."""
-        return hk * group + step // pk.maximum(per_head, 1), \
-            (first + step % pk.maximum(per_head, 1)) * BM
+        n, i0, i = per_head, first, step
+        if split:
+            n, i0, i = (whole - first, first, step) if kind == "cut" else \
+                (per_head - (whole - first), whole, step - cut)
+        n = pk.maximum(n, 1)
+        return hk * group + i // n, (i0 + i % n) * BM
+
+    def walk(role_step):
+        """Run role_step(step, kind) over this workgroup's walk."""
+        for lo, hi, kind in walks:
+            for step in pk.range(lo, hi):
+                role_step(step, kind)
 
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
             for g in pk.static_range(2):
                 pk.tma_load(kt[g], k, at(hk, ks_ + k0 + 64 * g), kv_full)
                 pk.tma_load(vt[g], v, at(hk, ks_ + k0 + 64 * g), kv_full)
-            for step in pk.range(steps):
-                h, q0 = block(step)
+
+            def load(step, kind):
+                h, q0 = block(step, kind)
                 st = ring.acquire(step)
                 pk.tma_load(st.q, q, at(h, qs + q0), st.full)
                 pk.tma_load(st.do, do, at(h, qs + q0), st.full)
                 if stats_tma:
                     pk.tma_load(st.lse, lse, row_at(h, qs + q0), st.full)
                     pk.tma_load(st.delta, delta, row_at(h, qs + q0), st.full)
+            walk(load)
         if not stats_tma:
             with pk.if_(pk.wave_id() == 2):   # LSE and delta by a wave
-                for step in pk.range(steps):
-                    h, q0 = block(step)
+
+                def stats(step, kind):
+                    h, q0 = block(step, kind)
                     st = ring.acquire(step)
                     pk.store(st.lse, pk.load(pk.rt((1, BM), pk.f32), lse, row_at(h, qs + q0),
                                              fill=math.inf), (0, 0))    # past the end: P = 0
                     pk.store(st.delta, pk.load(pk.rt((1, BM), pk.f32), delta,
                                                row_at(h, qs + q0)), (0, 0))
                     pk.arrive(st.full)
+                walk(stats)
         if DQ_ATOMIC:
             with pk.if_(pk.wave_id() == 1):              # dQ's writer
-                for step in pk.range(steps):
-                    h, q0 = block(step)
+
+                def write(step, kind):
+                    h, q0 = block(step, kind)
                     for j in pk.static_range(D // 64):
                         pk.wait(dq_ready[j], step % 2)
                         if not diag & 1:
                             pk.tma_store(dq, dq_stage[j], (b, h, _dq_sum_row(q0, j, D), 0),
                                          add=True)
                         pk.arrive(dq_free[j])
+                walk(write)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=240):
             w = pk.wave_id() % 4
@@ -225,9 +259,14 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             dk_acc, dv_acc = pk.zeros(acc_t), pk.zeros(acc_t)
             mine = list(range(g, D // 64, 2)) if DQ_ATOMIC else []  # this group's dQ columns
             pk.wait(kv_full, 0)
-            for step in pk.range(steps):
-                h, q0 = block(step)
+
+            def consume(step, kind):
+                h, q0 = block(step, kind)
                 s = ring.wait(step)
+                # dV's product issued once dS is stored (late), so that it runs under the
+                # wait for the other group's dS, in loops without the causal mask (whose
+                # registers would spill more); else under the wait for dP^T
+                late = dv_late and kind == "whole"
                 # S^T starts from -LSE / scale (P^T = exp2(scale2 S^T)) and dP^T from -delta
                 # (bits 1 and 2 of in_acc), or from zero, LSE and delta subtracted after
                 col = pk.rv(t_t, "col")                 # per query: columns
@@ -250,16 +289,19 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 # next sequence's, as are the queries past the end)
                 keys, queries = pk.row_index(t_t, key0), pk.col_index(t_t, q0)
                 keep = [keys < nk, queries < nq] if varlen else []
-                if CAUSAL:
+                if CAUSAL and kind == "cut":
                     keep.append(keys <= queries + offset)
                 p_t = _zero_unless(p_t, keep)
                 p_a = pk.convert(pk.rt((16, BM), DT, role="a"), p_t)
-                pk.mma_AB(dv_acc, p_a, s.do, in_flight=2)               # dV += P^T dO
-                pk.mma_wait(dpt, in_flight=1)
+                if not late:
+                    pk.mma_AB(dv_acc, p_a, s.do, in_flight=2)           # dV += P^T dO
+                pk.mma_wait(dpt, in_flight=0 if late else 1)
                 ds_t = p_t * (dpt if in_acc & 2 else dpt - pk.load(col, s.delta, (0, 0)))
                 if DQ_ATOMIC:                      # dS^T (this group's 64 keys), transposed
                     pk.store(sds[g][step % 2], pk.transpose(ds_t).cast(DT), (0, 16 * w))
                 ds_a = pk.convert(pk.rt((16, BM), DT, role="a"), ds_t)
+                if late:
+                    pk.mma_AB(dv_acc, p_a, s.do, in_flight=1)
                 if DQ_ATOMIC:      # every wave waits: none may arrive for the next phase early
                     pk.arrive(ds_ready)
                     if not diag & 2:
@@ -279,6 +321,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                     pk.arrive(dq_ready[j])
                 pk.mma_wait(dk_acc)
                 ring.release(step)
+            walk(consume)
             end = (None, ks_ + nk, None) if varlen else None
             pk.store(dk, (dk_acc * scale).cast(DT), at(hk, ks_ + key0), end=end)
             pk.store(dv, dv_acc.cast(DT), at(hk, ks_ + key0), end=end)
@@ -591,6 +634,7 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
     consts = {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
               "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
               "STATS_TMA": stats_tma(rows or nq), "STATS_IN_ACC": 3 if d == 128 else 0,
+              **_walk(dq, d, causal),
               "LONGEST_FIRST": causal, **overrides}
     if consts["LONGEST_FIRST"] and not causal:
         raise ValueError("attention backward: LONGEST_FIRST orders causal launches")
@@ -600,6 +644,14 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
         return prep, main, _finish_plan(b, hq, nq, d, t.name)
     return prep, main, ((-(-nq // 128), hq, b), {"D": d, "CAUSAL": causal, "BN": 64,
                                                  "STAGES": 2, "TARGET": t.name})
+
+
+def _walk(dq: str, d: int, causal: int) -> dict:
+    """DV_LATE and SPLIT_CAUSAL of a Hopper launch: on with dQ's atomic schedule (2.6-4.9%
+    faster main passes on the H200) and at D=64 (2-4%); the deterministic schedule's D=128
+    main pass, which has no dS to wait for, ran 0.3-1.6% slower with them (docs/PERF.md)."""
+    on = int(dq == "atomic" or d == 64)
+    return {"DV_LATE": on, "SPLIT_CAUSAL": on * causal}
 
 
 def _finish_plan(b, hq, nq, d, target):
