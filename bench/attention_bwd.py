@@ -15,6 +15,7 @@ is printed last.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -157,6 +158,19 @@ def _packed(lengths, hq, hkv, d, dtype=torch.bfloat16):
     return q, k, v, cu
 
 
+EARLIER = "pykittens, earlier walk"    # without DV_LATE and SPLIT_MASKED (LATE_WALK off)
+
+
+@contextlib.contextmanager
+def _late_walk(on: bool):
+    from pykittens.kernels import attention_bwd as ab
+    ab.LATE_WALK = on
+    try:
+        yield
+    finally:
+        ab.LATE_WALK = True
+
+
 def varlen(rows, details):
     """Packed batches through pykittens.ops.attention_varlen: gradients per sequence against
     float64 (small batches, dQ both ways), then forward+backward TFLOP/s with dQ added into
@@ -199,6 +213,8 @@ def varlen(rows, details):
         shape = f"16 seqs, {sum(lengths)} tokens ({hq},{hkv},{d}){' causal' if causal else ''}"
         runs = {"pykittens": lambda: pko.attention_varlen(q, k, v, cu, cu, m, m,
                                                           causal=bool(causal)),
+                EARLIER: lambda: pko.attention_varlen(q, k, v, cu, cu, m, m,
+                                                      causal=bool(causal)),
                 "pykittens deterministic": lambda: pko.attention_varlen(
                     q, k, v, cu, cu, m, m, causal=bool(causal), deterministic=True)}
         if isinstance(fa4, str):
@@ -216,8 +232,9 @@ def varlen(rows, details):
             def fwd_bwd(f=fn):
                 torch.autograd.grad(_first(f()), (q, k, v), do)
             try:
-                t_fwd = event_time(fwd, reps=3, rounds=5)
-                t = event_time(fwd_bwd, reps=3, rounds=5)
+                with _late_walk(name != EARLIER):
+                    t_fwd = event_time(fwd, reps=3, rounds=5)
+                    t = event_time(fwd_bwd, reps=3, rounds=5)
             except Exception as e:  # noqa: BLE001 - one failing must not hide the rest
                 _row(rows, "varlen perf", name, "bf16", shape, "ERROR", str(e)[:60])
                 continue
@@ -236,11 +253,11 @@ def varlen(rows, details):
 
 # schedule variants of the two big passes, timed alone (bench step "passes"), over dq="pass"'s
 # launch constants: the main pass without dQ and with it (DQ_ATOMIC, the library's default
-# on Hopper), each also with the walk the library used before DV_LATE and SPLIT_CAUSAL.
+# on Hopper), each also with the walk the library used before DV_LATE and SPLIT_MASKED.
 # DQ_DIAG builds (timing only, their dQ is wrong or absent; add them here to use them)
 # place the time of dQ: 1 leaves out the TMA reductions, 2 the groups' wait for each
 # other's dS, 3 both (docs/PERF.md)
-EARLIER_WALK = {"DV_LATE": 0, "SPLIT_CAUSAL": 0}
+EARLIER_WALK = {"DV_LATE": 0, "SPLIT_MASKED": 0}
 MAIN_VARIANTS = ({}, EARLIER_WALK, {"DQ_ATOMIC": 1}, {"DQ_ATOMIC": 1, **EARLIER_WALK})
 DQ_VARIANTS = ({},)
 PASS_SHAPES = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1)]

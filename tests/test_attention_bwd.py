@@ -132,19 +132,19 @@ def test_stats_before_or_after_the_products(rng, d, causal, in_acc):
 @pytest.mark.parametrize("dv_late,split", [(0, 0), (1, 0), (0, 1)])
 def test_walk_variants(rng, dv_late, split):
     """The launch walks causal query blocks the mask cuts first, in a loop of their own
-    (SPLIT_CAUSAL), and issues dV's product after dS is stored (DV_LATE); each alone, or
+    (SPLIT_MASKED), and issues dV's product after dS is stored (DV_LATE); each alone, or
     neither, computes the same gradients (ragged lengths both ways, a 2:1 group)."""
     q, k, v, do = inputs(rng, 1, 4, 2, 200, 330, 64, "f16")
     def walk(dq, causal, d):
         shapes = {"q": np.empty((1, 4, 200, d)), "k": np.empty((1, 2, 330, d))}
         consts = attention_bwd_launch(shapes, "sm_90a", dq=dq, CAUSAL=causal)[1][1]
-        return consts["DV_LATE"], consts["SPLIT_CAUSAL"]
+        return consts["DV_LATE"], consts["SPLIT_MASKED"]
     # the launch's choice: on for the atomic schedule and at D=64, by the H200's timings
-    assert walk("atomic", 1, 128) == walk("pass", 1, 64) == (1, 1)
-    assert walk("atomic", 0, 128) == (1, 0) and walk("pass", 1, 128) == (0, 0)
+    assert walk("atomic", 1, 128) == walk("pass", 1, 64) == walk("atomic", 0, 128) == (1, 1)
+    assert walk("pass", 1, 128) == (0, 0)
     for q_, k_, v_, do_ in ((q, k, v, do), inputs(rng, 1, 4, 2, 330, 200, 128, "f16")):
         got, want = backward(q_, k_, v_, do_, 1, "atomic", DV_LATE=dv_late,
-                             SPLIT_CAUSAL=split)
+                             SPLIT_MASKED=split)
         check(got, want)
 
 

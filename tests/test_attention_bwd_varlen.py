@@ -141,8 +141,11 @@ def test_packed_cubins_have_no_spills(d, causal):
                            (attention_bwd_dq_finish_varlen, fin)):
         rep = compiler.report(kernel, "sm_90a", DT="bf16", **consts)
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, (kernel.name, rep)
-    rep = compiler.report(attention_bwd_varlen, "sm_90a", DT="bf16", **amain)  # as dense
-    assert rep["spill_bytes"] <= (128 if d == 128 else 0), rep
+    # the atomic schedule at D=128 spills as dense does, more with its three loops (blocks
+    # cut by the causal mask, whole ones, the sequence's last): 180 bytes, faster than the
+    # one masked loop's 64 on the H200 (docs/PERF.md)
+    rep = compiler.report(attention_bwd_varlen, "sm_90a", DT="bf16", **amain)
+    assert rep["spill_bytes"] <= (192 if d == 128 else 0), rep
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -52,7 +52,7 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
                   MAP: pk.const = "head-first", DQ_DIAG: pk.const = 0,
                   STATS_TMA: pk.const = 0, STATS_IN_ACC: pk.const = 3,
                   LONGEST_FIRST: pk.const = 0, DV_LATE: pk.const = 0,
-                  SPLIT_CAUSAL: pk.const = 0):
+                  SPLIT_MASKED: pk.const = 0):
     """dK, dV (and with DQ_ATOMIC, dQ added into the f32 sum `dq`, zeroed, of shape
     dq_sum_shape: attention_bwd_dq_finish makes dQ of it) of one block of keys per
     workgroup: q, do (B, Hq, Nq, D); k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B, Hq, Nq).
@@ -66,15 +66,15 @@ def attention_bwd(q: pk.gl["DT", HEAD], k: pk.gl["DT", HEAD], v: pk.gl["DT", HEA
     delta read from shared memory under the products). The launch takes the faster on the
     H200: 3 at D=128, 0 at D=64 (docs/PERF.md). DV_LATE (Hopper): dV's product is issued
     once dS is stored rather than before dP^T's wait, so the tensor cores have it while the
-    two groups wait for each other's dS (in loops without the causal mask). SPLIT_CAUSAL
-    (Hopper, causal, dense): the query blocks the mask cuts are walked first, in a loop of
-    their own, so the rest runs without the mask (and with DV_LATE). The launch sets both
-    where they are faster on the H200 (_walk)."""
+    two groups wait for each other's dS (in loops without a mask). SPLIT_MASKED (Hopper,
+    causal): the query blocks the mask cuts are walked first, in a loop of their own, so
+    the rest runs without the mask (and with DV_LATE). The launch sets both
+    where they are faster on the H200 (_walk_consts)."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                     DQ_ATOMIC, diag=DQ_DIAG, stats_tma=STATS_TMA, in_acc=STATS_IN_ACC,
                     longest_first=LONGEST_FIRST, dv_late=DV_LATE,
-                    split=SPLIT_CAUSAL)
+                    split=SPLIT_MASKED)
     elif TARGET in CDNA_TARGETS:
         cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
                  TARGET)
@@ -121,6 +121,51 @@ def _sequence(q, k, b, cu_q, cu_k):
             lambda h, row: (h, row))
 
 
+class _Walk:
+    """A key block's walk over query blocks: segments of each head's blocks, every head of
+    the GQA group in turn (`group` heads from head h0), each segment a loop of its own.
+    parts: (whole, first block, end) per segment; whole segments need no mask."""
+
+    class Segment:
+        def __init__(self, whole, lo, first, n):
+            self.whole, self.lo, self.first, self.n = whole, lo, first, n
+
+    def __init__(self, group, BM, parts):
+        self.group, self.BM, self.segments, lo = group, BM, [], 0
+        for whole, a, end in parts:
+            n = pk.maximum(end - a, 0)
+            self.segments.append(self.Segment(whole, lo, a, n))
+            lo = lo + group * n
+
+    def block(self, h0, step, seg):
+        """(query head, first query row) of step `step` (in segment seg)."""
+        i, n = step - seg.lo, pk.maximum(seg.n, 1)
+        return h0 + i // n, (seg.first + i % n) * self.BM
+
+    def run(self, role_step):
+        """role_step(step, segment) over every step of the walk, segment by segment."""
+        for seg in self.segments:
+            for step in pk.range(seg.lo, seg.lo + self.group * seg.n):
+                role_step(step, seg)
+
+
+def _walk_parts(split, CAUSAL, varlen, BM, k0, nk, nq, offset, first, last):
+    """The segments of a key block's walk (k0: its first key) as (whole, first, end): with
+    `split` the query blocks that need a mask (the causal mask cuts them; packed: a key or
+    query row of the block lies past the sequence's end, where the next sequence's rows
+    are) walk in loops of their own, so the rest run without the mask's registers."""
+    if not split or not (CAUSAL or varlen):
+        return [(not (CAUSAL or varlen), first, last)]
+    w0 = pk.minimum(pk.maximum((k0 + 127 - offset + BM - 1) // BM, first), last) \
+        if CAUSAL else first                       # the first block every key sees whole
+    if not varlen:
+        return [(False, first, w0), (True, w0, last)]
+    w1 = pk.maximum(pk.minimum(nq // BM, last), w0)     # past the last block inside
+    inside = k0 + 128 <= nk                              # every key row of the block
+    w0, w1 = pk.where(inside, w0, last), pk.where(inside, w1, last)
+    return [(False, first, w0), (True, w0, w1), (False, w1, last)]
+
+
 def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
                 DQ_ATOMIC, cu_q=None, cu_k=None, diag=0, stats_tma=0, in_acc=3,
                 longest_first=0, dv_late=0, split=0):
@@ -153,11 +198,8 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     offset, k0 = nk - nq, kb * 128
     nqb = (nq + BM - 1) // BM
     first = pk.maximum(k0 - offset, 0) // BM if CAUSAL else 0    # blocks that see these keys
-    per_head = pk.maximum(nqb - first, 0)
-    steps = group * per_head
     varlen = cu_q is not None
-    if varlen:
-        steps = pk.where(k0 < nk, steps, 0)          # key blocks past a short sequence
+    last = pk.where(k0 < nk, nqb, first) if varlen else nqb   # past a short sequence: none
     kt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     vt = [pk.empty(pk.st((64, D), DT, swizzle=8)) for _ in range(2)]
     kv_full = pk.mbarrier(4)
@@ -184,32 +226,12 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
         dq_ready = [pk.mbarrier(4) for _ in range(D // 64)]
         dq_free = [pk.mbarrier(1) for _ in range(D // 64)]
     scale2 = scale * LOG2E
-    # the walk's loops (first step, end, kind): "cut" walks query blocks the causal mask
-    # may cut, "whole" blocks every key of the block sees. With `split` (dense, causal) the
-    # blocks the mask cuts come first, for each head of the group, and the rest get a loop
-    # without the mask's registers
-    split = bool(split and CAUSAL and not varlen)
-    if split:
-        whole = pk.minimum(pk.maximum((k0 + 127 - offset + BM - 1) // BM, first), nqb)
-        cut = group * (whole - first)
-        walks = [(0, cut, "cut"), (cut, steps, "whole")]
-    else:
-        walks = [(0, steps, "cut" if CAUSAL or varlen else "whole")]
+    walk = _Walk(group, BM, _walk_parts(split, CAUSAL, varlen, BM, k0, nk, nq, offset,
+                                        first, last))
 
-    def block(step, kind):
+    def block(step, seg):
         """(query head, first query row) of a step of this workgroup's walk."""
-        n, i0, i = per_head, first, step
-        if split:
-            n, i0, i = (whole - first, first, step) if kind == "cut" else \
-                (per_head - (whole - first), whole, step - cut)
-        n = pk.maximum(n, 1)
-        return hk * group + i // n, (i0 + i % n) * BM
-
-    def walk(role_step):
-        """Run role_step(step, kind) over this workgroup's walk."""
-        for lo, hi, kind in walks:
-            for step in pk.range(lo, hi):
-                role_step(step, kind)
+        return walk.block(hk * group, step, seg)
 
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
@@ -217,39 +239,39 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 pk.tma_load(kt[g], k, at(hk, ks_ + k0 + 64 * g), kv_full)
                 pk.tma_load(vt[g], v, at(hk, ks_ + k0 + 64 * g), kv_full)
 
-            def load(step, kind):
-                h, q0 = block(step, kind)
+            def load(step, seg):
+                h, q0 = block(step, seg)
                 st = ring.acquire(step)
                 pk.tma_load(st.q, q, at(h, qs + q0), st.full)
                 pk.tma_load(st.do, do, at(h, qs + q0), st.full)
                 if stats_tma:
                     pk.tma_load(st.lse, lse, row_at(h, qs + q0), st.full)
                     pk.tma_load(st.delta, delta, row_at(h, qs + q0), st.full)
-            walk(load)
+            walk.run(load)
         if not stats_tma:
             with pk.if_(pk.wave_id() == 2):   # LSE and delta by a wave
 
-                def stats(step, kind):
-                    h, q0 = block(step, kind)
+                def stats(step, seg):
+                    h, q0 = block(step, seg)
                     st = ring.acquire(step)
                     pk.store(st.lse, pk.load(pk.rt((1, BM), pk.f32), lse, row_at(h, qs + q0),
                                              fill=math.inf), (0, 0))    # past the end: P = 0
                     pk.store(st.delta, pk.load(pk.rt((1, BM), pk.f32), delta,
                                                row_at(h, qs + q0)), (0, 0))
                     pk.arrive(st.full)
-                walk(stats)
+                walk.run(stats)
         if DQ_ATOMIC:
             with pk.if_(pk.wave_id() == 1):              # dQ's writer
 
-                def write(step, kind):
-                    h, q0 = block(step, kind)
+                def write(step, seg):
+                    h, q0 = block(step, seg)
                     for j in pk.static_range(D // 64):
                         pk.wait(dq_ready[j], step % 2)
                         if not diag & 1:
                             pk.tma_store(dq, dq_stage[j], (b, h, _dq_sum_row(q0, j, D), 0),
                                          add=True)
                         pk.arrive(dq_free[j])
-                walk(write)
+                walk.run(write)
     for g in pk.static_range(2):
         with pk.role(4 + 4 * g, 4, regs=240):
             w = pk.wave_id() % 4
@@ -260,13 +282,13 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             mine = list(range(g, D // 64, 2)) if DQ_ATOMIC else []  # this group's dQ columns
             pk.wait(kv_full, 0)
 
-            def consume(step, kind):
-                h, q0 = block(step, kind)
+            def consume(step, seg):
+                h, q0 = block(step, seg)
                 s = ring.wait(step)
                 # dV's product issued once dS is stored (late), so that it runs under the
-                # wait for the other group's dS, in loops without the causal mask (whose
-                # registers would spill more); else under the wait for dP^T
-                late = dv_late and kind == "whole"
+                # wait for the other group's dS, in loops without a mask (whose registers
+                # would spill more); else under the wait for dP^T
+                late = dv_late and seg.whole
                 # S^T starts from -LSE / scale (P^T = exp2(scale2 S^T)) and dP^T from -delta
                 # (bits 1 and 2 of in_acc), or from zero, LSE and delta subtracted after
                 col = pk.rv(t_t, "col")                 # per query: columns
@@ -288,9 +310,11 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 # nothing to dQ, and their dK, dV rows are not stored (packed: they are the
                 # next sequence's, as are the queries past the end)
                 keys, queries = pk.row_index(t_t, key0), pk.col_index(t_t, q0)
-                keep = [keys < nk, queries < nq] if varlen else []
-                if CAUSAL and kind == "cut":
-                    keep.append(keys <= queries + offset)
+                keep = []
+                if not seg.whole:
+                    keep = [keys < nk, queries < nq] if varlen else []
+                    if CAUSAL:
+                        keep.append(keys <= queries + offset)
                 p_t = _zero_unless(p_t, keep)
                 p_a = pk.convert(pk.rt((16, BM), DT, role="a"), p_t)
                 if not late:
@@ -321,7 +345,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                     pk.arrive(dq_ready[j])
                 pk.mma_wait(dk_acc)
                 ring.release(step)
-            walk(consume)
+            walk.run(consume)
             end = (None, ks_ + nk, None) if varlen else None
             pk.store(dk, (dk_acc * scale).cast(DT), at(hk, ks_ + key0), end=end)
             pk.store(dv, dv_acc.cast(DT), at(hk, ks_ + key0), end=end)
@@ -471,7 +495,8 @@ def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
                          D: pk.const = 128, CAUSAL: pk.const = 0, BM: pk.const = 64,
                          STAGES: pk.const = 2, TARGET: pk.target = None,
                          MAP: pk.const = "head-first", STATS_TMA: pk.const = 0,
-                         DQ_ATOMIC: pk.const = 0):
+                         DQ_ATOMIC: pk.const = 0, DV_LATE: pk.const = 0,
+                         SPLIT_MASKED: pk.const = 0):
     """attention_bwd's dK and dV over a packed batch, as attention_fwd_varlen lays it out:
     q, do (Hq, total_q, D), k, v, dk, dv (Hkv, total_k, D), lse, delta (Hq, total_q), int32
     cu_seqlens_q / cu_seqlens_k (B + 1). Causal masks are bottom-right aligned per
@@ -480,10 +505,13 @@ def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
     (Hopper) added into the zeroed f32 sum `dq` of dq_sum_shape(B, Hq, longest Nq, D) for
     attention_bwd_dq_finish_varlen. Hopper's schedule on sm_90a, the dense CDNA schedule
     (attention_bwd_cdna) on gfx942 and gfx950, each over the forward's packed geometry.
-    Grid and constants: attention_bwd_varlen_launch."""
+    DV_LATE, SPLIT_MASKED (Hopper): as attention_bwd's, SPLIT_MASKED also walking apart the
+    blocks with a key or query row past the sequence's end. Grid and constants:
+    attention_bwd_varlen_launch."""
     if TARGET == "sm_90a":
         _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, STAGES,
-                    DQ_ATOMIC, cu_seqlens_q, cu_seqlens_k, stats_tma=STATS_TMA)
+                    DQ_ATOMIC, cu_seqlens_q, cu_seqlens_k, stats_tma=STATS_TMA,
+                    dv_late=DV_LATE, split=SPLIT_MASKED)
     elif TARGET in CDNA_TARGETS:
         if DQ_ATOMIC:
             _need_hopper_sum(TARGET)
@@ -575,7 +603,7 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     common = {"D": d, "CAUSAL": causal, "STAGES": 2, "TARGET": t.name, **overrides}
     main = ((max(1, -(-max_seqlen_k // 128)), hkv, batch),
             {"BM": 64, "STATS_TMA": stats_tma(rows or tq), "DQ_ATOMIC": int(dq == "atomic"),
-             **common})
+             **_walk_consts(dq, d), **common})
     if dq == "atomic":
         return prep, main, _finish_plan(batch, hq, max_seqlen_q, d, t.name)
     return prep, main, ((max(1, -(-max_seqlen_q // 128)), hq, batch), {**common, "BN": 64})
@@ -634,7 +662,7 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
     consts = {"D": d, "CAUSAL": causal, "BM": 64, "STAGES": 2,
               "DQ_ATOMIC": int(dq == "atomic"), "TARGET": t.name,
               "STATS_TMA": stats_tma(rows or nq), "STATS_IN_ACC": 3 if d == 128 else 0,
-              **_walk(dq, d, causal),
+              **_walk_consts(dq, d),
               "LONGEST_FIRST": causal, **overrides}
     if consts["LONGEST_FIRST"] and not causal:
         raise ValueError("attention backward: LONGEST_FIRST orders causal launches")
@@ -646,12 +674,17 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
                                                  "STAGES": 2, "TARGET": t.name})
 
 
-def _walk(dq: str, d: int, causal: int) -> dict:
-    """DV_LATE and SPLIT_CAUSAL of a Hopper launch: on with dQ's atomic schedule (2.6-4.9%
-    faster main passes on the H200) and at D=64 (2-4%); the deterministic schedule's D=128
-    main pass, which has no dS to wait for, ran 0.3-1.6% slower with them (docs/PERF.md)."""
-    on = int(dq == "atomic" or d == 64)
-    return {"DV_LATE": on, "SPLIT_CAUSAL": on * causal}
+LATE_WALK = True     # False: every launch takes the walk without DV_LATE and SPLIT_MASKED
+                     # (bench/attention_bwd.py compares the two through the ops)
+
+
+def _walk_consts(dq: str, d: int) -> dict:
+    """DV_LATE and SPLIT_MASKED of a Hopper launch: on with dQ's atomic schedule (3.0-5.3%
+    faster dense main passes on the H200) and at D=64 (2-4%); the deterministic schedule's
+    D=128 main pass, which has no dS to wait for, ran 0.3-1.6% slower with them
+    (docs/PERF.md)."""
+    on = int(LATE_WALK and (dq == "atomic" or d == 64))
+    return {"DV_LATE": on, "SPLIT_MASKED": on}
 
 
 def _finish_plan(b, hq, nq, d, target):
