@@ -124,23 +124,24 @@ def _sequence(q, k, b, cu_q, cu_k):
 class _Walk:
     """A key block's walk over query blocks: segments of each head's blocks, every head of
     the GQA group in turn (`group` heads from head h0), each segment a loop of its own.
-    parts: (whole, first block, end) per segment; whole segments need no mask."""
+    parts: (whole, first block, end) per segment (_walk_parts); whole segments need no
+    mask."""
 
     class Segment:
         def __init__(self, whole, lo, first, n):
             self.whole, self.lo, self.first, self.n = whole, lo, first, n
 
-    def __init__(self, group, BM, parts):
-        self.group, self.BM, self.segments, lo = group, BM, [], 0
+    def __init__(self, h0, group, BM, parts):
+        self.h0, self.group, self.BM, self.segments, lo = h0, group, BM, [], 0
         for whole, a, end in parts:
             n = pk.maximum(end - a, 0)
             self.segments.append(self.Segment(whole, lo, a, n))
             lo = lo + group * n
 
-    def block(self, h0, step, seg):
+    def block(self, step, seg):
         """(query head, first query row) of step `step` (in segment seg)."""
         i, n = step - seg.lo, pk.maximum(seg.n, 1)
-        return h0 + i // n, (seg.first + i % n) * self.BM
+        return self.h0 + i // n, (seg.first + i % n) * self.BM
 
     def run(self, role_step):
         """role_step(step, segment) over every step of the walk, segment by segment."""
@@ -177,6 +178,9 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
     dQ = dS K (wgmma, A and B from shared memory), 64 columns at a time, issued before dK's
     product and staged in shared memory while the tensor cores compute dK, then added into
     the f32 `dq` (scaled) by TMA reductions that a second producer wave issues.
+    Each workgroup walks its key block's query blocks, for every query head of its group, in
+    segments (_Walk): with `split`, the blocks that need a mask in loops apart from those
+    that need none, which issue dV's product late (dv_late; attention_bwd's DV_LATE).
     Grid (ceil(Nk / 128), Hkv, B); longest_first (causal launches): a flat grid in
     block-first order over windows of 4 key/value heads (chiplet.mapping.block_first): the
     key blocks in order of their work (the first key block, which every query block sees, of
@@ -226,12 +230,8 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
         dq_ready = [pk.mbarrier(4) for _ in range(D // 64)]
         dq_free = [pk.mbarrier(1) for _ in range(D // 64)]
     scale2 = scale * LOG2E
-    walk = _Walk(group, BM, _walk_parts(split, CAUSAL, varlen, BM, k0, nk, nq, offset,
-                                        first, last))
-
-    def block(step, seg):
-        """(query head, first query row) of a step of this workgroup's walk."""
-        return walk.block(hk * group, step, seg)
+    walk = _Walk(hk * group, group, BM, _walk_parts(split, CAUSAL, varlen, BM, k0, nk, nq,
+                                                    offset, first, last))
 
     with pk.role(0, 4, regs=24):
         with pk.if_(pk.wave_id() == 0):
@@ -240,7 +240,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                 pk.tma_load(vt[g], v, at(hk, ks_ + k0 + 64 * g), kv_full)
 
             def load(step, seg):
-                h, q0 = block(step, seg)
+                h, q0 = walk.block(step, seg)
                 st = ring.acquire(step)
                 pk.tma_load(st.q, q, at(h, qs + q0), st.full)
                 pk.tma_load(st.do, do, at(h, qs + q0), st.full)
@@ -252,7 +252,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             with pk.if_(pk.wave_id() == 2):   # LSE and delta by a wave
 
                 def stats(step, seg):
-                    h, q0 = block(step, seg)
+                    h, q0 = walk.block(step, seg)
                     st = ring.acquire(step)
                     pk.store(st.lse, pk.load(pk.rt((1, BM), pk.f32), lse, row_at(h, qs + q0),
                                              fill=math.inf), (0, 0))    # past the end: P = 0
@@ -264,7 +264,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             with pk.if_(pk.wave_id() == 1):              # dQ's writer
 
                 def write(step, seg):
-                    h, q0 = block(step, seg)
+                    h, q0 = walk.block(step, seg)
                     for j in pk.static_range(D // 64):
                         pk.wait(dq_ready[j], step % 2)
                         if not diag & 1:
@@ -283,7 +283,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
             pk.wait(kv_full, 0)
 
             def consume(step, seg):
-                h, q0 = block(step, seg)
+                h, q0 = walk.block(step, seg)
                 s = ring.wait(step)
                 # dV's product issued once dS is stored (late), so that it runs under the
                 # wait for the other group's dS, in loops without a mask (whose registers
