@@ -59,6 +59,15 @@ def test_layer_norm(dtype, shape):
                 lambda x, w, b: F.layer_norm(x, (n,), w, b), (x, w, b), dtype)
 
 
+def test_layer_norm_of_rows_with_a_large_mean():
+    """16-bit rows whose mean is 200 standard deviations, held and walked by the staged
+    backward (4096 columns): the backward forms xhat with one fused multiply-add, x rstd -
+    mean rstd, whose rounding (about |mean| / std float32 ulps) stays far below bf16's."""
+    x, w, b = leaves((4, 4096), (4096,), (4096,), dtype=torch.bfloat16, offset=200.0)
+    check_grads(lambda x, w, b: pko.layer_norm(x, (4096,), w, b),
+                lambda x, w, b: F.layer_norm(x, (4096,), w, b), (x, w, b), torch.bfloat16)
+
+
 def test_layer_norm_optional_affine_and_normalized_shape():
     x, w = leaves((4, 5, 60), (5, 60), dtype=torch.bfloat16)
     check_grads(lambda x: pko.layer_norm(x, 60, eps=1e-3),

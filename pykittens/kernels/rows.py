@@ -428,6 +428,13 @@ class ColumnSums:
         have = pk.load(rows.col, self.part, (p, c))
         pk.store(self.part, have + pk.col_sum(t), (p, c), end=self._end())
 
+    def add_product(self, a, b, j):
+        """add(a * b, j), the product and the sum one fused multiply-add where held."""
+        if self.rows.held:
+            self.acc[j].set(pk.fma(a, b, self.acc[j]))
+            return
+        self.add(a * b, j)
+
     def finish(self):
         rows = self.rows
         if not rows.held:
