@@ -582,9 +582,7 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     the row stride of lse and delta (default total_q)."""
     from ..targets import get
     t = get(target)
-    dq = default_dq(t) if dq is None else dq
-    if dq not in DQ_SCHEDULES:
-        raise ValueError(f"attention backward: dq={dq!r}; choose one of {DQ_SCHEDULES}")
+    dq = _dq_of(dq, t)
     _need_shapes(i, ("q", "k"), 3, "(H, total, D)")
     (hq, tq, d), (hkv, _, _) = i["q"].shape, i["k"].shape
     _check_heads(i["q"].shape, i["k"].shape, i["k"].shape)
@@ -620,6 +618,14 @@ def default_dq(target) -> str:
     return "atomic" if get(target).family == "hopper" else "pass"
 
 
+def _dq_of(dq: str | None, target) -> str:
+    """A launch's dQ schedule: `dq` checked, or the target's faster one for None."""
+    dq = default_dq(target) if dq is None else dq
+    if dq not in DQ_SCHEDULES:
+        raise ValueError(f"attention backward: dq={dq!r}; choose one of {DQ_SCHEDULES}")
+    return dq
+
+
 def stats_rows(n: int) -> int:
     """The row length to allocate LSE / delta of `n` queries with (viewing the first n) so
     that attention_bwd copies them by TMA, which wants 16-byte row strides: n rounded up to
@@ -645,7 +651,7 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
     from ..targets import get
     from .attention import _need_shapes
     t = get(target)
-    dq = default_dq(t) if dq is None else dq
+    dq = _dq_of(dq, t)
     _need_shapes(i, ("q", "k"), 4, "(B, H, N, D)")
     (b, hq, nq, d), (_, hkv, nk, _) = i["q"].shape, i["k"].shape
     if d not in (64, 128):
@@ -653,8 +659,6 @@ def attention_bwd_launch(i: dict, target, dq: str | None = None, rows: int | Non
     if hkv < 1 or hq % hkv:
         raise ValueError(f"attention backward: {hq} query heads are not a multiple of {hkv} "
                          "key/value heads (GQA groups)")
-    if dq not in DQ_SCHEDULES:
-        raise ValueError(f"attention backward: dq={dq!r}; choose one of {DQ_SCHEDULES}")
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     prep = ((-(-nq // 64), hq, b), {"D": d})
     if t.family == "cdna":
