@@ -513,10 +513,8 @@ def attention_bwd_varlen(q: pk.gl["DT", PACKED], k: pk.gl["DT", PACKED],
                     DQ_ATOMIC, cu_seqlens_q, cu_seqlens_k, stats_tma=STATS_TMA,
                     dv_late=DV_LATE, split=SPLIT_MASKED)
     elif TARGET in CDNA_TARGETS:
-        if DQ_ATOMIC:
-            _need_hopper_sum(TARGET)
-        cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, 0, MAP, TARGET,
-                 cu_seqlens_q, cu_seqlens_k)
+        cdna_bwd(q, k, v, do, lse, delta, dk, dv, scale, DT, D, CAUSAL, BM, DQ_ATOMIC, MAP,
+                 TARGET, cu_seqlens_q, cu_seqlens_k)
     else:
         raise pk.NotSupportedYet(f"attention_bwd_varlen has no schedule for {TARGET} yet")
 
@@ -592,11 +590,8 @@ def attention_bwd_varlen_launch(i: dict, target, max_seqlen_q=None, max_seqlen_k
     causal = int(overrides.pop("CAUSAL", i.get("CAUSAL", 0)))
     prep = ((-(-tq // 64), hq, 1), {"D": d})
     if t.family == "cdna":
-        if dq == "atomic":
-            raise ValueError(f"attention backward: {t.name} takes dQ by its own pass "
-                             "(dq='pass'); the atomic schedule is Hopper's")
         return prep, *cdna_bwd_launch(batch, hq, hkv, max(1, max_seqlen_q),
-                                      max(1, max_seqlen_k), d, t.name, "pass", causal,
+                                      max(1, max_seqlen_k), d, t.name, dq, causal,
                                       overrides, packed=True)
     common = {"D": d, "CAUSAL": causal, "STAGES": 2, "TARGET": t.name, **overrides}
     main = ((max(1, -(-max_seqlen_k // 128)), hkv, batch),

@@ -252,8 +252,9 @@ def cdna_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, MAP, TARG
 def cdna_bwd_launch(batch, hq, hkv, nq, nk, d, target, dq, causal, overrides, packed=False):
     """(main, dq) plans of attention_bwd_launch on a CDNA target: 4 waves, flat head-first
     grids of B Hkv ceil(Nk / 128) and B Hq ceil(Nq / 128) workgroups. packed=True: those of
-    attention_bwd_varlen_launch, Nq and Nk the longest sequences' (the kernels take no
-    DQ_ATOMIC)."""
+    attention_bwd_varlen_launch, Nq and Nk the longest sequences' (whose main plan leaves
+    DQ_ATOMIC at the packed kernel's default, 0). Only dq="pass": the atomic schedule is
+    refused here for both."""
     if dq != "pass":
         raise ValueError("attention backward: " + ATOMIC_DQ_UNSUPPORTED.format(target=target))
     mapping = overrides.pop("MAP", "head-first")
