@@ -7,9 +7,10 @@ and the op replaying the tuned choice; then gemm_ws reading MN-major operands as
 (e4m3, promoted) against torch._scaled_mm's default accumulation.
 
     PYKITTENS_CACHE=$PWD/.pkc_gemm python3 bench/gemm_sweep.py --prebuild    # no GPU: PTX
+                                            # (--prebuild store: that step's builds only)
     PYKITTENS_CACHE=$PWD/.pkc_gemm PYTHONPATH=. python3 bench/gemm_sweep.py   # on the GPU
     ... bench/gemm_sweep.py layouts fp8     # only those steps (candidates, layouts, sweep,
-                                            # fp8)
+                                            # fp8, store)
 
 `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
 child process with a time limit, so a build that faults or hangs the GPU is named before the
@@ -50,26 +51,34 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
                           layout=layout, **rule)
 
 
-def builds():
-    """(constants) of every gemm_ws build the GPU run makes (DT, OUT included)."""
+def builds(steps=("candidates", "sweep", "store", "layouts", "fp8")):
+    """(constants) of every gemm_ws build the GPU run's `steps` make (DT, OUT included)."""
     from pykittens.ops.matmul import gemm_ws_candidates
-    for m, n, k in sweep_shapes():          # (the candidates step's shapes among them)
-        for c in gemm_ws_candidates(TARGET, m, k, n, 2):
-            yield {**c, "DT": "bf16", "OUT": "bf16"}
-    for layout in ("nt", "nn", "tn"):
-        for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
-            yield {**_plan(layout, m, n, k)[1], "DT": "bf16", "OUT": "bf16"}
-    for s in FP8_SQUARES:
-        for _, _, consts in _fp8_plans(s):
-            yield {**consts, "DT": "e4m3", "OUT": "bf16"}
+    if {"candidates", "sweep"} & set(steps):  # (the candidates step's shapes among them)
+        for m, n, k in sweep_shapes():
+            for c in gemm_ws_candidates(TARGET, m, k, n, 2):
+                yield {**c, "DT": "bf16", "OUT": "bf16"}
+    if "store" in steps:
+        for m, n, k in sweep_shapes():
+            for consts in _store_plans(m, n, k).values():
+                yield {**consts, "DT": "bf16", "OUT": "bf16"}
+    if "layouts" in steps:
+        for layout in ("nt", "nn", "tn"):
+            for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
+                yield {**_plan(layout, m, n, k)[1], "DT": "bf16", "OUT": "bf16"}
+    if "fp8" in steps:
+        for s in FP8_SQUARES:
+            for _, _, consts in _fp8_plans(s):
+                yield {**consts, "DT": "e4m3", "OUT": "bf16"}
 
 
-def prebuild() -> int:
+def prebuild(steps) -> int:
+    """PTX of the builds the named steps (all when none is named) launch, into the cache."""
     from pykittens import compiler
     from pykittens.kernels.gemm import gemm_ws
     from pykittens.toolchain import nvptx
     t0, seen = time.time(), set()
-    for consts in builds():
+    for consts in builds(*([steps] if steps else [])):
         key = tuple(sorted(consts.items()))
         if key not in seen:
             seen.add(key)
@@ -140,6 +149,60 @@ def step_sweep(rows, details):
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     rows.append(["sweep", f"{len(ratios)} shapes", "", "", "", f"geomean {geo:.3f}",
                  f"min {min(ratios):.3f}", ""])
+
+
+def _store_plans(m, n, k) -> dict:
+    """The launch rule's constants and the same with C leaving by TMA in 64-column pieces
+    (TMA_STORE=2) where the rule stores it from registers."""
+    _, rule = _plan("nt", m, n, k)
+    plans = {"rule": rule}
+    if not rule.get("TMA_STORE"):
+        plans["pieces"] = {**rule, "TMA_STORE": 2}
+    return plans
+
+
+def step_store(rows, details):
+    """How C leaves: the launch rule (256-wide blocks store C from registers) against the
+    same launch staging C through shared memory for the TMA unit in 64-column pieces, and
+    cuBLAS, on the sweep's shapes."""
+    import torch
+    import torch.nn.functional as F
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    ratios = {"rule": [], "pieces": []}
+    for m, n, k in sweep_shapes():
+        flops, reps = 2 * m * n * k, _reps(2 * m * n * k)
+        x, w = _rand(m, k), _rand(n, k)
+        ref = F.linear(x, w)
+        plans = _store_plans(m, n, k)
+        grid = _plan("nt", m, n, k)[0]
+        ys = {name: torch.full_like(ref, float("nan")) for name in plans}
+        calls = {name: (lambda c=c, y=ys[name]: launch(gemm_ws, grid=grid, a=x, b=w, c=y, **c))
+                 for name, c in plans.items()}
+        err = 0.0
+        for name, call in calls.items():
+            call()
+            err = max(err, _rel(ys[name], ref))
+        times = interleaved([lambda: F.linear(x, w)] + list(calls.values()), reps)
+        tf = {name: flops / t / 1e12 for name, t in zip(["cublas", *calls], times)}
+        for name in calls:
+            ratios[name].append(tf[name] / tf["cublas"])
+        details.append({"step": "store", "shape": [m, n, k], "tflops": tf, "rel_err": err,
+                        "plans": plans})
+        pieces = tf.get("pieces")
+        print(f"{m}x{n}x{k}: cuBLAS {tf['cublas']:.0f}, rule {tf['rule']:.0f}, pieces "
+              f"{'-' if pieces is None else f'{pieces:.0f}'} TFLOP/s, err {err:.1e}", flush=True)
+        rows.append(["store", f"{m}x{n}x{k}", f"{tf['cublas']:.0f}", f"{tf['rule']:.0f}",
+                     "-" if pieces is None else f"{pieces:.0f}",
+                     f"{tf['rule'] / tf['cublas']:.3f}" + (
+                         "" if pieces is None else f" / {pieces / tf['cublas']:.3f}"),
+                     "rule / pieces", "ok" if err < 1e-2 else "FAIL"])
+        del x, w, ref, ys
+    for name, r in ratios.items():
+        if r:
+            geo = math.exp(sum(map(math.log, r)) / len(r))
+            rows.append(["store", f"{name}: {len(r)} shapes", "", "", "",
+                         f"geomean {geo:.3f}", f"min {min(r):.3f}", ""])
 
 
 def interleaved(fns, reps, rounds=3) -> list[float]:
@@ -303,12 +366,13 @@ def main() -> int:
     header = ["step", "M x N x K", "peer TFLOP/s", "default", "tuned op", "ratio", "choice",
               "check"]
     return run_steps("gemm_sweep", {"candidates": step_candidates, "layouts": step_layouts,
-                                    "sweep": step_sweep, "fp8": step_fp8}, env, header=header)
+                                    "sweep": step_sweep, "fp8": step_fp8,
+                                    "store": step_store}, env, header=header)
 
 
 if __name__ == "__main__":
     if "--prebuild" in sys.argv:
-        sys.exit(prebuild())
+        sys.exit(prebuild([a for a in sys.argv[1:] if not a.startswith("--")]))
     if "--one" in sys.argv:
         sys.exit(run_one(sys.argv[sys.argv.index("--one") + 1]))
     sys.exit(main())

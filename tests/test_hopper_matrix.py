@@ -80,9 +80,9 @@ def test_gemm_ws_with_a_tma_stored_bf16_c(dt, shape, rng):
     inputs["c"] = np.full((shape[0], shape[1]), np.nan, pk.bf16.np)
     grid, consts = spec.launch(inputs, "sm_90a")
     assert consts["PROMOTE"] == (dt == "e4m3") and consts["STAGES"] == 4
-    # 128-wide blocks stage C for the TMA unit; 256-wide ones store it from registers,
-    # unless told to stage it (then three ring stages beside the staging)
-    assert consts.get("TMA_STORE", 0) == (consts["BN"] == 128)
+    # 128-wide blocks stage C for the TMA unit whole, 256-wide ones in 64-column pieces;
+    # told to stage a 256-wide block whole, three ring stages beside the staging
+    assert consts.get("TMA_STORE", 0) == (1 if consts["BN"] == 128 else 2)
     consts = {**consts, "TMA_STORE": 1, "STAGES": 3 if consts["BN"] == 256 else 4}
     out = pk.emulate(spec.kernel, grid=grid, target="sm_90a", **inputs, **consts)["c"]
     assert rel_err(out, spec.reference(inputs)["c"]) < 1e-2       # bf16 rounding of C
@@ -116,6 +116,32 @@ def test_gemm_ws_with_its_consumers_first(consts, rng):
                      wave_order="reverse", **inputs, **c)["c"]
     want = A.astype(np.float64) @ B.astype(np.float64).T
     assert rel_err(out, want) < 2e-2
+
+
+@pytest.mark.parametrize("bn", [128, 256])
+def test_gemm_ws_stores_c_in_pieces_through_two_tiles(bn, rng):
+    """TMA_STORE=2: each consumer's block leaves in 64-column pieces through two staging
+    tiles taking turns, beside four ring stages: every element of a ragged C written once
+    (NaN where nothing was), under the emulator's reverse wave order, two persistent
+    workgroups walking the blocks."""
+    from pykittens.kernels import gemm_ws_launch
+    m, n, k = 200, 392, 256
+    A = rng.standard_normal((m, k)).astype(pk.bf16.np)
+    B = rng.standard_normal((n, k)).astype(pk.bf16.np)
+    inputs = {"a": A, "b": B, "c": np.full((m, n), np.nan, pk.bf16.np)}
+    _, rule = gemm_ws_launch(inputs, "sm_90a", bn=bn)
+    c = {**rule, "TMA_STORE": 2, "STAGES": 4}
+    out = pk.emulate(KERNELS["gemm_ws"].kernel, grid=(2,), target="sm_90a",
+                     wave_order="reverse", **inputs, **c)["c"]
+    assert rel_err(out, A.astype(np.float64) @ B.astype(np.float64).T) < 1e-2
+    ops = _ptx_ops(KERNELS["gemm_ws"].kernel, DT="bf16", OUT="bf16", **c)
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ops
+
+
+def test_gemm_ws_pieces_need_pairs_of_64_columns():
+    c = {"DT": "bf16", "OUT": "bf16", "BN": 64, "TM": 1, "TN": 1, "TMA_STORE": 2}
+    with pytest.raises(pk.KernelError, match="BN must be a multiple of 128"):
+        compiler.assembly(KERNELS["gemm_ws"].kernel, "sm_90a", **c)
 
 
 def test_gemm_ws_rejects_k_rows_tma_cannot_copy():

@@ -26,6 +26,8 @@ VARIANTS = [(n, KERNELS[n].compile_consts) for n in HOPPER] + [
     ("gemm_ws", {"DT": "bf16", "OUT": "bf16", "PERSISTENT": 1, "TM": 32, "TN": 16,
                  "STAGES": 4}),                                   # 256-wide: C from registers
     ("gemm_ws", {"DT": "bf16", "OUT": "bf16", "PERSISTENT": 1, "TM": 32, "TN": 16,
+                 "STAGES": 4, "TMA_STORE": 2}),        # 256-wide: C staged in 64-column pieces
+    ("gemm_ws", {"DT": "bf16", "OUT": "bf16", "PERSISTENT": 1, "TM": 32, "TN": 16,
                  "STAGES": 4, "LAYOUT": "tn"}),                  # MN-major A and B
     ("gemm_ws", {"DT": "e4m3", "OUT": "f32", "PERSISTENT": 1, "TM": 32, "TN": 32,
                  "BN": 128, "PROMOTE": 1, "STAGES": 3}),

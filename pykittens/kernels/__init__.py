@@ -460,15 +460,18 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     if layout != "nt":
         consts["LAYOUT"] = layout
     c = i.get("c")
-    # a 16-bit C of 128-wide blocks leaves through shared memory and TMA stores; 256-wide
-    # blocks store from registers, as the 64 KiB of staging would cost the ring its fourth
-    # stage, which measured worth more (H200, 8192³ bf16: 659 against 622 TFLOP/s)
-    tma_store = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0 and bn == 128
+    # a 16-bit C leaves through shared memory and TMA stores: 128-wide blocks whole,
+    # 256-wide ones in 64-column pieces through two tiles (TMA_STORE=2), as 64 KiB of
+    # staging would cost the ring its fourth stage (H200, 8192³ bf16: 659 against 622
+    # TFLOP/s) and the registers' scattered 4-byte stores held the tensor cores up to 9%
+    # longer at K = 4096 (docs/PERF.md, run EA)
+    staged = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
+    tma_store = (1 if bn == 128 else 2) if staged else 0
     # 3 ring stages when promoting into f32 C (its registers leave ptxas no room for a
     # fourth branch), else 4
     stages = 3 if promote and not tma_store else 4
     consts = {**consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": promote,
-              **({"TMA_STORE": 1} if tma_store else {})}
+              **({"TMA_STORE": tma_store} if tma_store else {})}
     return gemm_ws_grid(consts, target), consts
 
 

@@ -112,7 +112,9 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
-    of C from registers.
+    of C from registers. TMA_STORE=2: the same in 64-column pieces through two 64 x 64
+    tiles a consumer (32 KiB in all instead of 64 KiB, which leaves the ring its fourth
+    stage beside 256-wide blocks).
 
     PINGPONG=1 (BN = 128, C from registers, not PROMOTE): the consumer warpgroups take
     turns over whole 128 x 128 blocks, so one stores its block while the other multiplies
@@ -133,17 +135,43 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                 LAYOUT=LAYOUT, PINGPONG=PINGPONG)
 
 
+# TMA_STORE=2's pieces: 64 columns (one 128-byte swizzled row of 16-bit C), two in flight
+STORE_PIECE = 64
+
+
 def ws_store(c, OUT, BN, TMA_STORE):
     """ws_pipeline's `store` that writes each consumer warpgroup's 64 x BN block into C:
-    through shared memory and the TMA unit (TMA_STORE, 16-bit C), or every wave its 16 rows
-    from registers. Allocates the staging tiles, so call it once, before ws_pipeline."""
-    staged = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE else None
+    through shared memory and the TMA unit (TMA_STORE=1: the whole block; 2: pieces of 64
+    columns through two tiles taking turns, so that one is written while the other is
+    copied out), or every wave its 16 rows from registers (0). Allocates the staging tiles,
+    so call it once, before ws_pipeline."""
+    if TMA_STORE not in (0, 1, 2):
+        raise pk.KernelError(f"gemm_ws TMA_STORE is 0 (C from registers), 1 (the whole block "
+                             f"staged) or 2 (staged in 64-column pieces), not {TMA_STORE!r}")
+    if TMA_STORE == 2 and BN % (2 * STORE_PIECE):
+        raise pk.KernelError(f"gemm_ws TMA_STORE=2 stores pairs of {STORE_PIECE}-column "
+                             f"pieces: BN must be a multiple of {2 * STORE_PIECE}, not {BN}")
+    width = BN if TMA_STORE == 1 else STORE_PIECE
+    turns = 1 if TMA_STORE == 1 else 2
+    staged = None
+    if TMA_STORE:
+        # the tiles first, side by side, then their mbarriers: a barrier between two
+        # 1024-byte-aligned tiles would cost a KiB of padding, and TMA_STORE=2 beside four
+        # ring stages has 2 KiB to spare
+        tiles = [pk.StagedStore.new_tile((64, width), OUT) for _ in range(2 * turns)]
+        staged = [[pk.StagedStore((64, width), OUT, tile=tiles[g * turns + u])
+                   for u in range(turns)] for g in range(2)]
 
     def store(g, acc, m0, n0, t, i):
-        if TMA_STORE:
-            staged[g].store(c, acc, (m0 + 64 * g, n0), use=t)
-        else:
+        if not TMA_STORE:
             pk.store(c, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
+            return
+        pieces = BN // width
+        for j in pk.static_range(pieces):
+            piece = acc if pieces == 1 else pk.subtile(acc, (0, j * width), (16, width))
+            # tile j % turns's (t * pieces / turns + j // turns)-th use
+            staged[g][j % turns].store(c, piece, (m0 + 64 * g, n0 + j * width),
+                                       use=t * (pieces // turns) + j // turns)
     return store
 
 

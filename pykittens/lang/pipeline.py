@@ -93,14 +93,20 @@ class StagedStore:
         """`tile`: a shared tile of that shape and type to stage through (e.g. one whose
         contents are no longer needed when the stores begin) instead of a new one."""
         d = T.dtype_of(dtype)
-        swizzle = 8 if shape[1] * d.bytes % 128 == 0 else 0
         if tile is not None and (tuple(tile.shape) != tuple(shape) or tile.dtype != d):
             raise error(f"StagedStore(tile=...) must be a {tuple(shape)} {d} shared tile, "
                         f"not {tile.type}")
-        self.tile = tile if tile is not None else ops.empty(ops.st(shape, d, swizzle=swizzle))
+        self.tile = tile if tile is not None else self.new_tile(shape, d)
         self.waves = waves
         self.stored = mbarrier(waves)            # every wave of the group wrote its rows
         self.drained = mbarrier(1)               # the TMA copy has read the tile
+
+    @staticmethod
+    def new_tile(shape, dtype):
+        """A shared tile to stage through (128B-swizzled where its rows allow): what a
+        StagedStore allocates unless given one, for kernels that lay out several first."""
+        d = T.dtype_of(dtype)
+        return ops.empty(ops.st(shape, d, swizzle=8 if shape[1] * d.bytes % 128 == 0 else 0))
 
     def store(self, dst, tile, coord, use=0, add: bool = False) -> None:
         """Store this wave's register `tile` (its rows of the group's block) to `dst` at

@@ -79,11 +79,13 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
         if c not in out:
             out.append(c)
     # a block per workgroup: not with 128-wide blocks, whose TMA-staged C can hang the H200
-    # (gemm_ws refuses the configuration; bench/litmus/gemm_hang.py)
+    # (gemm_ws refuses the configuration; bench/litmus/gemm_hang.py), and C from registers,
+    # as measured so (TMA-staged C under one block per workgroup has not been run there)
     if first["BN"] == 256:
         for spec in [first["MAP"]] + [chip.gemm_grouped(tm, tn, w).spec for w in (8, 16)
                                       if w < tm]:
             c = {**first, "MAP": spec, "PERSISTENT": 0}
+            c.pop("TMA_STORE", None)
             if c not in out:
                 out.append(c)
     narrow = gemm_ws_launch(i, target, bn=128, layout=layout)[1]
