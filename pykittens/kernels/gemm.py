@@ -169,9 +169,10 @@ def ws_store(c, OUT, BN, TMA_STORE):
         pieces = BN // width
         for j in pk.static_range(pieces):
             piece = acc if pieces == 1 else pk.subtile(acc, (0, j * width), (16, width))
-            # tile j % turns's (t * pieces / turns + j // turns)-th use
+            # tile j % turns's (t * pieces / turns + j // turns)-th use; each piece's copy
+            # waited for by a wave of its own, so the group's waves wait side by side
             staged[g][j % turns].store(c, piece, (m0 + 64 * g, n0 + j * width),
-                                       use=t * (pieces // turns) + j // turns)
+                                       use=t * (pieces // turns) + j // turns, issuer=j % 4)
     return store
 
 

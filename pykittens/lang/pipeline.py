@@ -108,10 +108,16 @@ class StagedStore:
         d = T.dtype_of(dtype)
         return ops.empty(ops.st(shape, d, swizzle=8 if shape[1] * d.bytes % 128 == 0 else 0))
 
-    def store(self, dst, tile, coord, use=0, add: bool = False) -> None:
+    def store(self, dst, tile, coord, use=0, add: bool = False, issuer: int = 0) -> None:
         """Store this wave's register `tile` (its rows of the group's block) to `dst` at
         `coord` (the block's origin), `use` counting the calls (0, 1, ...: phases); with
-        add=True the block is added into `dst` (pk.tma_store's reduction)."""
+        add=True the block is added into `dst` (pk.tma_store's reduction). `issuer`: the
+        wave of the group that has the TMA unit copy the tile out and waits for it to be
+        read (several StagedStores used back to back can spread that wait over the
+        group's waves)."""
+        if not (isinstance(issuer, int) and 0 <= issuer < self.waves):
+            raise error(f"StagedStore.store issuer= is a wave of the group, 0 to "
+                        f"{self.waves - 1}, not {issuer!r}")
         rows = tile.shape[0]
         w = ops.wave_id() % self.waves
         if not isinstance(use, int):
@@ -122,7 +128,7 @@ class StagedStore:
         ops.store(self.tile, tile.cast(self.tile.dtype) if tile.dtype != self.tile.dtype
                   else tile, (w * rows, 0))
         arrive(self.stored)
-        with ops.if_(w == 0):
+        with ops.if_(w == issuer):
             wait(self.stored, use % 2)
             tma_store(dst, self.tile, coord, add=add)
             arrive(self.drained)

@@ -67,7 +67,9 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
     and grouped windows of 4 to 32 block rows, then, for 256-wide blocks, one workgroup per
     block (not persistent) under the rule's order and windows of 8 and 16, then, for them,
     C stored through shared memory and TMA (three ring stages beside the staging) and
-    128-wide blocks, then 128-wide blocks with the consumers in ping-pong (16-bit)."""
+    128-wide blocks — or, where the rule took 128-wide blocks for want of 256-wide ones
+    to fill the SMs, 256-wide blocks — then 128-wide blocks with the consumers in
+    ping-pong (16-bit)."""
     from ..chiplet import mapping as chip
     i = ws_operands(layout, m, k, n, itemsize)
     _, first = gemm_ws_launch(i, target, layout=layout)
@@ -89,6 +91,10 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
             if c not in out:
                 out.append(c)
     narrow = gemm_ws_launch(i, target, bn=128, layout=layout)[1]
+    if first["BN"] == 128 and n > 128 and not first["PROMOTE"]:
+        # the rule's 128-wide blocks where 256-wide ones would leave SMs idle: one wave of
+        # 256-wide blocks may still finish first (few blocks, each with its own epilogue)
+        out.append(gemm_ws_launch(i, target, bn=256, layout=layout)[1])
     if first["BN"] == 256:
         if i["c"].itemsize == 2 and n * 2 % 16 == 0:        # C through TMA, 3 stages
             out.append({**first, "TMA_STORE": 1, "STAGES": 3})
