@@ -23,8 +23,8 @@ from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, 
 from .lang.pipeline import Ring, StagedStore
 from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, tile_walk,
                             waitcnt)
-from .lang.sync import (arrive, mbarrier, role, signal, tma_load, tma_store, wait,
-                        wait_flag)
+from .lang.sync import (arrive, mbarrier, role, signal, tma_load, tma_store, tma_store_wait,
+                        wait, wait_flag)
 from .lang.values import maximum, minimum, where
 __version__ = "0.1.0"
 

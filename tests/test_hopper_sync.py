@@ -5,7 +5,7 @@ import pytest
 
 import pykittens as pk
 from pykittens import compiler
-from pykittens.emulator import BarrierMismatch, Race
+from pykittens.emulator import BarrierMismatch, EmulatorError, Race
 from pykittens.kernels import ws_scale
 
 from conftest import needs_ptxas
@@ -266,3 +266,48 @@ def test_tma_tiles_start_on_128_byte_boundaries(rng, monkeypatch):
     monkeypatch.setattr(lower, "TMA_ALIGN", lower.LDS_ALIGN)     # the rule left out
     with pytest.raises(Misaligned, match="not a multiple of 128"):
         pk.emulate(tma_after_a_barrier, x, np.zeros_like(x), grid=1, target="sm_90a")
+
+
+@pk.kernel(num_waves=4)
+def deferred_copies(x: pk.gl[pk.f32, 2], out: pk.gl[pk.f32, 2], ROUNDS: pk.const = 3,
+                    PLAN: pk.const = "wait"):
+    """Wave 0 copies a shared tile out ROUNDS times without waiting; every wave rewrites
+    it each round. PLAN: "wait" (wave 0 waits for the copy, then lets the others write),
+    "no wait" (the others write once wave 0 has only issued the copy), "never" (wave 0
+    never waits)."""
+    t = pk.empty(pk.st((32, 64), pk.f32))
+    written, drained = pk.mbarrier(4), pk.mbarrier(1)
+    w = pk.wave_id()
+    for r in pk.static_range(ROUNDS):
+        if r > 0:
+            with pk.if_(w == 0):
+                if PLAN == "wait":
+                    pk.tma_store_wait()
+                pk.arrive(drained)
+            pk.wait(drained, (r - 1) % 2)
+        rows = pk.load(pk.rt((8, 64), pk.f32), x, (32 * r + 8 * w, 0))
+        pk.store(t, rows, (8 * w, 0))
+        pk.arrive(written)
+        with pk.if_(w == 0):
+            pk.wait(written, r % 2)
+            pk.tma_store(out, t, (32 * r, 0), wait=False)
+    if PLAN != "never":
+        with pk.if_(w == 0):
+            pk.tma_store_wait()
+
+
+def test_a_deferred_tma_store_reads_its_tile_until_the_wait(rng):
+    x = rng.standard_normal((96, 64)).astype(np.float32)
+    out = pk.emulate(deferred_copies, x, np.full_like(x, np.nan), grid=1,
+                     target="sm_90a")["out"]
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(Race, match="may still be reading"):
+        pk.emulate(deferred_copies, x, np.zeros_like(x), grid=1, target="sm_90a",
+                   PLAN="no wait")
+    with pytest.raises(EmulatorError, match="ends before its pk.tma_store"):
+        pk.emulate(deferred_copies, x, np.zeros_like(x), grid=1, target="sm_90a",
+                   PLAN="never", ROUNDS=1)
+    asm = compiler.assembly(deferred_copies, "sm_90a")
+    # the three pk.tma_store_wait()s, none after a copy
+    assert asm.count("cp.async.bulk.commit_group") == 3
+    assert asm.count("cp.async.bulk.wait_group.read 0") == 3

@@ -132,7 +132,9 @@ def test_gemm_ws_candidates_start_with_the_launch_rule():
     per_tile = next(c for c in cands if not c["PERSISTENT"])
     assert gemm_ws_grid(per_tile, "sm_90a") == (per_tile["TM"] * per_tile["TN"],)
     assert gemm_ws_grid(cands[0], "sm_90a") == (132,)
-    small = gemm_ws_candidates("sm_90a", 2048, 2048, 2048, 2)      # too few 256-wide blocks
+    small = gemm_ws_candidates("sm_90a", 512, 2048, 4096, 2)       # too few 256-wide blocks
     assert small[0]["BN"] == 128 and any(c["BN"] == 256 for c in small)
+    # 2048³: as many 256-wide blocks as fill a wave of 128-wide ones fill two
+    assert gemm_ws_candidates("sm_90a", 2048, 2048, 2048, 2)[0]["BN"] == 256
     with pytest.raises(ValueError, match="128 or 256 wide"):
         gemm_ws_launch(i, "sm_90a", bn=64)

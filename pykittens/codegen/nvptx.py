@@ -421,7 +421,8 @@ class NVPTXRenderer(Renderer):
 
     def r_tma_store(self, op):
         """Lane 0: make the tile's generic-proxy writes visible to the TMA unit, start the
-        copies, and wait until they have read the tile (so it can be reused)."""
+        copies, and wait until they have read the tile (so it can be reused) unless
+        wait=False (then r_tma_store_wait does)."""
         region = op.attrs["region"]
         t = region.tile
         lead, r0, c0 = self._tma_coords(op, op.srcs)
@@ -432,9 +433,17 @@ class NVPTXRenderer(Renderer):
             self._tma_issue(op, lead, r0, c0, lambda j: self.op(
                 f"add i32 {first.text}, {j * t.shape[0] * 128}", "i32", 0) if j else first)
             self.ins('call void asm sideeffect "cp.async.bulk.commit_group;", "~{memory}"()')
-            self.ins('call void asm sideeffect "cp.async.bulk.wait_group.read 0;", '
-                     '"~{memory}"()')
+            if op.attrs.get("wait", True):
+                self._bulk_read_wait(0)
         self._lane0(issue)
+
+    def r_tma_store_wait(self, op):
+        """Lane 0, which issued the copies (bulk async-groups are per thread)."""
+        self._lane0(lambda: self._bulk_read_wait(op.attrs.get("pending", 0)))
+
+    def _bulk_read_wait(self, pending: int):
+        self.ins(f'call void asm sideeffect "cp.async.bulk.wait_group.read {pending};", '
+                 '"~{memory}"()')
 
     def r_setmaxnreg(self, op):
         regs = op.attrs["regs"]

@@ -139,6 +139,7 @@ class _Wave:
         self.waiting_op = None
         self.prio = 0
         self.wgmma_groups: list = []    # issued, not yet retired: (op, a registers at issue)
+        self.tma_stores: list = []      # tma_store(wait=False) not yet waited for: (op, copy)
         # what this wave has seen of other workgroups' global accesses, per unit (a wave of
         # any launch in the world): the time of that unit's workgroup clock; only kept
         # where flags can order workgroups (World.sync)
@@ -785,15 +786,42 @@ class _Machine:
     def x_tma_store(self, w, op):
         """The tile is read (ordered after every wave's writes to it, as a barrier would
         order them) and written to (add: added into) the tensor box, clipped to the
-        tensor."""
-        buf, region = self.bufs[op.attrs["gl"].name], self.at(w, op.attrs["region"])
+        tensor. wait=False: the copy is kept until the wave's tma_store_wait, which reads
+        the tile then and reports a race if any wave wrote it in between (the TMA unit may
+        read it at any time until the wait)."""
+        region = self.at(w, op.attrs["region"])
         t = region.tile
-        *lead, r0, c0 = (int(self.get(w, s)) for s in op.srcs)
+        copy = (region, [int(self.get(w, s)) for s in op.srcs])
         self._check_tma_lds(w, op, region, 0)
+        idx = _element_bytes(region, np.arange(t.shape[0])[:, None],
+                             np.arange(t.shape[1])[None, :])
+        self._check_lds_read(w, op, idx)
+        if op.attrs.get("wait", True):
+            self._tma_copy_out(w, op, *copy)
+        else:
+            w.tma_stores.append((op, copy, w.wg.w_time[idx].copy()))
+
+    def x_tma_store_wait(self, w, op):
+        cut = max(len(w.tma_stores) - op.attrs.get("pending", 0), 0)
+        done, w.tma_stores = w.tma_stores[:cut], w.tma_stores[cut:]
+        for store, (region, coords), written in done:
+            t = region.tile
+            idx = _element_bytes(region, np.arange(t.shape[0])[:, None],
+                                 np.arange(t.shape[1])[None, :])
+            if np.any(w.wg.w_time[idx] != written):
+                raise self.fail(Race, w, store, f"race: shared tile {region.name} was written "
+                                "while a pk.tma_store(wait=False) of it may still be reading "
+                                "it; write it again only after the issuing wave's "
+                                "pk.tma_store_wait() (and an mbarrier it arrives on)")
+            self._check_lds_read(w, store, idx)
+            self._tma_copy_out(w, store, region, coords)
+
+    def _tma_copy_out(self, w, op, region, coords):
+        buf, t = self.bufs[op.attrs["gl"].name], region.tile
+        *lead, r0, c0 = coords
         rows = np.arange(t.shape[0])[:, None]
         cols = np.arange(t.shape[1])[None, :]
         idx = _element_bytes(region, rows, cols)
-        self._check_lds_read(w, op, idx)
         vals = _lds_values(w.wg.lds, idx, t.dtype).reshape(t.shape)
         off, mask = _box(buf, rows + r0, cols + c0, lead)
         self.global_write(w, op, buf, off[mask], atomic=bool(op.attrs.get("add")))
@@ -883,6 +911,12 @@ class _Machine:
                         raise self.fail(EmulatorError, w, w.wgmma_groups[0][0],
                                         "the wave ends with wgmma groups still running; "
                                         "retire them with pk.mma_wait(acc)")
+                    if w.tma_stores:
+                        raise self.fail(EmulatorError, w, w.tma_stores[0][0],
+                                        "the wave ends before its pk.tma_store(wait=False) "
+                                        "has read its shared tile; call pk.tma_store_wait() "
+                                        "first (the workgroup's shared memory goes to the "
+                                        "next one)")
                 progressed = True
             live = [w for w in waves if state[w] != "done"]
             if not live:

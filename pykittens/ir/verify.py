@@ -44,7 +44,7 @@ def _hopper_only(k: KernelIR, target) -> None:
         elif op.kind == "tma_load":
             what = (f"TMA is a Hopper feature; on {tn} use pk.load (direct=True copies memory "
                     "straight into LDS on CDNA)")
-        elif op.kind == "tma_store":
+        elif op.kind in ("tma_store", "tma_store_wait"):
             what = f"TMA is a Hopper feature; on {tn} use pk.store"
         elif op.kind == "mma" and len(op.srcs) > 1 and isinstance(op.srcs[1].type,
                                                                   SharedTileType):

@@ -112,9 +112,10 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
-    of C from registers. TMA_STORE=2: the same in 64-column pieces through two 64 x 64
-    tiles a consumer (32 KiB in all instead of 64 KiB, which leaves the ring its fourth
-    stage beside 256-wide blocks).
+    of C from registers. TMA_STORE=2: every wave stages its 16 rows in 64-column pieces
+    through two tiles of its own and has the TMA unit copy each out, waiting only before
+    it reuses a tile (32 KiB in all instead of 64 KiB, which leaves the ring its fourth
+    stage beside 256-wide blocks; no wave waits for another).
 
     PINGPONG=1 (BN = 128, C from registers, not PROMOTE): the consumer warpgroups take
     turns over whole 128 x 128 blocks, so one stores its block while the other multiplies
@@ -135,44 +136,54 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                 LAYOUT=LAYOUT, PINGPONG=PINGPONG)
 
 
-# TMA_STORE=2's pieces: 64 columns (one 128-byte swizzled row of 16-bit C), two in flight
+# TMA_STORE=2's pieces: each wave's 16 rows x 64 columns (one 128-byte swizzled row of
+# 16-bit C), through two tiles of its own taking turns
 STORE_PIECE = 64
 
 
 def ws_store(c, OUT, BN, TMA_STORE):
     """ws_pipeline's `store` that writes each consumer warpgroup's 64 x BN block into C:
-    through shared memory and the TMA unit (TMA_STORE=1: the whole block; 2: pieces of 64
-    columns through two tiles taking turns, so that one is written while the other is
-    copied out), or every wave its 16 rows from registers (0). Allocates the staging tiles,
-    so call it once, before ws_pipeline."""
+    through shared memory and the TMA unit (TMA_STORE=1: the group's whole block through
+    one tile; 2: every wave on its own, its 16 rows in pieces of 64 columns through two
+    tiles of its own taking turns — no wave waits for another, and a tile is only waited
+    for before its next piece), or every wave its 16 rows from registers (0). Allocates
+    the staging tiles, so call it once, before ws_pipeline."""
     if TMA_STORE not in (0, 1, 2):
         raise pk.KernelError(f"gemm_ws TMA_STORE is 0 (C from registers), 1 (the whole block "
                              f"staged) or 2 (staged in 64-column pieces), not {TMA_STORE!r}")
-    if TMA_STORE == 2 and BN % (2 * STORE_PIECE):
-        raise pk.KernelError(f"gemm_ws TMA_STORE=2 stores pairs of {STORE_PIECE}-column "
-                             f"pieces: BN must be a multiple of {2 * STORE_PIECE}, not {BN}")
-    width = BN if TMA_STORE == 1 else STORE_PIECE
-    turns = 1 if TMA_STORE == 1 else 2
-    staged = None
-    if TMA_STORE:
-        # the tiles first, side by side, then their mbarriers: a barrier between two
-        # 1024-byte-aligned tiles would cost a KiB of padding, and TMA_STORE=2 beside four
-        # ring stages has 2 KiB to spare
-        tiles = [pk.StagedStore.new_tile((64, width), OUT) for _ in range(2 * turns)]
-        staged = [[pk.StagedStore((64, width), OUT, tile=tiles[g * turns + u])
-                   for u in range(turns)] for g in range(2)]
+    if TMA_STORE == 2 and BN % STORE_PIECE:
+        raise pk.KernelError(f"gemm_ws TMA_STORE=2 stores {STORE_PIECE}-column pieces: BN "
+                             f"must be a multiple of {STORE_PIECE}, not {BN}")
+    whole = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE == 1 else None
+    # two tiles for each of the 8 consumer waves (32 KiB for 16-bit C), side by side
+    mine = pk.empty(pk.st((16, STORE_PIECE), OUT, swizzle=8), count=16) \
+        if TMA_STORE == 2 else None
 
     def store(g, acc, m0, n0, t, i):
-        if not TMA_STORE:
-            pk.store(c, acc, (m0 + 64 * g + pk.wave_id() % 4 * 16, n0))
-            return
-        pieces = BN // width
-        for j in pk.static_range(pieces):
-            piece = acc if pieces == 1 else pk.subtile(acc, (0, j * width), (16, width))
-            # tile j % turns's (t * pieces / turns + j // turns)-th use; each piece's copy
-            # waited for by a wave of its own, so the group's waves wait side by side
-            staged[g][j % turns].store(c, piece, (m0 + 64 * g, n0 + j * width),
-                                       use=t * (pieces // turns) + j // turns, issuer=j % 4)
+        row = m0 + 64 * g + pk.wave_id() % 4 * 16
+        if TMA_STORE == 0:
+            pk.store(c, acc, (row, n0))
+        elif TMA_STORE == 1:
+            whole[g].store(c, acc, (m0 + 64 * g, n0), use=t)
+        else:
+            first = (g * 4 + pk.wave_id() % 4) * 2
+            for j in pk.static_range(BN // STORE_PIECE):
+                if j >= 2:
+                    pk.tma_store_wait(pending=1)     # piece j - 2 has left tile j % 2
+                elif not isinstance(t, int):         # ... or the last block's piece
+                    with pk.if_(t > 0):
+                        pk.tma_store_wait(pending=1)
+                elif t > 0:
+                    pk.tma_store_wait(pending=1)
+                tile = mine[first + j % 2]
+                pk.store(tile, pk.subtile(acc, (0, j * STORE_PIECE), (16, STORE_PIECE)),
+                         (0, 0))
+                pk.tma_store(c, tile, (row, n0 + j * STORE_PIECE), wait=False)
+
+    def finish(g):                  # after the walk: the last pieces have left the tiles
+        if TMA_STORE == 2:
+            pk.tma_store_wait()
+    store.finish = finish
     return store
 
 
@@ -197,7 +208,8 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
     copying block i's operands (e.g. to wait until they have arrived); each consumer
     warpgroup g hands its finished 64 x BN accumulator to `store(g, acc, m0, n0, t, i)`,
-    t counting this workgroup's blocks (i = block t's index); persistent, each consumer wave
+    t counting this workgroup's blocks (i = block t's index), and after its last block
+    calls `store.finish(g)` where the store has one; persistent, each consumer wave
     then calls `after_tiles(g, i)` with its last block's index, if it had any. The producer
     warpgroup's other three waves, idle otherwise, run `side_work(i, 3)` (i = 0, 1, 2)
     alongside, e.g. moving data between GPUs. LAYOUT: how A and B are stored (gemm_ws).
@@ -271,6 +283,8 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                         step(i, acc)
                     pk.mma_wait(acc)
                 store(g, acc, m0, n0, t, walk.tile(t))
+            if hasattr(store, "finish"):
+                store.finish(g)
             if after_tiles is not None and PERSISTENT:
                 with pk.if_(walk.mine > 0):
                     after_tiles(g, walk.tile(walk.mine - 1))

@@ -93,31 +93,19 @@ class StagedStore:
         """`tile`: a shared tile of that shape and type to stage through (e.g. one whose
         contents are no longer needed when the stores begin) instead of a new one."""
         d = T.dtype_of(dtype)
+        swizzle = 8 if shape[1] * d.bytes % 128 == 0 else 0
         if tile is not None and (tuple(tile.shape) != tuple(shape) or tile.dtype != d):
             raise error(f"StagedStore(tile=...) must be a {tuple(shape)} {d} shared tile, "
                         f"not {tile.type}")
-        self.tile = tile if tile is not None else self.new_tile(shape, d)
+        self.tile = tile if tile is not None else ops.empty(ops.st(shape, d, swizzle=swizzle))
         self.waves = waves
         self.stored = mbarrier(waves)            # every wave of the group wrote its rows
         self.drained = mbarrier(1)               # the TMA copy has read the tile
 
-    @staticmethod
-    def new_tile(shape, dtype):
-        """A shared tile to stage through (128B-swizzled where its rows allow): what a
-        StagedStore allocates unless given one, for kernels that lay out several first."""
-        d = T.dtype_of(dtype)
-        return ops.empty(ops.st(shape, d, swizzle=8 if shape[1] * d.bytes % 128 == 0 else 0))
-
-    def store(self, dst, tile, coord, use=0, add: bool = False, issuer: int = 0) -> None:
+    def store(self, dst, tile, coord, use=0, add: bool = False) -> None:
         """Store this wave's register `tile` (its rows of the group's block) to `dst` at
         `coord` (the block's origin), `use` counting the calls (0, 1, ...: phases); with
-        add=True the block is added into `dst` (pk.tma_store's reduction). `issuer`: the
-        wave of the group that has the TMA unit copy the tile out and waits for it to be
-        read (several StagedStores used back to back can spread that wait over the
-        group's waves)."""
-        if not (isinstance(issuer, int) and 0 <= issuer < self.waves):
-            raise error(f"StagedStore.store issuer= is a wave of the group, 0 to "
-                        f"{self.waves - 1}, not {issuer!r}")
+        add=True the block is added into `dst` (pk.tma_store's reduction)."""
         rows = tile.shape[0]
         w = ops.wave_id() % self.waves
         if not isinstance(use, int):
@@ -128,7 +116,7 @@ class StagedStore:
         ops.store(self.tile, tile.cast(self.tile.dtype) if tile.dtype != self.tile.dtype
                   else tile, (w * rows, 0))
         arrive(self.stored)
-        with ops.if_(w == issuer):
+        with ops.if_(w == 0):
             wait(self.stored, use % 2)
             tma_store(dst, self.tile, coord, add=add)
             arrive(self.drained)

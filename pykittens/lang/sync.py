@@ -86,13 +86,17 @@ def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> N
                    rows=box_rows)
 
 
-def tma_store(dst, src, coord, add: bool = False) -> None:
+def tma_store(dst, src, coord, add: bool = False, wait: bool = True) -> None:
     """Hopper bulk tensor copy (TMA) the other way: tensor `dst` at element `coord` <- the
     whole shared tile `src`; elements outside the tensor are not written. With add=True the
     tile is added into the tensor instead (the TMA unit's reduction at L2: concurrent adds
     from many workgroups are each applied once, in no fixed order). The calling wave
     issues it once every wave's writes to `src` are ordered before it (a pk.barrier()), and
-    waits until the copy has read `src`, so the tile can be reused right after."""
+    waits until the copy has read `src`, so the tile can be reused right after.
+
+    wait=False: the wave goes on at once; the copy may read `src` until this wave's next
+    pk.tma_store_wait(), and no wave may write `src` before that (the emulator reports a
+    write in between as a race, and a wave that ends without waiting)."""
     from .values import GL, ST
     if not isinstance(src, ST) or not isinstance(dst, GL):
         raise error("pk.tma_store copies a shared tile (pk.st) into a global tensor")
@@ -102,7 +106,17 @@ def tma_store(dst, src, coord, add: bool = False) -> None:
     if add and t.dtype.name not in ("f32", "f16", "bf16"):
         raise error(f"pk.tma_store(add=True) adds f32, f16 or bf16 tiles, not {t.dtype}")
     c = ops._coords(coord, dst.rank, "tma_store")
-    current().emit("tma_store", dst.v, (src.v,) + c, add=bool(add))
+    current().emit("tma_store", dst.v, (src.v,) + c, add=bool(add), wait=bool(wait))
+
+
+def tma_store_wait(pending: int = 0) -> None:
+    """Wait until every pk.tma_store(wait=False) this wave issued, but the last `pending`,
+    has read its shared tile (their writes to global memory may still be under way), so
+    those tiles can be written again; arrive on an mbarrier afterwards to let other waves
+    know. A wave writing its own tiles in turn waits with pending = tiles - 1."""
+    if not (isinstance(pending, int) and 0 <= pending <= 7):
+        raise error(f"tma_store_wait pending= is an int from 0 to 7, not {pending!r}")
+    current().emit("tma_store_wait", None, (), pending=pending)
 
 
 def _check_tma(name, gl, st, side):

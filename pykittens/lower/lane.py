@@ -43,9 +43,12 @@ Op kinds (attrs in brackets):
   tma_load(r0, c0, at)[gl, tmap, region, bar]   Hopper bulk tensor copy of tmap's box at
                                      (r0, c0) of `gl` into rows at.. of the shared tile,
                                      completing on mbarrier `bar`
-  tma_store(r0, c0)[gl, tmap, region, add]   Hopper bulk tensor copy of the shared tile to the
-                                     box at (r0, c0) of `gl` (outside the tensor: dropped;
-                                     add: added into the tensor, TMA's reduction)
+  tma_store(r0, c0)[gl, tmap, region, add, wait]   Hopper bulk tensor copy of the shared
+                                     tile to the box at (r0, c0) of `gl` (outside the tensor:
+                                     dropped; add: added into the tensor, TMA's reduction);
+                                     the wave waits until the tile is read unless wait=False
+  tma_store_wait[pending]            wait until this wave's wait=False tma_stores, but the
+                                     last `pending`, have read their tiles
   wgmma(a?, acc)[region, a_region, b_kmajor, a_kmajor, a_layout, acc_layout, n, k, kstep,
         a_dtype, in_flight]          Hopper warpgroup MMA: acc += a @ b, b the shared tile in
                                      `region` (K x N, or N x K when b_kmajor), a this wave's

@@ -784,7 +784,14 @@ class _Lowering:
         st = st_v.type
         desc = self._tmap(op.dst, (st.shape[0], st.shape[1] // st.atoms), st.swizzle == 8)
         self.emit("tma_store", None, tuple(self.val(c) for c in coords), gl=op.dst, tmap=desc,
-                  region=self.env[st_v], add=op.attrs.get("add", False))
+                  region=self.env[st_v], add=op.attrs.get("add", False),
+                  wait=op.attrs.get("wait", True))
+
+    def op_tma_store_wait(self, op):
+        if self.t.family != "hopper":
+            raise self.err(f"TMA is a Hopper feature; on {self.t.name} use pk.store",
+                           NotSupportedYet)
+        self.emit("tma_store_wait", None, (), pending=op.attrs.get("pending", 0))
 
     def op_setmaxnreg(self, op):
         if self.t.family != "hopper":
