@@ -467,13 +467,14 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     if layout != "nt":
         consts["LAYOUT"] = layout
     c = i.get("c")
-    # a 16-bit C leaves through shared memory and TMA stores: 128-wide blocks whole,
-    # 256-wide ones in 64-column pieces through two tiles (TMA_STORE=2), as 64 KiB of
-    # staging would cost the ring its fourth stage (H200, 8192³ bf16: 659 against 622
-    # TFLOP/s) and the registers' scattered 4-byte stores held the tensor cores up to 9%
-    # longer at K = 4096 (docs/PERF.md, run EA)
+    # a 16-bit C leaves through shared memory and TMA stores, every wave its rows in
+    # 64-column pieces through two tiles of its own (TMA_STORE=2): staging a 256-wide block
+    # whole (64 KiB) would cost the ring its fourth stage (H200, 8192³ bf16: 659 against
+    # 622 TFLOP/s), the registers' scattered 4-byte stores held the tensor cores up to 9%
+    # longer at K = 4096, and a 128-wide block staged whole by the warpgroup 2-3% longer
+    # (fp8, promoted; docs/PERF.md, runs EA-EG)
     staged = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
-    tma_store = (1 if bn == 128 else 2) if staged else 0
+    tma_store = 2 if staged else 0
     # 3 ring stages when promoting into f32 C (its registers leave ptxas no room for a
     # fourth branch), else 4
     stages = 3 if promote and not tma_store else 4
