@@ -1,0 +1,37 @@
+"""Launch gemm_ws (the launch rule) and cuBLAS (F.linear) once each on one product for
+Nsight Compute, so their speed-of-light and pipe figures can be read side by side. On the
+GPU machine (repo root, PTX prebuilt: bench/gemm_sweep.py --prebuild store):
+
+    ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis -k regex:'gemm|nvjet|xmma|cutlass' \
+        python3 bench/gemm_profile.py 8192 8192 8192
+
+M N K on the command line (default 8192³), bf16, C = X W^T."""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def main(argv) -> int:
+    from pykittens.kernels import gemm_ws_grid
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    import gemm_sweep                                  # bench/, this script's directory
+    m, n, k = (int(a) for a in argv) if argv else (8192, 8192, 8192)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 4
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 4
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    consts = gemm_sweep._plan("nt", m, n, k)[1]
+    launch(gemm_ws, grid=gemm_ws_grid(consts, gemm_sweep.TARGET), a=x, b=w, c=y, **consts)
+    ref = F.linear(x, w)
+    torch.cuda.synchronize()
+    err = float((y.float() - ref.float()).norm() / ref.float().norm())
+    print(f"gemm_ws {consts} against cuBLAS: relative difference {err:.1e}")
+    return 0 if err < 1e-2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
