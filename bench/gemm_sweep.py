@@ -264,11 +264,14 @@ FP8_VARIANTS = {"promoted every K step": True, "promoted every 2": 2, "promoted 
 
 def _fp8_plans(s):
     """(label, grid, consts) of each fp8 build timed: the launch rule's (promoting every K
-    step), promotion every 2 and 4 steps, the tensor cores' own accumulation, and the
-    rule's with C leaving in each wave's pieces (TMA_STORE=2) instead of whole."""
+    step), promotion every 2 and 4 steps, the tensor cores' own accumulation, the rule's
+    with C staged whole by the warpgroup (TMA_STORE=1), and 256-wide blocks promoting each
+    128-column half's products on their own."""
     plans = [(label, *_plan("nt", s, s, s, 1, promote=p)) for label, p in FP8_VARIANTS.items()]
     _, grid, rule = plans[0]
-    return plans + [("promoted every K step, C in pieces", grid, {**rule, "TMA_STORE": 2})]
+    return plans + [("promoted every K step, C staged whole", grid, {**rule, "TMA_STORE": 1}),
+                    ("promoted every K step, 256 wide",
+                     *_plan("nt", s, s, s, 1, promote=True, bn=256))]
 
 
 def step_fp8(rows, details):

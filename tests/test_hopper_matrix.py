@@ -458,6 +458,28 @@ def test_fp8_promotion_every_few_k_steps(interval, rng):
         gemm_ws_launch(inputs, "sm_90a", promote=-1)
 
 
+def test_fp8_promotion_of_256_wide_blocks_by_halves(rng):
+    """A 16-bit C lets fp8 products promote on 256-wide blocks: B in two 128-row halves,
+    each half's products of a K step added to its half of C on their own (one 128-wide
+    product accumulator); under the emulator's reverse wave order, two persistent
+    workgroups, a ragged C."""
+    from pykittens.kernels import gemm_ws_launch
+    m, n, k = 200, 520, 512
+    A = rng.standard_normal((m, k)).astype(pk.e4m3.np)
+    B = rng.standard_normal((n, k)).astype(pk.e4m3.np)
+    inputs = {"a": A, "b": B, "c": np.full((m, n), np.nan, pk.bf16.np)}
+    _, consts = gemm_ws_launch(inputs, "sm_90a", bn=256)
+    assert (consts["PROMOTE"], consts["BN"], consts["TMA_STORE"]) == (1, 256, 2)
+    out = pk.emulate(KERNELS["gemm_ws"].kernel, grid=(2,), target="sm_90a",
+                     wave_order="reverse", **inputs, **consts)["c"]
+    assert rel_err(out, A.astype(np.float64) @ B.astype(np.float64).T) < 1e-2
+    with pytest.raises(ValueError, match="every K step only"):
+        gemm_ws_launch(inputs, "sm_90a", bn=256, promote=2)
+    with pytest.raises(pk.KernelError, match="every K step"):
+        compiler.tile_ir(KERNELS["gemm_ws"].kernel, "sm_90a", **{
+            **consts, "DT": "e4m3", "OUT": "bf16", "PROMOTE": 2})
+
+
 def test_fp8_promotion_adds_each_k_step_in_f32(rng):
     spec = KERNELS["gemm_ws"]
     inputs = spec.make_inputs((150, 200, 512), pk.e4m3, rng)

@@ -33,6 +33,8 @@ VARIANTS = [(n, KERNELS[n].compile_consts) for n in HOPPER] + [
                  "BN": 128, "PROMOTE": 1, "STAGES": 3}),
     ("gemm_ws", {"DT": "e4m3", "OUT": "bf16", "PERSISTENT": 1, "TM": 32, "TN": 32,
                  "BN": 128, "PROMOTE": 1, "TMA_STORE": 2, "STAGES": 4}),
+    ("gemm_ws", {"DT": "e4m3", "OUT": "bf16", "PERSISTENT": 1, "TM": 32, "TN": 16,
+                 "BN": 256, "PROMOTE": 1, "TMA_STORE": 2, "STAGES": 4}),  # promoted by halves
     ("gemm_ws", {"DT": "bf16", "OUT": "bf16", "PERSISTENT": 1, "TM": 32, "TN": 32,
                  "BN": 128, "PINGPONG": 1, "STAGES": 4}),              # consumer ping-pong
     # promoting every 4 K steps: no wgmma wait in a branch (ptxas would serialize them all)

@@ -427,11 +427,12 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
                    layout: str = "nt"):
     """(grid, consts) of gemm_ws for inputs `i`: persistent (one workgroup per SM walks the
     blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
-    step's products to the f32 accumulator unless promote=False (PROMOTE=1, BN = 128: the
-    tensor cores' fp8 accumulation keeps fewer bits; without it, BN = 256 at their full
-    rate); promote=n promotes every n K steps instead (faster, less exact). A 16-bit C of
-    128-wide blocks leaves through shared memory and TMA stores, 256-wide blocks store it
-    from registers. TMA copies A and B: their stored rows must be multiples of 16 bytes.
+    step's products to the f32 accumulator unless promote=False (PROMOTE=1: the tensor
+    cores' fp8 accumulation keeps fewer bits; 256-wide blocks promote each 128-column half
+    on its own); promote=n promotes every n K steps instead (128-wide blocks; faster, less
+    exact). A 16-bit C leaves through shared memory and TMA stores in every wave's
+    64-column pieces (TMA_STORE=2), another C from registers. TMA copies A and B: their
+    stored rows must be multiples of 16 bytes.
     bn=128 or 256 overrides the block width (an autotuner's candidate). layout: how A and B
     are stored (gemm_ws's LAYOUT; MN-major operands are 16-bit only)."""
     m, k, n = gemm_ws_dims(layout, i["a"].shape, i["b"].shape)
@@ -452,6 +453,17 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     promote = int(esz == 1 if promote is None else promote) if esz == 1 else 0
     if bn not in (None, 128, 256):
         raise ValueError(f"gemm_ws blocks are 128 or 256 wide, not {bn}")
+    if bn == 256 and promote > 1:
+        raise ValueError(f"gemm_ws promotes 256-wide blocks every K step only (promote=True), "
+                         f"not every {promote}; use bn=128 for promote={promote}")
+    c = i.get("c")
+    # a 16-bit C leaves through shared memory and TMA stores, every wave its rows in
+    # 64-column pieces through two tiles of its own (TMA_STORE=2): staging a 256-wide block
+    # whole (64 KiB) would cost the ring its fourth stage (H200, 8192³ bf16: 659 against
+    # 622 TFLOP/s), the registers' scattered 4-byte stores held the tensor cores up to 9%
+    # longer at K = 4096, and a 128-wide block staged whole by the warpgroup 2-11% longer
+    # (fp8, promoted; docs/PERF.md, runs EA-EJ)
+    staged = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
     if bn is None:            # 128 wide where 256-wide blocks would leave many SMs idle
         from ..targets import get
         cus = get(target).num_cus
@@ -462,18 +474,13 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
         # a 256-wide block does a 128-wide one's work about 10% faster (H200, 4096³, C
         # from registers: 620 against 565 TFLOP/s), so it takes a fuller grid to win
         idle = busy(tm * -(-n // 128)) > 1.1 * busy(tm * -(-n // 256))
-        bn = 128 if n <= 128 or promote or idle else 256
+        # promoting, 256-wide blocks promote each 128-column half on its own (2-5% faster
+        # than 128-wide blocks, run EJ; measured with a 16-bit C, staged)
+        narrow = promote > 1 or (promote and not staged)
+        bn = 128 if n <= 128 or narrow or idle else 256
     _, consts = _gemm_launch({"a": Operand((m, k), esz)}, target, bm=128, bn=bn, n=n)
     if layout != "nt":
         consts["LAYOUT"] = layout
-    c = i.get("c")
-    # a 16-bit C leaves through shared memory and TMA stores, every wave its rows in
-    # 64-column pieces through two tiles of its own (TMA_STORE=2): staging a 256-wide block
-    # whole (64 KiB) would cost the ring its fourth stage (H200, 8192³ bf16: 659 against
-    # 622 TFLOP/s), the registers' scattered 4-byte stores held the tensor cores up to 9%
-    # longer at K = 4096, and a 128-wide block staged whole by the warpgroup 2-3% longer
-    # (fp8, promoted; docs/PERF.md, runs EA-EG)
-    staged = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
     tma_store = 2 if staged else 0
     # 3 ring stages when promoting into f32 C (its registers leave ptxas no room for a
     # fourth branch), else 4

@@ -106,9 +106,10 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
     PROMOTE=n (fp8): Hopper's fp8 wgmma accumulates with fewer bits than f32 (about 1e-3
     relative at K = 4096); the products of n K steps at a time go to a second accumulator
-    instead, added to the f32 one in registers once its groups have retired (twice the
-    accumulator registers: BN = 128). The tensor cores idle while it is added, so larger
-    n trades accuracy for speed.
+    instead, added to the f32 one in registers once its groups have retired (BN = 128; or
+    BN = 256 with PROMOTE=1 and B stored N x K: B's stage in two 128-row halves, each
+    half's products promoted on their own, so the second accumulator is 128 wide). The
+    tensor cores idle while it is added, so larger n trades accuracy for speed.
 
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
@@ -159,15 +160,19 @@ def ws_store(c, OUT, BN, TMA_STORE):
     mine = pk.empty(pk.st((16, STORE_PIECE), OUT, swizzle=8), count=16) \
         if TMA_STORE == 2 else None
 
-    def store(g, acc, m0, n0, t, i):
+    def store(g, acc, m0, n0, t, i, first=0):
+        """acc: the block's columns first .. first + acc's width - 1, stored at n0."""
         row = m0 + 64 * g + pk.wave_id() % 4 * 16
         if TMA_STORE == 0:
             pk.store(c, acc, (row, n0))
         elif TMA_STORE == 1:
+            if first or acc.shape[1] != BN:
+                raise pk.KernelError("gemm_ws TMA_STORE=1 stages whole blocks")
             whole[g].store(c, acc, (m0 + 64 * g, n0), use=t)
         else:
-            first = (g * 4 + pk.wave_id() % 4) * 2
-            for j in pk.static_range(BN // STORE_PIECE):
+            mine0 = (g * 4 + pk.wave_id() % 4) * 2
+            for jj in pk.static_range(acc.shape[1] // STORE_PIECE):
+                j = first // STORE_PIECE + jj            # the piece's place in the block
                 if j >= 2:
                     pk.tma_store_wait(pending=1)     # piece j - 2 has left tile j % 2
                 elif not isinstance(t, int):         # ... or the last block's piece
@@ -175,10 +180,10 @@ def ws_store(c, OUT, BN, TMA_STORE):
                         pk.tma_store_wait(pending=1)
                 elif t > 0:
                     pk.tma_store_wait(pending=1)
-                tile = mine[first + j % 2]
-                pk.store(tile, pk.subtile(acc, (0, j * STORE_PIECE), (16, STORE_PIECE)),
+                tile = mine[mine0 + j % 2]
+                pk.store(tile, pk.subtile(acc, (0, jj * STORE_PIECE), (16, STORE_PIECE)),
                          (0, 0))
-                pk.tma_store(c, tile, (row, n0 + j * STORE_PIECE), wait=False)
+                pk.tma_store(c, tile, (row, n0 + jj * STORE_PIECE), wait=False)
 
     def finish(g):                  # after the walk: the last pieces have left the tiles
         if TMA_STORE == 2:
@@ -223,8 +228,16 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     mma, a_kmajor, b_kmajor = LAYOUTS[LAYOUT], LAYOUT[0] == "n", LAYOUT[1] == "t"
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
     a_t = pk.st((64, bk) if a_kmajor else (bk, 64), DT, swizzle=8)
-    ring = pk.Ring(STAGES, fill=3, drain=4 if PINGPONG else 8, a=[a_t, a_t],
-                   b=pk.st((BN, bk) if b_kmajor else (bk, BN), DT, swizzle=8))
+    # promoting 256-wide blocks: B in two 128-row halves, each half's products promoted on
+    # their own (one 128-wide product accumulator beside the two halves of C's)
+    halves = 2 if PROMOTE and BN == 256 else 1
+    if halves == 2 and (PROMOTE != 1 or not b_kmajor):
+        raise pk.KernelError("gemm_ws promotes 256-wide blocks every K step (PROMOTE=1) "
+                             "with B stored N x K; use BN=128 otherwise")
+    bw = BN // halves
+    b_t = pk.st((bw, bk) if b_kmajor else (bk, bw), DT, swizzle=8)
+    ring = pk.Ring(STAGES, fill=2 + halves, drain=4 if PINGPONG else 8, a=[a_t, a_t],
+                   b=[b_t] * halves if halves == 2 else b_t)
     steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
 
     def at(kmajor, row, k):           # a block's origin in its operand as stored
@@ -243,7 +256,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     s = ring.acquire(t * steps + i)
                     for g in pk.static_range(2):
                         pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
-                    pk.tma_load(s.b, b, at(b_kmajor, n0, i * bk), s.full)
+                    for h in pk.static_range(halves):
+                        pk.tma_load(s.b[h] if halves == 2 else s.b, b,
+                                    at(b_kmajor, n0 + bw * h, i * bk), s.full)
         if side_work is not None:
             with pk.if_(pk.wave_id() > 0):
                 side_work(pk.wave_id() - 1, 3)
@@ -252,13 +267,15 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
             if PINGPONG:
                 pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma, turns)
                 continue
-            acc = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))
+            accs = [pk.empty(pk.rt((16, bw), pk.f32, role="acc")) for _ in range(halves)]
+            acc = accs[0]
             part = pk.empty(acc.type) if PROMOTE else None   # PROMOTE steps' products
             if PROMOTE:
                 pk.fill(part, 0.0)
             for t in walk:
                 m0, n0 = tile_of(walk.tile(t))
-                pk.fill(acc, 0.0)
+                for x in accs:
+                    pk.fill(x, 0.0)
 
                 def step(i, into):
                     k = t * steps + i
@@ -267,7 +284,16 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     with pk.if_(k > 0):                      # step k - 1's group retired
                         ring.release(k - 1)
 
-                if PROMOTE:
+                if halves == 2:
+                    # each half's products of the step alone, then added to its half of C
+                    for i in pk.range(steps):
+                        k = t * steps + i
+                        s = ring.wait(k)
+                        for h in pk.static_range(2):
+                            mma(part, s.a[g], s.b[h], c=0)
+                            accs[h] += part
+                        ring.release(k)
+                elif PROMOTE:
                     # whole intervals unrolled, then the rest: no wgmma wait in a branch
                     # (ptxas serializes every wgmma of a kernel that has one)
                     whole = steps // PROMOTE
@@ -282,7 +308,8 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     for i in pk.range(steps):
                         step(i, acc)
                     pk.mma_wait(acc)
-                store(g, acc, m0, n0, t, walk.tile(t))
+                for h in pk.static_range(halves):
+                    store(g, accs[h], m0, n0 + bw * h, t, walk.tile(t), first=h * bw)
             if hasattr(store, "finish"):
                 store.finish(g)
             if after_tiles is not None and PERSISTENT:
