@@ -213,7 +213,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
     copying block i's operands (e.g. to wait until they have arrived); each consumer
     warpgroup g hands its finished 64 x BN accumulator to `store(g, acc, m0, n0, t, i)`,
-    t counting this workgroup's blocks (i = block t's index), and after its last block
+    t counting this workgroup's blocks (i = block t's index; fp8 promoted on 256-wide
+    blocks: each 128-column half with first=0 / 128, the half's place in the block, which
+    only ws_store's stores take), and after its last block
     calls `store.finish(g)` where the store has one; persistent, each consumer wave
     then calls `after_tiles(g, i)` with its last block's index, if it had any. The producer
     warpgroup's other three waves, idle otherwise, run `side_work(i, 3)` (i = 0, 1, 2)
@@ -308,8 +310,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     for i in pk.range(steps):
                         step(i, acc)
                     pk.mma_wait(acc)
-                for h in pk.static_range(halves):
-                    store(g, accs[h], m0, n0 + bw * h, t, walk.tile(t), first=h * bw)
+                if halves == 1:
+                    store(g, acc, m0, n0, t, walk.tile(t))
+                else:                              # each half, at its columns of the block
+                    for h in pk.static_range(halves):
+                        store(g, accs[h], m0, n0 + bw * h, t, walk.tile(t), first=h * bw)
             if hasattr(store, "finish"):
                 store.finish(g)
             if after_tiles is not None and PERSISTENT:
