@@ -139,10 +139,13 @@ def test_gemm_ws_stores_c_in_pieces_through_two_tiles(bn, rng):
     assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ops
 
 
-def test_gemm_ws_pieces_need_whole_64_columns():
-    c = {"DT": "bf16", "OUT": "bf16", "BN": 96, "TM": 1, "TN": 1, "TMA_STORE": 2}
-    with pytest.raises(pk.KernelError, match="BN must be a multiple of 64"):
-        compiler.assembly(KERNELS["gemm_ws"].kernel, "sm_90a", **c)
+def test_gemm_ws_pieces_need_pairs_of_64_columns():
+    # 96: not whole pieces; 192: three pieces a block, so the next block's first would
+    # overwrite the tile whose copy is still running (the emulator reported that race)
+    for bn in (96, 192):
+        c = {"DT": "bf16", "OUT": "bf16", "BN": bn, "TM": 1, "TN": 1, "TMA_STORE": 2}
+        with pytest.raises(pk.KernelError, match="BN must be a multiple of 128"):
+            compiler.assembly(KERNELS["gemm_ws"].kernel, "sm_90a", **c)
 
 
 def test_gemm_ws_rejects_k_rows_tma_cannot_copy():

@@ -138,7 +138,8 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
 
 # TMA_STORE=2's pieces: each wave's 16 rows x 64 columns (one 128-byte swizzled row of
-# 16-bit C), through two tiles of its own taking turns
+# 16-bit C), through two tiles of its own taking turns (so a block has an even number: the
+# next block's first piece then goes to the tile whose copy is the older one)
 STORE_PIECE = 64
 
 
@@ -152,38 +153,34 @@ def ws_store(c, OUT, BN, TMA_STORE):
     if TMA_STORE not in (0, 1, 2):
         raise pk.KernelError(f"gemm_ws TMA_STORE is 0 (C from registers), 1 (the whole block "
                              f"staged) or 2 (staged in 64-column pieces), not {TMA_STORE!r}")
-    if TMA_STORE == 2 and BN % STORE_PIECE:
-        raise pk.KernelError(f"gemm_ws TMA_STORE=2 stores {STORE_PIECE}-column pieces: BN "
-                             f"must be a multiple of {STORE_PIECE}, not {BN}")
+    if TMA_STORE == 2 and BN % (2 * STORE_PIECE):
+        raise pk.KernelError(f"gemm_ws TMA_STORE=2 stores pairs of {STORE_PIECE}-column "
+                             f"pieces: BN must be a multiple of {2 * STORE_PIECE}, not {BN}")
     whole = [pk.StagedStore((64, BN), OUT) for _ in range(2)] if TMA_STORE == 1 else None
     # two tiles for each of the 8 consumer waves (32 KiB for 16-bit C), side by side
     mine = pk.empty(pk.st((16, STORE_PIECE), OUT, swizzle=8), count=16) \
         if TMA_STORE == 2 else None
 
-    def store(g, acc, m0, n0, t, i, first=0):
-        """acc: the block's columns first .. first + acc's width - 1, stored at n0."""
+    def store(g, acc, m0, n0, t, i):
+        """acc: columns n0 .. of the block (all of them, or a half of an even number of
+        pieces)."""
         row = m0 + 64 * g + pk.wave_id() % 4 * 16
         if TMA_STORE == 0:
             pk.store(c, acc, (row, n0))
         elif TMA_STORE == 1:
-            if first or acc.shape[1] != BN:
+            if acc.shape[1] != BN:
                 raise pk.KernelError("gemm_ws TMA_STORE=1 stages whole blocks")
             whole[g].store(c, acc, (m0 + 64 * g, n0), use=t)
         else:
             mine0 = (g * 4 + pk.wave_id() % 4) * 2
-            for jj in pk.static_range(acc.shape[1] // STORE_PIECE):
-                j = first // STORE_PIECE + jj            # the piece's place in the block
-                if j >= 2:
-                    pk.tma_store_wait(pending=1)     # piece j - 2 has left tile j % 2
-                elif not isinstance(t, int):         # ... or the last block's piece
-                    with pk.if_(t > 0):
-                        pk.tma_store_wait(pending=1)
-                elif t > 0:
-                    pk.tma_store_wait(pending=1)
+            for j in pk.static_range(acc.shape[1] // STORE_PIECE):
+                # the copy two pieces back (this tile's) has read it; the one before goes
+                # on (none waits at the wave's first two pieces)
+                pk.tma_store_wait(pending=1)
                 tile = mine[mine0 + j % 2]
-                pk.store(tile, pk.subtile(acc, (0, jj * STORE_PIECE), (16, STORE_PIECE)),
+                pk.store(tile, pk.subtile(acc, (0, j * STORE_PIECE), (16, STORE_PIECE)),
                          (0, 0))
-                pk.tma_store(c, tile, (row, n0 + jj * STORE_PIECE), wait=False)
+                pk.tma_store(c, tile, (row, n0 + j * STORE_PIECE), wait=False)
 
     def finish(g):                  # after the walk: the last pieces have left the tiles
         if TMA_STORE == 2:
@@ -214,8 +211,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     copying block i's operands (e.g. to wait until they have arrived); each consumer
     warpgroup g hands its finished 64 x BN accumulator to `store(g, acc, m0, n0, t, i)`,
     t counting this workgroup's blocks (i = block t's index; fp8 promoted on 256-wide
-    blocks: each 128-column half with first=0 / 128, the half's place in the block, which
-    only ws_store's stores take), and after its last block
+    blocks: each 128-column half, n0 its first column), and after its last block
     calls `store.finish(g)` where the store has one; persistent, each consumer wave
     then calls `after_tiles(g, i)` with its last block's index, if it had any. The producer
     warpgroup's other three waves, idle otherwise, run `side_work(i, 3)` (i = 0, 1, 2)
@@ -310,11 +306,8 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     for i in pk.range(steps):
                         step(i, acc)
                     pk.mma_wait(acc)
-                if halves == 1:
-                    store(g, acc, m0, n0, t, walk.tile(t))
-                else:                              # each half, at its columns of the block
-                    for h in pk.static_range(halves):
-                        store(g, accs[h], m0, n0 + bw * h, t, walk.tile(t), first=h * bw)
+                for h in pk.static_range(halves):        # (two halves where promoted so)
+                    store(g, accs[h], m0, n0 + bw * h, t, walk.tile(t))
             if hasattr(store, "finish"):
                 store.finish(g)
             if after_tiles is not None and PERSISTENT:
