@@ -235,7 +235,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     bw = BN // halves
     b_t = pk.st((bw, bk) if b_kmajor else (bk, bw), DT, swizzle=8)
     ring = pk.Ring(STAGES, fill=2 + halves, drain=4 if PINGPONG else 8, a=[a_t, a_t],
-                   b=[b_t] * halves if halves == 2 else b_t)
+                   b=[b_t] * halves)
     steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
 
     def at(kmajor, row, k):           # a block's origin in its operand as stored
@@ -255,8 +255,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     for g in pk.static_range(2):
                         pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
                     for h in pk.static_range(halves):
-                        pk.tma_load(s.b[h] if halves == 2 else s.b, b,
-                                    at(b_kmajor, n0 + bw * h, i * bk), s.full)
+                        pk.tma_load(s.b[h], b, at(b_kmajor, n0 + bw * h, i * bk), s.full)
         if side_work is not None:
             with pk.if_(pk.wave_id() > 0):
                 side_work(pk.wave_id() - 1, 3)
@@ -278,7 +277,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                 def step(i, into):
                     k = t * steps + i
                     s = ring.wait(k)
-                    mma(into, s.a[g], s.b, in_flight=1)
+                    mma(into, s.a[g], s.b[0], in_flight=1)
                     with pk.if_(k > 0):                      # step k - 1's group retired
                         ring.release(k - 1)
 
@@ -342,8 +341,8 @@ def pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma, turns) -> N
         for i in pk.range(steps):
             k = t * steps + i
             s = ring.wait(k)
-            mma(accs[0], s.a[0], s.b, in_flight=3)
-            mma(accs[1], s.a[1], s.b, in_flight=2)       # step k - 1's two groups retired
+            mma(accs[0], s.a[0], s.b[0], in_flight=3)
+            mma(accs[1], s.a[1], s.b[0], in_flight=2)       # step k - 1's two groups retired
             with pk.if_(i > 0):
                 ring.release(k - 1)
         pk.arrive(turns[1 - g])                           # every step waited for
