@@ -96,8 +96,8 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
         # 256-wide blocks may still finish first (few blocks, each with its own epilogue)
         out.append(gemm_ws_launch(i, target, bn=256, layout=layout)[1])
     if first["BN"] == 256:
-        if i["c"].itemsize == 2 and n * 2 % 16 == 0 and not first["PROMOTE"]:
-            out.append({**first, "TMA_STORE": 1, "STAGES": 3})  # C staged whole, 3 stages
+        if first.get("TMA_STORE") and not first["PROMOTE"]:     # the rule stages C: whole,
+            out.append({**first, "TMA_STORE": 1, "STAGES": 3})  # with 3 ring stages
         out.append(narrow)
     if not narrow["PROMOTE"]:                # the consumers taking turns over whole blocks
         pingpong = {**narrow, "PINGPONG": 1, "STAGES": 4}
