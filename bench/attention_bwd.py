@@ -162,7 +162,8 @@ EARLIER = "pykittens, earlier walk"    # without DV_LATE and SPLIT_MASKED (LATE_
 
 
 @contextlib.contextmanager
-def _late_walk(on: bool):
+def late_walk(on: bool):
+    """Launches of the block take attention_bwd.LATE_WALK = on (bench/prebuild.py too)."""
     from pykittens.kernels import attention_bwd as ab
     ab.LATE_WALK = on
     try:
@@ -231,7 +232,7 @@ def varlen(rows, details):
             def fwd_bwd(f=fn):
                 torch.autograd.grad(_first(f()), (q, k, v), do)
             try:
-                with _late_walk(name != EARLIER):
+                with late_walk(name != EARLIER):
                     t_fwd = event_time(fwd, reps=3, rounds=5)
                     t = event_time(fwd_bwd, reps=3, rounds=5)
             except Exception as e:  # noqa: BLE001 - one failing must not hide the rest

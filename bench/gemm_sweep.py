@@ -51,7 +51,10 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
                           layout=layout, **rule)
 
 
-def builds(steps=("candidates", "sweep", "store", "layouts", "fp8")):
+STEPS = ("candidates", "sweep", "store", "layouts", "fp8")     # the GPU run's, with builds
+
+
+def builds(steps=STEPS):
     """(constants) of every gemm_ws build the GPU run's `steps` make (DT, OUT included)."""
     from pykittens.ops.matmul import gemm_ws_candidates
     if {"candidates", "sweep"} & set(steps):  # (the candidates step's shapes among them)
@@ -78,7 +81,7 @@ def prebuild(steps) -> int:
     from pykittens.kernels.gemm import gemm_ws
     from pykittens.toolchain import nvptx
     t0, seen = time.time(), set()
-    for consts in builds(*([steps] if steps else [])):
+    for consts in builds(steps or STEPS):
         key = tuple(sorted(consts.items()))
         if key not in seen:
             seen.add(key)

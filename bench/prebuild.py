@@ -54,13 +54,12 @@ def attention_varlen():
                                                  attention_bwd_dq_varlen, attention_bwd_prep,
                                                  attention_bwd_varlen,
                                                  attention_bwd_varlen_launch)
-    from pykittens.kernels import attention_bwd as ab
+    import attention_bwd as bench               # bench/, this script's directory
     cu = np.array([0, 100, 256], np.int32)
-    try:
-        for dt, d, causal, late in itertools.product(("bf16",), (64, 128), (0, 1), (True, False)):
-            ab.LATE_WALK = late                   # both walks: the varlen step compares them
-            i = {"q": np.empty((8, 256, d), np.float16), "k": np.empty((8, 256, d), np.float16),
-                 "v": np.empty((8, 256, d), np.float16), "cu_seqlens_q": cu, "cu_seqlens_k": cu}
+    for dt, d, causal, late in itertools.product(("bf16",), (64, 128), (0, 1), (True, False)):
+        i = {"q": np.empty((8, 256, d), np.float16), "k": np.empty((8, 256, d), np.float16),
+             "v": np.empty((8, 256, d), np.float16), "cu_seqlens_q": cu, "cu_seqlens_k": cu}
+        with bench.late_walk(late):               # both walks: the varlen step compares them
             yield attention_fwd_varlen, {"DT": dt, **attention_fwd_varlen_launch(
                 i, "sm_90a", CAUSAL=causal)[1]}
             for dq, third in (("pass", attention_bwd_dq_varlen),
@@ -68,8 +67,6 @@ def attention_varlen():
                 plans = attention_bwd_varlen_launch(i, "sm_90a", CAUSAL=causal, dq=dq)
                 for kernel, plan in zip((attention_bwd_prep, attention_bwd_varlen, third), plans):
                     yield kernel, {"DT": dt, **plan[1]}
-    finally:
-        ab.LATE_WALK = True
 
 
 def attention_bwd_passes():
