@@ -791,10 +791,10 @@ class _Machine:
         read it at any time until the wait)."""
         region = self.at(w, op.attrs["region"])
         t = region.tile
-        copy = (region, [int(self.get(w, s)) for s in op.srcs])
         self._check_tma_lds(w, op, region, 0)
         idx = _element_bytes(region, np.arange(t.shape[0])[:, None],
                              np.arange(t.shape[1])[None, :])
+        copy = (region, [int(self.get(w, s)) for s in op.srcs], idx)
         self._check_lds_read(w, op, idx)
         if op.attrs.get("wait", True):
             self._tma_copy_out(w, op, *copy)
@@ -804,24 +804,21 @@ class _Machine:
     def x_tma_store_wait(self, w, op):
         cut = max(len(w.tma_stores) - op.attrs.get("pending", 0), 0)
         done, w.tma_stores = w.tma_stores[:cut], w.tma_stores[cut:]
-        for store, (region, coords), written in done:
-            t = region.tile
-            idx = _element_bytes(region, np.arange(t.shape[0])[:, None],
-                                 np.arange(t.shape[1])[None, :])
+        for store, (region, coords, idx), written in done:
             if np.any(w.wg.w_time[idx] != written):
                 raise self.fail(Race, w, store, f"race: shared tile {region.name} was written "
                                 "while a pk.tma_store(wait=False) of it may still be reading "
                                 "it; write it again only after the issuing wave's "
                                 "pk.tma_store_wait() (and an mbarrier it arrives on)")
             self._check_lds_read(w, store, idx)
-            self._tma_copy_out(w, store, region, coords)
+            self._tma_copy_out(w, store, region, coords, idx)
 
-    def _tma_copy_out(self, w, op, region, coords):
+    def _tma_copy_out(self, w, op, region, coords, idx):
+        """The copy's global write: the tile (its bytes `idx`) into the box at `coords`."""
         buf, t = self.bufs[op.attrs["gl"].name], region.tile
         *lead, r0, c0 = coords
         rows = np.arange(t.shape[0])[:, None]
         cols = np.arange(t.shape[1])[None, :]
-        idx = _element_bytes(region, rows, cols)
         vals = _lds_values(w.wg.lds, idx, t.dtype).reshape(t.shape)
         off, mask = _box(buf, rows + r0, cols + c0, lead)
         self.global_write(w, op, buf, off[mask], atomic=bool(op.attrs.get("add")))
