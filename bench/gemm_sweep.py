@@ -10,9 +10,11 @@ and the op replaying the tuned choice; then gemm_ws reading MN-major operands as
                                             # (--prebuild store: that step's builds only)
     PYKITTENS_CACHE=$PWD/.pkc_gemm PYTHONPATH=. python3 bench/gemm_sweep.py   # on the GPU
     ... bench/gemm_sweep.py layouts fp8     # only those steps (candidates, layouts, sweep,
-                                            # fp8, store)
+                                            # fp8, store, cluster)
 
-`candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
+`store` and `cluster` time the launch rule against one other launch of each shape: C stored
+another way; the same launch in clusters of two workgroups that share B's blocks (TMA
+multicast). `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
 child process with a time limit, so a build that faults or hangs the GPU is named before the
 tuner times it.
 
@@ -51,7 +53,7 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
                           layout=layout, **rule)
 
 
-STEPS = ("candidates", "sweep", "store", "layouts", "fp8")     # the GPU run's, with builds
+STEPS = ("candidates", "sweep", "store", "cluster", "layouts", "fp8")   # the GPU run's
 
 
 def builds(steps=STEPS):
@@ -61,10 +63,11 @@ def builds(steps=STEPS):
         for m, n, k in sweep_shapes():
             for c in gemm_ws_candidates(TARGET, m, k, n, 2):
                 yield {**c, "DT": "bf16", "OUT": "bf16"}
-    if "store" in steps:
-        for m, n, k in sweep_shapes():
-            for consts in _store_plans(m, n, k).values():
-                yield {**consts, "DT": "bf16", "OUT": "bf16"}
+    for step, plans in (("store", _store_plans), ("cluster", _cluster_plans)):
+        if step in steps:
+            for m, n, k in sweep_shapes():
+                for consts in plans(m, n, k).values():
+                    yield {**consts, "DT": "bf16", "OUT": "bf16"}
     if "layouts" in steps:
         for layout in ("nt", "nn", "tn"):
             for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
@@ -165,9 +168,70 @@ def _store_plans(m, n, k) -> dict:
     return {"rule": rule, "other": {**rule, "TMA_STORE": 0}}
 
 
+def _cluster_plans(m, n, k) -> dict:
+    """The launch rule's constants ("rule") and the same launch in clusters of two
+    workgroups sharing each block of B ("other": CLUSTER=2; CLUSTER=1 where the rule's
+    block rows TM are odd, so the two columns then time the same build)."""
+    _, rule = _plan("nt", m, n, k)
+    other = {**rule, "CLUSTER": 2} if rule["TM"] % 2 == 0 else rule
+    return {"rule": rule, "other": other}
+
+
+def _describe_store(plans) -> str:
+    how = {0: "registers", 1: "whole", 2: "pieces"}
+    return " / ".join(f"{plans[p]['BN']} {how[plans[p].get('TMA_STORE', 0)]}"
+                      for p in ("rule", "other"))
+
+
+def _describe_cluster(plans) -> str:
+    return " / ".join(f"{plans[p]['BN']} cluster {plans[p].get('CLUSTER', 1)}"
+                      for p in ("rule", "other"))
+
+
 def step_store(rows, details):
     """How C leaves: the launch rule against the same launch storing C the other way
     (_store_plans), and cuBLAS, on the sweep's shapes."""
+    _step_pair("store", _store_plans, _describe_store, rows, details)
+
+
+def step_cluster(rows, details):
+    """The launch rule against the same launch in clusters of two sharing B's blocks
+    (_cluster_plans), and cuBLAS, on the sweep's shapes; first, how many clusters of two
+    the GPU holds at once."""
+    rows.append(["cluster", "clusters of 2 at once", "", "", "", str(_max_clusters()), "", ""])
+    _step_pair("cluster", _cluster_plans, _describe_cluster, rows, details)
+
+
+def _max_clusters() -> int:
+    """cuOccupancyMaxActiveClusters of gemm_ws in clusters of two (4096³'s build)."""
+    import ctypes
+    import torch
+    from pykittens.kernels import gemm_ws_grid
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime import launch as L
+    c = _cluster_plans(4096, 4096, 4096)["other"]
+    x = _rand(4096, 4096)
+    L.launch(gemm_ws, grid=gemm_ws_grid(c, TARGET), a=x, b=x, c=torch.empty_like(x), **c)
+    fn, prog = next(e for k, (kern, e) in L._modules.items()
+                    if kern is gemm_ws and e[1].cluster == 2)
+
+    class Config(ctypes.Structure):
+        _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                    ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                    ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+    cfg = Config((ctypes.c_uint * 3)(132, 1, 1),
+                 (ctypes.c_uint * 3)(prog.num_waves * prog.wave_size, 1, 1),
+                 prog.lds_bytes, None, None, 0)
+    out = ctypes.c_int(0)
+    lib = ctypes.CDLL("libcuda.so.1")
+    err = lib.cuOccupancyMaxActiveClusters(ctypes.byref(out), ctypes.c_void_p(int(fn.handle)),
+                                           ctypes.byref(cfg))
+    return out.value if err == 0 else -err
+
+
+def _step_pair(step, plans_of, describe, rows, details):
+    """The launch rule against another launch (plans_of(m, n, k): {"rule", "other"}) and
+    cuBLAS on the sweep's shapes, medians of interleaved rounds."""
     import torch
     import torch.nn.functional as F
     from pykittens.kernels import gemm_ws_grid
@@ -178,7 +242,7 @@ def step_store(rows, details):
         flops, reps = 2 * m * n * k, _reps(2 * m * n * k)
         x, w = _rand(m, k), _rand(n, k)
         ref = F.linear(x, w)
-        plans = _store_plans(m, n, k)
+        plans = plans_of(m, n, k)
         ys = {name: torch.full_like(ref, float("nan")) for name in plans}
         calls = {name: (lambda c=c, y=ys[name]: launch(gemm_ws, grid=gemm_ws_grid(c, TARGET),
                                                        a=x, b=w, c=y, **c))
@@ -191,14 +255,12 @@ def step_store(rows, details):
         tf = {name: flops / t / 1e12 for name, t in zip(["cublas", *calls], times)}
         for name in calls:
             ratios[name].append(tf[name] / tf["cublas"])
-        details.append({"step": "store", "shape": [m, n, k], "tflops": tf, "rel_err": err,
+        details.append({"step": step, "shape": [m, n, k], "tflops": tf, "rel_err": err,
                         "plans": plans})
-        how = {0: "registers", 1: "whole", 2: "pieces"}
-        names = " / ".join(f"{plans[p]['BN']} {how[plans[p].get('TMA_STORE', 0)]}"
-                           for p in ("rule", "other"))
+        names = describe(plans)
         print(f"{m}x{n}x{k}: cuBLAS {tf['cublas']:.0f}, rule {tf['rule']:.0f}, other "
               f"{tf['other']:.0f} TFLOP/s ({names}), err {err:.1e}", flush=True)
-        rows.append(["store", f"{m}x{n}x{k}", f"{tf['cublas']:.0f}", f"{tf['rule']:.0f}",
+        rows.append([step, f"{m}x{n}x{k}", f"{tf['cublas']:.0f}", f"{tf['rule']:.0f}",
                      f"{tf['other']:.0f}", f"{tf['rule'] / tf['cublas']:.3f} / "
                      f"{tf['other'] / tf['cublas']:.3f}", names,
                      "ok" if err < 1e-2 else "FAIL"])
@@ -206,7 +268,7 @@ def step_store(rows, details):
     for name, r in ratios.items():
         if r:
             geo = math.exp(sum(map(math.log, r)) / len(r))
-            rows.append(["store", f"{name}: {len(r)} shapes", "", "", "",
+            rows.append([step, f"{name}: {len(r)} shapes", "", "", "",
                          f"geomean {geo:.3f}", f"min {min(r):.3f}", ""])
 
 
@@ -267,14 +329,15 @@ FP8_VARIANTS = {"promoted every K step": True, "promoted every 2": 2, "promoted 
 
 def _fp8_plans(s):
     """(label, grid, consts) of each fp8 build timed: the launch rule's (promoting every K
-    step), promotion every 2 and 4 steps, the tensor cores' own accumulation, the rule's
-    with C staged whole by the warpgroup (TMA_STORE=1), and 256-wide blocks promoting each
-    128-column half's products on their own."""
+    step: 256-wide blocks, each 128-column half's products promoted on their own),
+    promotion every 2 and 4 steps (128 wide), the tensor cores' own accumulation,
+    and 128-wide blocks promoted every K step (C in pieces, and staged whole by the
+    warpgroup, TMA_STORE=1)."""
     plans = [(label, *_plan("nt", s, s, s, 1, promote=p)) for label, p in FP8_VARIANTS.items()]
-    _, grid, rule = plans[0]
-    return plans + [("promoted every K step, C staged whole", grid, {**rule, "TMA_STORE": 1}),
-                    ("promoted every K step, 256 wide",
-                     *_plan("nt", s, s, s, 1, promote=True, bn=256))]
+    narrow_grid, narrow = _plan("nt", s, s, s, 1, promote=True, bn=128)
+    return plans + [("promoted every K step, 128 wide", narrow_grid, narrow),
+                    ("promoted every K step, 128 wide, C staged whole", narrow_grid,
+                     {**narrow, "TMA_STORE": 1})]
 
 
 def step_fp8(rows, details):
@@ -378,7 +441,8 @@ def main() -> int:
               "check"]
     return run_steps("gemm_sweep", {"candidates": step_candidates, "layouts": step_layouts,
                                     "sweep": step_sweep, "fp8": step_fp8,
-                                    "store": step_store}, env, header=header)
+                                    "store": step_store, "cluster": step_cluster}, env,
+                     header=header)
 
 
 if __name__ == "__main__":

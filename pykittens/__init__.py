@@ -13,8 +13,8 @@ from .ir.types import (bf16, dtype_of, e2m1x2, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e
                        i8, i32)
 from .lang.kernel import Kernel, Peers, const, gl, kernel, peers, target
 from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
-from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, col_sum, convert, copy, div,
-                       else_, empty, exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
+from .lang.ops import (abs, add, atomic_add, barrier, cast, cluster, cluster_rank, col_index,
+                       col_max, col_sum, convert, copy, div, else_, empty, exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
                        mask_outside, max, min, mma_AB, mma_ABt, mma_AtB, mma_wait, mul,
                        num_programs, num_waves, program_id, programs_per_cu, range, relabel,
                        row_index, row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st,
@@ -23,8 +23,8 @@ from .lang.ops import (abs, add, atomic_add, barrier, cast, col_index, col_max, 
 from .lang.pipeline import Ring, StagedStore
 from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, tile_walk,
                             waitcnt)
-from .lang.sync import (arrive, mbarrier, role, signal, tma_load, tma_store, tma_store_wait,
-                        wait, wait_flag)
+from .lang.sync import (arrive, cluster_sync, mbarrier, role, signal, tma_load, tma_store,
+                        tma_store_wait, wait, wait_flag)
 from .lang.values import maximum, minimum, where
 __version__ = "0.1.0"
 

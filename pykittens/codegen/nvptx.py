@@ -30,6 +30,8 @@ class NVPTXRenderer(Renderer):
             extra = f' "nvvm.maxnreg"="{self.register_cap()}" "nvvm.minctasm"="1"'
         elif self.p.programs_per_cu:
             extra = f' "nvvm.minctasm"="{self.p.programs_per_cu}"'
+        if self.p.cluster > 1:              # .explicitcluster .reqnctapercluster n, 1, 1
+            extra += f' "nvvm.cluster_dim"="{self.p.cluster},1,1"'
         return f'attributes #0 = {{ "nvvm.maxntid"="{threads},1,1"{extra} }}'
 
     def function_header(self, args):
@@ -55,6 +57,9 @@ class NVPTXRenderer(Renderer):
             return Value(self.call("i32", f"llvm.nvvm.read.ptx.sreg.ctaid.{xyz}", []), "i32", 0)
         if name == "num_programs":
             return Value(self.call("i32", f"llvm.nvvm.read.ptx.sreg.nctaid.{xyz}", []), "i32", 0)
+        if name == "cluster_rank":
+            return Value(self.call("i32", "llvm.nvvm.read.ptx.sreg.cluster.ctarank", []),
+                         "i32", 0)
         if name == "lane_id":
             return self.lane
         if name == "wave_id":
@@ -336,7 +341,7 @@ class NVPTXRenderer(Renderer):
                 for o in block.ops:
                     if o.kind in writes:
                         dirty = True
-                    elif o.kind in ("barrier", "mbar_arrive"):
+                    elif o.kind in ("barrier", "mbar_arrive", "cluster_sync"):
                         self._dirty[o] = self._dirty.get(o, False) or dirty
                         dirty = False
                     elif o.kind == "if":
@@ -355,6 +360,17 @@ class NVPTXRenderer(Renderer):
         # the wave's lanes' earlier writes are ordered before lane 0's release-arrive
         self.ins('call void asm sideeffect "bar.warp.sync -1;", "~{memory}"()')
         a = self._mbar_addr(op.attrs["region"])
+        if op.attrs.get("remote"):
+            # the barrier at the same offset in cluster workgroup srcs[0]; the arrival's
+            # default release (.cta, as CUTLASS's cluster barriers: .release.cluster made
+            # gemm_ws 40% slower on the H200, docs/PERF.md) orders this wave's reads of its
+            # stage before the other workgroup's copy into it, which waits on that barrier
+            cta = self.read(op.srcs[0])
+            self._lane0(lambda: self.ins(
+                f'call void asm sideeffect "{{ .reg .b32 R; mapa.shared::cluster.u32 R, $0, $1; '
+                f'mbarrier.arrive.shared::cluster.b64 _, [R]; }}", '
+                f'"r,r,~{{memory}}"(i32 {a.text}, i32 {cta.text})'))
+            return
         self._lane0(lambda: self.ins(
             f'call void asm sideeffect "mbarrier.arrive.shared::cta.b64 _, [$0];", '
             f'"r,~{{memory}}"(i32 {a.text})'))
@@ -383,7 +399,16 @@ class NVPTXRenderer(Renderer):
             col = self.op(f"add i32 {c0.text}, {j * desc.box[1]}", "i32", 0) if j else c0
             args = ", ".join(f"i32 {v.text}" for v in [col, r0] + lead[::-1])
             regs = ",".join(["r"] * rank)
-            if op.kind == "tma_load":
+            if op.kind == "tma_load" and op.attrs.get("multicast"):
+                # into every workgroup of the cluster: the same offsets there, mask all ranks
+                bar = self._mbar_addr(op.attrs["bar"])
+                self.ins(f'call void asm sideeffect "cp.async.bulk.tensor.{rank}d.shared::cluster.'
+                         f'global.mbarrier::complete_tx::bytes.multicast::cluster [$0], [$1, '
+                         f'{_asm_operands(2, rank)}], [${2 + rank}], ${3 + rank};", '
+                         f'"r,l,{regs},r,h,~{{memory}}"(i32 {block_addr(j).text}, '
+                         f'i64 {tmap.text}, {args}, i32 {bar.text}, '
+                         f'i16 {(1 << self.p.cluster) - 1})')
+            elif op.kind == "tma_load":
                 bar = self._mbar_addr(op.attrs["bar"])
                 self.ins(f'call void asm sideeffect "cp.async.bulk.tensor.{rank}d.shared::cluster.'
                          f'global.mbarrier::complete_tx::bytes [$0], [$1, '
@@ -405,6 +430,8 @@ class NVPTXRenderer(Renderer):
         t = region.tile
         row_bytes = t.shape[1] * t.dtype.bytes // t.atoms     # one column block's row
         nbytes = desc.box[0] * t.shape[1] * t.dtype.bytes
+        if op.attrs.get("multicast"):       # this part and the cluster's others, landing here
+            nbytes *= self.p.cluster
         *coords, at = op.srcs
         lead, r0, c0 = self._tma_coords(op, coords)
         skip = self.op(f"mul i32 {self.read(at).text}, {row_bytes}", "i32", 0)
@@ -560,6 +587,15 @@ class NVPTXRenderer(Renderer):
         # barrier.sync (not .aligned): waves may reach it from different code points, as the
         # ping-pong schedules do.
         self.call("void", "llvm.nvvm.barrier.cta.sync.all", ["i32 0"])
+
+    def r_cluster_sync(self, op):
+        """Every thread of the cluster arrives (release) and waits (acquire); the mbarrier
+        initialisations before it are made visible cluster-wide first."""
+        self._async_proxy_fence(op)
+        for ins in ("fence.mbarrier_init.release.cluster;",
+                    "barrier.cluster.arrive.release.aligned;",
+                    "barrier.cluster.wait.acquire.aligned;"):
+            self.ins(f'call void asm sideeffect "{ins}", "~{{memory}}"()')
 
     def r_setprio(self, op):
         """Hopper has no wave priority nor CDNA's scheduling hints: nothing to emit."""

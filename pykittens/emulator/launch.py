@@ -7,7 +7,8 @@ import numpy as np
 
 from ..lang.kernel import Peers, peer_members
 from ..lower import lower
-from ..runtime.args import bind_args, check_grid, check_kernel, check_program_args
+from ..runtime.args import (bind_args, check_cluster_grid, check_grid, check_kernel,
+                            check_program_args)
 from .machine import World, run_program
 
 
@@ -51,6 +52,7 @@ def _prepare(kernel, args, kwargs, grid, target, what):
     grid = check_grid(grid, kernel)
     prog = lower(kernel.specialize_for(target, **consts), target)
     check_program_args(prog, bound, kernel)
+    check_cluster_grid(prog, grid, kernel)
     arrays = {k: (np.asarray(v) if not np.isscalar(v) else v) for k, v in bound.items()}
     return prog, arrays, grid
 

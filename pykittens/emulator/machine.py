@@ -11,6 +11,8 @@ each other; they race only with plain writes and reads. Arguments passed as the 
 (an in-place update) share one buffer, as they share memory on the GPU."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..ir import types as T
@@ -106,14 +108,20 @@ class _Workgroup:
         self.vc = np.full((num_waves, num_waves), -1, np.int64)
         self.time = 0
         self.mbarriers: dict = {}
+        self.ended: set = set()                  # ranks of a cluster's finished workgroups
 
     def tick(self) -> int:
         self.time += 1
         return self.time
 
-    def sync_all(self):
-        self.vc[:, :] = self.time
-        ext = [w.ext for w in self.waves if w.ext is not None]
+    def sync_all(self, waves=None):
+        """A barrier of `waves` (default all): each has seen what any of them did or saw."""
+        waves = self.waves if waves is None else waves
+        g = [w.wave for w in waves]
+        seen = self.vc[g].max(axis=0)
+        seen[g] = self.time
+        self.vc[g] = seen
+        ext = [w.ext for w in waves if w.ext is not None]
         if ext:                                  # and what each wave learnt from flags
             merged = np.maximum.reduce(ext)
             for e in ext:
@@ -125,6 +133,7 @@ class _MBarrier:
 
     def __init__(self, count, num_waves):
         self.count, self.pending, self.phase = count, count, 0
+        self.tx = 0                          # bytes expected by arrivals, less those landed
         self.acc = np.full(num_waves, -1, np.int64)
         self.completed: dict = {}            # parity -> vector clock of its last completion
         self.ext = None                      # arrivals' knowledge of other workgroups
@@ -132,8 +141,18 @@ class _MBarrier:
 
 
 class _Wave:
-    def __init__(self, m: "_Machine", wg: _Workgroup, pid, wave: int):
+    """One wave of a workgroup; in a cluster (pk.cluster) the workgroups share one
+    _Workgroup: `wave` numbers the cluster's waves (vector clocks, LDS tracking), `local`
+    is the wave's index in its own workgroup (wave_id), `rank` its workgroup's place in the
+    cluster (its shared memory comes rank x span bytes into the cluster's), `gid` its
+    workgroup's index among all launches' workgroups."""
+
+    def __init__(self, m: "_Machine", wg: _Workgroup, pid, wave: int, rank: int = 0,
+                 gid: int | None = None):
         self.m, self.wg, self.pid, self.wave = m, wg, pid, wave
+        self.rank, self.local = rank, wave - rank * m.p.num_waves
+        self.cluster_syncs = 0          # cluster barriers passed
+        self.gid = wg.gid if gid is None else gid
         self.regs: dict = {}
         self.barriers = 0
         self.waiting_op = None
@@ -159,10 +178,14 @@ class _Machine:
         self.W = prog.wave_size
         self._coord_cache: dict = {}
         self.lds_written = _lds_written_ranges(prog)
+        # a cluster's workgroups keep their shared memory side by side in one array,
+        # 1024-byte aligned as each workgroup's own is
+        self.lds_span = -(-max(prog.lds_bytes, 1) // 1024) * 1024
+        self._ranked: dict = {}
 
     # -- global races --------------------------------------------------------------------
     def _unit(self, w: _Wave) -> int:
-        return w.wg.gid * self.ustride + w.wave
+        return w.gid * self.ustride + w.local
 
     def _unordered(self, w: _Wave, units, times):
         """Which of the accesses (by `units`, at their workgroup's clock `times`) wave w
@@ -172,9 +195,10 @@ class _Machine:
         nw = self.ustride
         known = units >= 0
         wg = units // nw
-        other_wg = known & (wg != w.wg.gid)
+        other_wg = known & (wg != w.gid)
         other_wave = known & ~other_wg & (units != self._unit(w))
-        seen = w.wg.vc[w.wave][np.where(other_wave, units % nw, 0)]
+        first = w.rank * self.p.num_waves            # this workgroup's waves in the clocks
+        seen = w.wg.vc[w.wave][np.where(other_wave, first + units % nw, 0)]
         mine = other_wave & (times > seen)
         if w.ext is None:
             return other_wg | mine
@@ -212,7 +236,7 @@ class _Machine:
             bad = self._unordered(w, u, times[offs])
             if np.any(bad):
                 self._global_race(w, op, buf, offs, bad, u, "reads", did)
-        me, wg = self._unit(w), w.wg.gid
+        me, wg = self._unit(w), w.gid
         prev = buf.r_unit[offs]
         buf.r_many[offs] |= (prev >= 0) & (prev // self.ustride != wg)
         buf.r_unit[offs] = me
@@ -242,7 +266,7 @@ class _Machine:
 
     # -- errors -------------------------------------------------------------------------
     def fail(self, cls, w: _Wave, op, msg):
-        where = f"workgroup {tuple(w.pid)}, wave {w.wave}"
+        where = f"workgroup {tuple(w.pid)}, wave {w.local}"
         return cls(f"{msg} ({where}, op {op.kind})", op.loc, self.p.name)
 
     # -- registers ----------------------------------------------------------------------
@@ -275,13 +299,13 @@ class _Machine:
         w.regs[v] = x
 
     def coords(self, w: _Wave, op):
-        key = (id(op), w.wave)
+        key = (id(op), w.local)
         c = self._coord_cache.get(key)
         if c is None:
             lay, dim = op.attrs["layout"], op.attrs["dim"]
             full = lay.coords()[dim]
             if op.attrs["scope"] == "workgroup":
-                full = full[w.wave * self.W:(w.wave + 1) * self.W]
+                full = full[w.local * self.W:(w.local + 1) * self.W]
             c = self._coord_cache[key] = full.astype(np.int32)
         return c
 
@@ -300,7 +324,7 @@ class _Machine:
                     yield from self.run_block(w, op.regions[0])
                 elif len(op.regions) > 1:
                     yield from self.run_block(w, op.regions[1])
-            elif k in ("barrier", "mbar_wait", "wgmma", "flag_wait"):
+            elif k in ("barrier", "mbar_wait", "wgmma", "flag_wait", "cluster_sync"):
                 if k == "flag_wait":
                     self._flag(w, op)                # an index out of range fails here
                 if k == "mbar_wait":
@@ -339,7 +363,7 @@ class _Machine:
             self.put(w, op.dst, np.arange(self.W, dtype=np.int32)[:, None])
             return
         val = {"program_id": lambda: w.pid[ax], "num_programs": lambda: self.grid[ax],
-               "wave_id": lambda: w.wave}[n]()
+               "wave_id": lambda: w.local, "cluster_rank": lambda: w.rank}[n]()
         self.put(w, op.dst, np.int32(val))
 
     def x_arg(self, w, op):
@@ -379,10 +403,10 @@ class _Machine:
         learnt of through flags, its own workgroup's waves up to its vector clock, and
         itself up to now (what a release publishes)."""
         k = w.ext.copy()
-        base = w.wg.gid * self.ustride
-        mine = k[base:base + self.p.num_waves]
-        np.maximum(mine, w.wg.vc[w.wave], out=mine)
-        k[base + w.wave] = w.wg.tick()
+        base, nw = w.gid * self.ustride, self.p.num_waves
+        mine = k[base:base + nw]
+        np.maximum(mine, w.wg.vc[w.wave][w.rank * nw:(w.rank + 1) * nw], out=mine)
+        k[base + w.local] = w.wg.tick()
         return k
 
     def x_signal(self, w, op):
@@ -436,9 +460,9 @@ class _Machine:
             k = np.maximum.reduce([h[2] for h in history[start + 1:first + 1]] +
                                   ([base[2]] if base is not None else []))
         np.maximum(w.ext, k, out=w.ext)
-        mine = w.wg.gid * self.ustride
-        vc = w.wg.vc[w.wave]
-        np.maximum(vc, k[mine:mine + self.p.num_waves], out=vc)
+        mine, nw = w.gid * self.ustride, self.p.num_waves
+        vc = w.wg.vc[w.wave][w.rank * nw:(w.rank + 1) * nw]
+        np.maximum(vc, k[mine:mine + nw], out=vc)
 
     def x_coord(self, w, op):
         w.regs[op.dst] = self.coords(w, op)
@@ -546,7 +570,7 @@ class _Machine:
         kk, nn = np.arange(k)[:, None], np.arange(n)[None, :]
         out = [(region, *((nn, kk) if op.attrs["b_kmajor"] else (kk, nn)))]
         if a_region is not None:                     # rows of this wave within its warpgroup
-            rows = (w.wave % 4) * 16 + np.arange(16)[:, None]
+            rows = (w.local % 4) * 16 + np.arange(16)[:, None]
             out.append((a_region, *((rows, kk.T) if op.attrs["a_kmajor"] else (kk, rows.T))))
         return out
 
@@ -602,25 +626,36 @@ class _Machine:
         return self.fail(OutOfBounds, w, op, f"stage index {i} is outside {region.name}, "
                          f"which has {region.count} stages")
 
-    def at(self, w, region):
-        """A region with its runtime stage resolved to a static one (stage i of n)."""
-        if region is None or region.stage is None:
+    def at(self, w, region, rank=None):
+        """A region with its runtime stage resolved to a static one (stage i of n), in the
+        shared memory of the wave's workgroup or, in a cluster, of the one of `rank`."""
+        if region is None:
             return region
-        i = int(self.get(w, region.stage))
-        if not 0 <= i < region.count:
-            raise _StageOutOfRange(i, region)
-        return region.element(i)
+        if region.stage is not None:
+            i = int(self.get(w, region.stage))
+            if not 0 <= i < region.count:
+                raise _StageOutOfRange(i, region)
+            region = region.element(i)
+        r = w.rank if rank is None else rank
+        if not r:
+            return region
+        key = (region, r)
+        out = self._ranked.get(key)
+        if out is None:                  # the same tile in workgroup r's part of the LDS
+            out = self._ranked[key] = dataclasses.replace(
+                region, name=f"{region.name}@{r}", base=region.base + r * self.lds_span)
+        return out
 
     # -- windows --------------------------------------------------------------------------
     def _lane_coords(self, w, op):
         """(rows, cols) int64[W, nslots] of this wave's lanes under the op's layout."""
-        key = (id(op), w.wave)
+        key = (id(op), w.local)
         c = self._coord_cache.get(key)
         if c is None:
             rows, cols = op.attrs["layout"].coords()
             if op.attrs["scope"] == "workgroup":
-                rows = rows[w.wave * self.W:(w.wave + 1) * self.W]
-                cols = cols[w.wave * self.W:(w.wave + 1) * self.W]
+                rows = rows[w.local * self.W:(w.local + 1) * self.W]
+                cols = cols[w.local * self.W:(w.local + 1) * self.W]
             c = self._coord_cache[key] = (rows.astype(np.int64), cols.astype(np.int64))
         return c
 
@@ -718,7 +753,8 @@ class _Machine:
         if not np.all(wg.written[idx]):
             b = int(idx[~wg.written[idx]][0])
             name = op.attrs['region'].name
-            if self.p.num_waves > 1 and any(lo <= b < hi for lo, hi in self.lds_written):
+            b_own = b % self.lds_span if self.p.cluster > 1 else b
+            if self.p.num_waves > 1 and any(lo <= b_own < hi for lo, hi in self.lds_written):
                 raise self.fail(MissingBarrier, w, op, f"missing barrier: reads shared memory "
                                 f"(byte {b} of {name}) that no wave has written yet, though "
                                 "the kernel writes it elsewhere; waves run in no fixed order "
@@ -765,8 +801,23 @@ class _Machine:
 
     def x_tma_load(self, w, op):
         """The whole box lands at once (0 outside the tensor), written by this wave; then the
-        wave's arrival with the bytes completes its part of the barrier's phase."""
-        buf, region = self.bufs[op.attrs["gl"].name], self.at(w, op.attrs["region"])
+        wave's arrival with the bytes completes its part of the barrier's phase. multicast:
+        it lands in every workgroup of the cluster, completing its bytes on each one's
+        barrier, and the wave's own barrier expects the cluster's parts (one each)."""
+        if op.attrs.get("multicast"):
+            n = self.p.cluster
+            for r in range(n):
+                self._reach(w, op, r)
+                nbytes = self._tma_box_in(w, op, self.at(w, op.attrs["region"], r))
+                self._land(w, op, self._mbar(w, _BarOp(op), r), nbytes)
+            self._arrive(w, op, self._mbar(w, _BarOp(op)), expect=n * nbytes)
+            return
+        self._tma_box_in(w, op, self.at(w, op.attrs["region"]))
+        self.x_mbar_arrive(w, _BarOp(op))
+
+    def _tma_box_in(self, w, op, region) -> int:
+        """A TMA load's box written into `region` (a workgroup's tile); its bytes."""
+        buf = self.bufs[op.attrs["gl"].name]
         t = region.tile
         *lead, r0, c0, at = (int(self.get(w, s)) for s in op.srcs)
         box_rows = op.attrs["tmap"].box[0]
@@ -781,7 +832,7 @@ class _Machine:
         vals = _masked_read(buf, off, mask)
         idx = _element_bytes(region, rows + at, cols)
         self._store_bytes(w, op, idx, np.ascontiguousarray(vals).view(np.uint8).reshape(-1))
-        self.x_mbar_arrive(w, _BarOp(op))
+        return idx.size
 
     def x_tma_store(self, w, op):
         """The tile is read (ordered after every wave's writes to it, as a barrier would
@@ -873,11 +924,19 @@ class _Machine:
         A generator: it yields when its waves can only wait for flags (another workgroup,
         of this launch or another, may raise them; the world decides whether anything
         can), and returns when every wave is done. No runnable wave, nothing to open and
-        no flag to wait for is a deadlock, reported with what each wave waits for."""
+        no flag to wait for is a deadlock, reported with what each wave waits for.
+
+        A kernel in clusters (pk.cluster) runs a whole cluster here, `pid` its first
+        workgroup: their waves take turns as one workgroup's would, each workgroup's
+        barriers among its own waves, a cluster_sync among all."""
         gx, gy = self.grid[0], self.grid[1]
+        n, nw = self.p.cluster, self.p.num_waves
         index = pid[0] + gx * (pid[1] + gy * pid[2])
-        wg = _Workgroup(self.p.lds_bytes, self.p.num_waves, self.gid_base + index)
-        waves = [_Wave(self, wg, pid, i) for i in range(self.p.num_waves)]
+        wg = _Workgroup(self.lds_span * n if n > 1 else self.p.lds_bytes, nw * n,
+                        self.gid_base + index)
+        waves = [_Wave(self, wg, (pid[0] + r, *pid[1:]), r * nw + i, r, wg.gid + r)
+                 for r in range(n) for i in range(nw)]
+        ctas = [waves[r * nw:(r + 1) * nw] for r in range(n)]
         wg.waves = waves
         gens = {w: self.run_block(w, self.p.body) for w in waves}
         state = {w: None for w in waves}        # None: runnable; op: blocked; "done"
@@ -888,7 +947,8 @@ class _Machine:
             progressed = False
             for w in turns:
                 st = state[w]
-                if st == "done" or (st is not None and st.kind in ("barrier", "wgmma")):
+                if st == "done" or (st is not None and
+                                    st.kind in ("barrier", "wgmma", "cluster_sync")):
                     continue
                 if st is not None and not self._wait_done(w, st):
                     continue
@@ -904,6 +964,8 @@ class _Machine:
                         state[w] = next(gens[w])
                 except StopIteration:
                     state[w] = "done"
+                    if all(state[x] == "done" for x in ctas[w.rank]):
+                        wg.ended.add(w.rank)
                     if w.wgmma_groups:
                         raise self.fail(EmulatorError, w, w.wgmma_groups[0][0],
                                         "the wave ends with wgmma groups still running; "
@@ -928,14 +990,26 @@ class _Machine:
             if progressed:
                 moved = True
                 continue
-            at_bar = [w for w in live if state[w].kind == "barrier"]
-            if at_bar and len(at_bar) == len(live):
-                if len(live) < len(waves):            # a finished wave never arrives
+            opened = False
+            for cta in ctas:                          # each workgroup's barrier on its own
+                mine = [w for w in cta if state[w] != "done"]
+                if mine and all(state[w].kind == "barrier" for w in mine):
+                    if len(mine) < len(cta):          # a finished wave never arrives
+                        self._deadlock(waves, state)
+                    wg.sync_all(mine)
+                    for w in mine:
+                        w.barriers += 1
+                        state[w] = None
+                    opened = True
+            if not opened and all(state[w].kind == "cluster_sync" for w in live):
+                if len(live) < len(waves):
                     self._deadlock(waves, state)
                 wg.sync_all()
-                for w in at_bar:
-                    w.barriers += 1
+                for w in live:
                     state[w] = None
+                    w.cluster_syncs += 1
+                opened = True
+            if opened:
                 moved = True
                 continue
             if any(state[w].kind == "flag_wait" for w in live):
@@ -986,6 +1060,13 @@ class _Machine:
                             f"{op.attrs['region'].name} (phase parity {parity}) that no wave "
                             f"will complete; waves {[x.wave for x in at_bar]} are at a "
                             f"barrier, waves {done} finished")
+        if not at_bar:
+            at_cluster = blocked_at("cluster_sync")
+            a = at_cluster[0]
+            raise self.fail(BarrierMismatch, a, state[a],
+                            f"deadlock: waves {[x.wave for x in at_cluster]} of the cluster "
+                            f"wait at pk.cluster_sync() that waves {done} never reach (every "
+                            "wave of every workgroup of the cluster must)")
         a = at_bar[0]
         raise self.fail(BarrierMismatch, a, state[a],
                         f"barrier mismatch (deadlock): waves {[x.wave for x in at_bar]} wait "
@@ -993,30 +1074,76 @@ class _Machine:
 
     # -- mbarriers ---------------------------------------------------------------------------
     def x_mbar_init(self, w, op):
-        r = op.attrs["region"]
-        w.wg.mbarriers[r.name] = _MBarrier(op.attrs["count"], self.p.num_waves)
-
-    def _mbar(self, w, op):
         r = self.at(w, op.attrs["region"])
+        w.wg.mbarriers[r.name] = _MBarrier(op.attrs["count"], len(w.wg.vc))
+
+    def _mbar(self, w, op, rank=None):
+        r = self.at(w, op.attrs["region"], rank)
         if r.name not in w.wg.mbarriers:
             raise self.fail(EmulatorError, w, op, f"mbarrier {r.name} used before its "
-                            "initialisation")
+                            "initialisation" + (" (in a cluster, pk.cluster_sync() after "
+                                                "every workgroup's barriers are set up)"
+                                                if r.name.rfind("@") > 0 else ""))
         return w.wg.mbarriers[r.name]
 
     def x_mbar_arrive(self, w, op):
-        bar, wg = self._mbar(w, op), w.wg
+        rank = int(self.get(w, op.srcs[0])) if op.attrs.get("remote") else None
+        if rank is not None and not 0 <= rank < self.p.cluster:
+            raise self.fail(OutOfBounds, w, op, f"pk.arrive(cta={rank}) in a cluster of "
+                            f"{self.p.cluster} workgroups")
+        if rank is not None:
+            self._reach(w, op, rank)
+        self._arrive(w, op, self._mbar(w, op, rank))
+
+    def _reach(self, w, op, rank):
+        """Wave w reaches into the shared memory of the cluster's workgroup `rank`: only
+        after a cluster_sync (before it, that workgroup may not have started or set up its
+        barriers) and while that workgroup runs (its shared memory goes to the next one)."""
+        if rank == w.rank:
+            return
+        if not w.cluster_syncs:
+            raise self.fail(Race, w, op, f"reaches workgroup {rank} of the cluster before any "
+                            "pk.cluster_sync(): it may not have started or set up its "
+                            "barriers yet; call pk.cluster_sync() after the barriers are made "
+                            "and before the first multicast copy or remote arrive")
+        if rank in w.wg.ended:
+            raise self.fail(Race, w, op, f"reaches workgroup {rank} of the cluster after it "
+                            "ended (its shared memory may belong to the next workgroup); end "
+                            "every workgroup of the cluster with pk.cluster_sync()")
+
+    def _publish(self, w, bar):
+        """What wave w did and saw goes to whoever waits for the barrier's phase."""
+        wg = w.wg
         mine = wg.vc[w.wave].copy()
         mine[w.wave] = wg.tick()
         np.maximum(bar.acc, mine, out=bar.acc)
         if w.ext is not None:
             bar.ext = w.ext.copy() if bar.ext is None else np.maximum(bar.ext, w.ext)
+
+    def _arrive(self, w, op, bar, expect: int = 0):
+        """One arrival (expecting `expect` more bytes to land in this phase)."""
+        self._publish(w, bar)
         bar.pending -= 1
-        if bar.pending == 0:                     # phase complete: publish, next phase
-            bar.completed[bar.phase % 2] = bar.acc.copy()
-            bar.completed_ext[bar.phase % 2], bar.ext = bar.ext, None
-            bar.acc[:] = -1
-            bar.phase += 1
-            bar.pending = bar.count
+        bar.tx += expect
+        self._complete(bar)
+
+    def _land(self, w, op, bar, nbytes: int):
+        """`nbytes` of a multicast copy that wave w issued landed for the barrier."""
+        self._publish(w, bar)
+        bar.tx -= nbytes
+        self._complete(bar)
+
+    @staticmethod
+    def _complete(bar):
+        """The phase completes once every arrival came and every byte they expect landed:
+        publish, next phase."""
+        if bar.pending or bar.tx:
+            return
+        bar.completed[bar.phase % 2] = bar.acc.copy()
+        bar.completed_ext[bar.phase % 2], bar.ext = bar.ext, None
+        bar.acc[:] = -1
+        bar.phase += 1
+        bar.pending = bar.count
 
     def x_setmaxnreg(self, w, op):
         """Register budgets change occupancy, not results."""
@@ -1127,11 +1254,11 @@ def _view_key(a):
     return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
 
 
-def _pids(grid):
-    """Workgroup ids in launch order (x fastest)."""
+def _pids(grid, cluster: int = 1):
+    """Workgroup ids in launch order (x fastest); of clusters, each one's first."""
     for z in range(grid[2]):
         for y in range(grid[1]):
-            for x in range(grid[0]):
+            for x in range(0, grid[0], cluster):
                 yield x, y, z
 
 
@@ -1193,7 +1320,7 @@ class World:
         return f"unit {unit}"
 
     def run(self) -> list[dict]:
-        pending = [_pids(m.grid) for m in self.machines]
+        pending = [_pids(m.grid, m.p.cluster) for m in self.machines]
         live: list = []                     # [machine index, generator, last report]
         counts = [0] * len(self.machines)
         while True:

@@ -79,6 +79,7 @@ class KernelIR:
     loc: Loc | None = None
     target: str | None = None     # the target a pk.target constant named when traced
     programs_per_cu: int = 0      # workgroups built to fit one CU / SM (0: the compiler's)
+    cluster: int = 1              # workgroups per cluster (pk.cluster; Hopper)
 
 
 def walk(block: Block):

@@ -37,6 +37,9 @@ def _hopper_only(k: KernelIR, target) -> None:
     if target.family == "hopper":
         return
     tn = target.name
+    if k.cluster > 1:
+        raise NotSupportedYet(f"workgroup clusters (pk.cluster) are a Hopper feature; {tn} "
+                              "launches workgroups on their own", k.loc, k.name)
     for op in walk(k.body):
         t = op.dst.type if op.dst is not None else None
         if op.kind == "alloc" and isinstance(getattr(t, "of", t), MBarrierType):
@@ -44,6 +47,8 @@ def _hopper_only(k: KernelIR, target) -> None:
         elif op.kind == "tma_load":
             what = (f"TMA is a Hopper feature; on {tn} use pk.load (direct=True copies memory "
                     "straight into LDS on CDNA)")
+        elif op.kind == "special" and op.attrs["name"] == "cluster_rank":
+            what = "workgroup clusters (pk.cluster_rank) are a Hopper feature"
         elif op.kind in ("tma_store", "tma_store_wait"):
             what = f"TMA is a Hopper feature; on {tn} use pk.store"
         elif op.kind == "mma" and len(op.srcs) > 1 and isinstance(op.srcs[1].type,

@@ -495,7 +495,10 @@ def gemm_ws_grid(consts: dict, target) -> tuple[int]:
     over its TM x TN blocks; else one workgroup per block."""
     from ..targets import get
     blocks = consts["TM"] * consts["TN"]
-    return (min(blocks, get(target).num_cus) if consts.get("PERSISTENT", 0) else blocks,)
+    if not consts.get("PERSISTENT", 0):
+        return (blocks,)
+    n = consts.get("CLUSTER", 1)             # whole clusters
+    return (min(blocks, get(target).num_cus // n * n),)
 
 
 def _gemm_wgmma_launch(i, target):

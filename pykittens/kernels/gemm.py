@@ -82,7 +82,7 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, PERSISTENT: pk.const = 0,
             PROMOTE: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
             TN: pk.const = 0, LAYOUT: pk.const = "nt", PINGPONG: pk.const = 0,
-            TARGET: pk.target = None):
+            CLUSTER: pk.const = 1, TARGET: pk.target = None):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, 128 x BN output blocks.
 
@@ -120,7 +120,14 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
     PINGPONG=1 (BN = 128, C from registers, not PROMOTE): the consumer warpgroups take
     turns over whole 128 x 128 blocks, so one stores its block while the other multiplies
-    (ws_pipeline's pingpong_consumer)."""
+    (ws_pipeline's pingpong_consumer).
+
+    CLUSTER=2 (LAYOUT "nt", TM even): workgroups run in clusters of two taking the two
+    128-row blocks of one 256 x BN pair (the pairs in MAP's order over a TM / 2 x TN grid);
+    they read the same block of B, so each has the TMA unit copy half of it into both
+    (multicast), halving what B's blocks cost the L2. On the H200 that ran 1% slower than
+    the same launch without clusters (docs/PERF.md, run FB): the launch rule does not take
+    it."""
     if PINGPONG and (BN != 128 or TMA_STORE):
         raise pk.KernelError(f"gemm_ws PINGPONG=1 holds two 128-wide accumulators a "
                              f"warpgroup and stores C from registers: BN=128, TMA_STORE=0 "
@@ -131,10 +138,20 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             "ring stages hangs the H200 once a block has 16 or more K steps (three stages, "
             "persistent launches and 256-wide blocks do not; the emulator finds no race in "
             "it: bench/litmus/gemm_hang.py). Use PERSISTENT=1, STAGES=3 or TMA_STORE=0")
-    ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
-                ws_store(c, OUT, BN, TMA_STORE),
+    if CLUSTER not in (1, 2) or CLUSTER == 2 and (LAYOUT != "nt" or TM % 2):
+        raise pk.KernelError(f"gemm_ws CLUSTER is 1, or 2 with LAYOUT 'nt' and an even "
+                             f"number of block rows TM (got CLUSTER={CLUSTER!r}, "
+                             f"LAYOUT={LAYOUT!r}, TM={TM})")
+    if CLUSTER == 2:                    # this workgroup's half of pair i
+        def tile_of(i):
+            m0, n0 = output_tile(MAP, TM // 2, TN, 256, BN, TARGET, i)
+            return m0 + 128 * pk.cluster_rank(), n0
+    else:
+        def tile_of(i):
+            return output_tile(MAP, TM, TN, 128, BN, TARGET, i)
+    ws_pipeline(a, b, TM * TN // CLUSTER, tile_of, ws_store(c, OUT, BN, TMA_STORE),
                 DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE,
-                LAYOUT=LAYOUT, PINGPONG=PINGPONG)
+                LAYOUT=LAYOUT, PINGPONG=PINGPONG, CLUSTER=CLUSTER)
 
 
 # TMA_STORE=2's pieces: each wave's 16 rows x 64 columns (one 128-byte swizzled row of
@@ -203,7 +220,7 @@ LAYOUTS = {"nt": pk.mma_ABt, "nn": pk.mma_AB, "tn": pk.mma_AtB}
 
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
-                LAYOUT="nt", PINGPONG=0, before_loads=None, side_work=None,
+                LAYOUT="nt", PINGPONG=0, CLUSTER=1, before_loads=None, side_work=None,
                 after_tiles=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
@@ -218,7 +235,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     alongside, e.g. moving data between GPUs. LAYOUT: how A and B are stored (gemm_ws).
 
     PINGPONG=1: the consumer warpgroups take turns over whole blocks instead of sharing
-    each one (see `pingpong_consumer`)."""
+    each one (see `pingpong_consumer`).
+
+    CLUSTER=n: workgroups in clusters of n walk `tiles` items together, item i being
+    block tile_of(i) of each (e.g. n blocks one below the other); the blocks share B's
+    block (B stored N x K), which each workgroup loads 1/n of into all of them."""
     if LAYOUT not in LAYOUTS:
         raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
     if PINGPONG and (PROMOTE or after_tiles is not None):
@@ -232,18 +253,26 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     if halves == 2 and (PROMOTE != 1 or not b_kmajor):
         raise pk.KernelError("gemm_ws promotes 256-wide blocks every K step (PROMOTE=1) "
                              "with B stored N x K; use BN=128 otherwise")
+    if CLUSTER > 1 and (halves == 2 or PINGPONG or not b_kmajor or BN % (8 * CLUSTER)):
+        raise pk.KernelError("gemm_ws in clusters shares whole blocks of B stored N x K, "
+                             "split in parts of whole 8-row swizzle atoms: not with "
+                             "PINGPONG, nor 256-wide promoted blocks")
+    if CLUSTER > 1:
+        pk.cluster(CLUSTER)
     bw = BN // halves
     b_t = pk.st((bw, bk) if b_kmajor else (bk, bw), DT, swizzle=8)
     ring = pk.Ring(STAGES, fill=2 + halves, drain=4 if PINGPONG else 8, a=[a_t, a_t],
-                   b=[b_t] * halves)
+                   b=[b_t] * halves, cluster=CLUSTER)
     steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
 
     def at(kmajor, row, k):           # a block's origin in its operand as stored
         return (row, k) if kmajor else (k, row)
-    walk = pk.tile_walk(tiles, persistent=PERSISTENT)
+    walk = pk.tile_walk(tiles, persistent=PERSISTENT, cluster=CLUSTER)
     # ping-pong: consumer g's turn[g] completes when the other has issued its block's
     # mainloop, so that no consumer waits for a ring step two phases ahead of the stage
     turns = [pk.mbarrier(4) for _ in range(2)] if PINGPONG else None
+    if CLUSTER > 1:                   # every workgroup's barriers are set up
+        pk.cluster_sync()
     with pk.role(0, 4, regs=40 if side_work is None else PRODUCER_REGS):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
@@ -254,7 +283,12 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     s = ring.acquire(t * steps + i)
                     for g in pk.static_range(2):
                         pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
-                    for h in pk.static_range(halves):
+                    if CLUSTER > 1:            # this workgroup's part, into all of them
+                        part = bw // CLUSTER
+                        r = pk.cluster_rank()
+                        pk.tma_load(s.b[0], b, (n0 + part * r, i * bk), s.full, rows=part,
+                                    at=part * r, multicast=True)
+                    for h in pk.static_range(halves if CLUSTER == 1 else 0):
                         pk.tma_load(s.b[h], b, at(b_kmajor, n0 + bw * h, i * bk), s.full)
         if side_work is not None:
             with pk.if_(pk.wave_id() > 0):
@@ -312,6 +346,8 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
             if after_tiles is not None and PERSISTENT:
                 with pk.if_(walk.mine > 0):
                     after_tiles(g, walk.tile(walk.mine - 1))
+    if CLUSTER > 1:            # no workgroup ends while the others may still reach it
+        pk.cluster_sync()
 
 
 def promote(acc, part) -> None:

@@ -251,7 +251,7 @@ class Kernel:
             trace.pop()
         return KernelIR(self.name, params, values, dict(consts), nw, tr.root, self.loc,
                         consts.get(self.target_const) if self.target_const else None,
-                        tr.programs_per_cu)
+                        tr.programs_per_cu, tr.cluster)
 
     def resolve(self, p: Param, consts: dict) -> Param:
         """The parameter with a dtype, dims or world size named by consts replaced by

@@ -1108,6 +1108,34 @@ def programs_per_cu(n: int) -> None:
     tr.programs_per_cu = n
 
 
+CLUSTER_SIZES = (1, 2, 4)      # workgroups per cluster pykittens launches (Hopper allows 8)
+
+
+def cluster(n: int) -> None:
+    """Launch the workgroups in clusters of n (Hopper thread-block clusters): program_ids
+    n * c .. n * c + n - 1 along axis 0 form cluster c, run at the same time on one GPC,
+    and reach each other's shared memory: a TMA copy can land in all of them at once
+    (pk.tma_load(multicast=True)) and a wave can arrive on another's mbarrier
+    (pk.arrive(bar, cta=r)); pk.cluster_rank() tells them apart and pk.cluster_sync() is
+    their barrier. The grid's first dimension must be a multiple of n. Call it once, at the
+    top level."""
+    tr = current()
+    if n not in CLUSTER_SIZES or isinstance(n, bool):
+        raise error(f"pk.cluster takes one of {CLUSTER_SIZES} workgroups, not {n!r}")
+    if len(tr.blocks) > 1:
+        raise error("pk.cluster applies to the whole kernel: call it at the top level, "
+                    "outside loops and branches")
+    tr.cluster = n
+
+
+def cluster_rank() -> Scalar:
+    """This workgroup's rank in its cluster (pk.cluster): program_id(0) % n."""
+    if current().cluster < 2:
+        raise error("pk.cluster_rank() is for kernels launched in clusters: call "
+                    "pk.cluster(n) at the kernel's top first")
+    return _special("cluster_rank")
+
+
 def setprio(level: int) -> None:
     """Wave priority for instruction issue (CDNA `s_setprio`, 0..3)."""
     if not isinstance(level, int) or not 0 <= level <= 3:

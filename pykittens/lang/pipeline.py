@@ -13,6 +13,11 @@ Step j uses stage j % stages. Its `full` barrier completes once `fill` arrivals 
 copies arrive by themselves; waves that store with ordinary stores pk.arrive(s.full)); its
 `empty` barrier once `drain` consumer waves released it, after which step j + stages may
 refill it. The parities follow from j: a stage's full phase for step j is j // stages.
+
+In a kernel launched in clusters (pk.cluster(n)), `cluster=n` makes a ring whose stages
+the cluster's workgroups fill together (pk.tma_load(..., multicast=True) lands a part in
+all of them): a consumer's release goes to the stage's empty barrier in every workgroup
+of the cluster, so no workgroup refills a stage that another is still reading.
 """
 from __future__ import annotations
 
@@ -21,16 +26,22 @@ from types import SimpleNamespace
 from ..ir import types as T
 from . import ops
 from .sync import arrive, mbarrier, tma_store, wait
-from .trace import error
+from .trace import current, error
 
 
 class Ring:
-    def __init__(self, stages: int, *, fill: int, drain: int, **tiles):
+    def __init__(self, stages: int, *, fill: int, drain: int, cluster: int = 1, **tiles):
         """`stages` stages, each holding one shared tile per keyword (a pk.st type, or a
         list of them: the stage then holds a list), `fill` arrivals completing a stage's
-        full barrier and `drain` arrivals (consumer waves) its empty barrier."""
+        full barrier (this workgroup's own: a multicast copy is one) and `drain` arrivals
+        (consumer waves of one workgroup) its empty barrier; `cluster`: the workgroups of
+        the kernel's cluster filling it together (1: this one alone)."""
         if not isinstance(stages, int) or stages < 1:
             raise error("a ring needs a positive int number of stages")
+        if cluster not in (1, current().cluster):
+            raise error(f"Ring(cluster={cluster!r}) is shared by the kernel's clusters: "
+                        f"pk.cluster({cluster}) at the kernel's top first, or cluster=1")
+        self.cluster = cluster
         if not tiles:
             raise error("a ring holds at least one shared tile per stage: pk.Ring(n, "
                         "fill=..., drain=..., name=pk.st(...))")
@@ -45,7 +56,7 @@ class Ring:
             self._tiles[name] = [ops.empty(x, count=stages) for x in t] if many else \
                 ops.empty(t, count=stages)
         self.full = mbarrier(fill, count=stages)
-        self.empty = mbarrier(drain, count=stages)
+        self.empty = mbarrier(drain * cluster, count=stages)
 
     def stage(self, step) -> SimpleNamespace:
         """The tiles and barriers of the stage that `step` uses (stage step % stages)."""
@@ -74,8 +85,14 @@ class Ring:
 
     def release(self, step) -> None:
         """Consumer: this wave is done with the stage of `step` (its reads have retired:
-        an mma left in flight on it must be waited for first)."""
-        arrive(self.empty[step % self.stages])
+        an mma left in flight on it must be waited for first); in a cluster ring, done
+        with every workgroup's copy of it."""
+        bar = self.empty[step % self.stages]
+        if self.cluster == 1:
+            arrive(bar)
+            return
+        for r in range(self.cluster):
+            arrive(bar, cta=r)
 
 
 class StagedStore:

@@ -127,14 +127,23 @@ class TileWalk:
         walk = pk.tile_walk(TM * TN, persistent=True)
         for t in walk:                    # this workgroup's t-th tile (a pk.range loop)
             tile = walk.tile(t)           # its index in 0..count-1
-    """
 
-    def __init__(self, count, persistent: bool):
+    In a kernel launched in clusters (pk.cluster(n)), cluster=n walks `count` items of a
+    whole cluster instead (each its workgroups' tiles together): every workgroup of a
+    cluster gets the same items, cluster c the c-th (persistent: c, c + grid / n, ...)."""
+
+    def __init__(self, count, persistent: bool, cluster: int = 1):
         self.persistent = bool(persistent)
         if self.persistent and isinstance(count, int) and count < 1:
             raise error(f"a persistent walk needs the number of tiles, not {count}")
+        if cluster not in (1, current().cluster):
+            raise error(f"tile_walk(cluster={cluster!r}) walks the kernel's clusters: "
+                        f"pk.cluster({cluster}) at the kernel's top first, or cluster=1")
+        self.cluster = cluster
         if self.persistent:
             self.grid, self.first = ops.num_programs(0), ops.program_id(0)
+            if cluster > 1:
+                self.grid, self.first = self.grid // cluster, self.first // cluster
             self.mine = (count - self.first + self.grid - 1) // self.grid
 
     def __iter__(self):
@@ -142,7 +151,9 @@ class TileWalk:
         return iter(ops.range(self.mine)) if self.persistent else iter((0,))
 
     def tile(self, t):
-        return self.first + t * self.grid if self.persistent else ops.program_id(0)
+        if self.persistent:
+            return self.first + t * self.grid
+        return ops.program_id(0) // self.cluster if self.cluster > 1 else ops.program_id(0)
 
     def share(self, i: int, n: int):
         """Every n-th of this workgroup's tiles, from its i-th (a pk.range loop over t =
@@ -152,6 +163,6 @@ class TileWalk:
         return iter(ops.range(i, self.mine if self.persistent else 1, n))
 
 
-def tile_walk(count, persistent: bool = True) -> TileWalk:
+def tile_walk(count, persistent: bool = True, cluster: int = 1) -> TileWalk:
     """See TileWalk."""
-    return TileWalk(count, persistent)
+    return TileWalk(count, persistent, cluster)

@@ -48,10 +48,34 @@ def _need_bar(bar, what):
         raise error(f"{what} takes a pk.mbarrier, got {type(bar).__name__}")
 
 
-def arrive(bar: MBarrier) -> None:
-    """This wave arrives on `bar` (once per call), releasing its earlier writes."""
+def arrive(bar: MBarrier, cta=None) -> None:
+    """This wave arrives on `bar` (once per call), releasing its earlier writes.
+    cta=r (a kernel in clusters, pk.cluster): on workgroup r's `bar` instead (the same
+    barrier in the cluster's workgroup of rank r, this one's own included), releasing this
+    wave's writes and reads to the waves that wait on it there."""
     _need_bar(bar, "pk.arrive")
-    current().emit("arrive", None, (bar.v,))
+    if cta is None:
+        current().emit("arrive", None, (bar.v,))
+        return
+    _need_cluster("pk.arrive(cta=...)")
+    current().emit("arrive", None, (bar.v, as_index(cta, "pk.arrive cta=").v), remote=True)
+
+
+def _need_cluster(what):
+    if current().cluster < 2:
+        raise error(f"{what} reaches another workgroup of the cluster: launch the kernel in "
+                    "clusters first (pk.cluster(n) at its top)")
+
+
+def cluster_sync() -> None:
+    """Cluster barrier (pk.cluster): every wave of every workgroup of the cluster must reach
+    it; what each wrote before, shared memory and mbarrier initialisations included, is
+    then visible to all. Call it once every workgroup has set up the barriers the others
+    will arrive on or copy into (before the first pk.tma_load(multicast=True) or
+    pk.arrive(cta=...)), and before a workgroup ends while the others may still reach its
+    shared memory."""
+    _need_cluster("pk.cluster_sync()")
+    current().emit("cluster_sync")
 
 
 def wait(bar: MBarrier, parity) -> None:
@@ -63,14 +87,25 @@ def wait(bar: MBarrier, parity) -> None:
     current().emit("wait", None, (bar.v, as_index(parity, "a wait parity").v))
 
 
-def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> None:
+def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0,
+             multicast: bool = False) -> None:
     """Hopper bulk tensor copy (TMA): the shared tile `dst` <- the box of tensor `src` at
     element `coord`, asynchronously; elements outside the tensor read as 0. The box is the
     whole tile, or `rows` full-width rows landing at row `at` of it (a runtime value is
     fine), so one tile can collect many boxes. The calling wave issues it and arrives on
     `bar` expecting its bytes: the phase completes once the data has landed (and the
-    barrier's other arrivals came), so consumers pk.wait(bar, ...) before reading `dst`."""
+    barrier's other arrivals came), so consumers pk.wait(bar, ...) before reading `dst`.
+
+    multicast=True (a kernel in clusters of n, pk.cluster): the box lands in `dst` of every
+    workgroup of the cluster, each copy completing bytes on that workgroup's `bar`. Every
+    workgroup issues one such copy of the same size (its own part of a block they all read,
+    e.g. `at=` rank x rows), so the calling wave's arrival on its own `bar` expects n boxes:
+    its part and the n - 1 the others send it. A workgroup may refill `dst` only once every
+    workgroup of the cluster has done reading it (e.g. an empty barrier that the readers
+    of all of them arrive on, pk.arrive(bar, cta=r))."""
     from .values import GL, ST
+    if multicast:
+        _need_cluster("pk.tma_load(multicast=True)")
     _need_bar(bar, "pk.tma_load")
     if not isinstance(dst, ST) or not isinstance(src, GL):
         raise error("pk.tma_load copies a global tensor (a kernel parameter) into a shared "
@@ -83,7 +118,7 @@ def tma_load(dst, src, coord, bar: MBarrier, rows: int | None = None, at=0) -> N
         raise error("a 128B-swizzled TMA box covers whole 8-row swizzle atoms: rows % 8 == 0")
     c = ops._coords(coord, src.rank, "tma_load")
     current().emit("tma_load", dst.v, (src.v,) + c + (bar.v, as_index(at, "tma_load at=").v),
-                   rows=box_rows)
+                   rows=box_rows, multicast=bool(multicast))
 
 
 def tma_store(dst, src, coord, add: bool = False, wait: bool = True) -> None:

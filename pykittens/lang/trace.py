@@ -32,6 +32,7 @@ class Tracer:
         self.kernel_name = kernel_name
         self.num_waves = num_waves
         self.programs_per_cu = 0          # pk.programs_per_cu: 0 = the compiler's choice
+        self.cluster = 1                  # pk.cluster: workgroups per cluster
         self.blocks: list[Block] = [Block()]
         self.root = self.blocks[0]
 

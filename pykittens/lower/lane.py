@@ -38,11 +38,16 @@ Op kinds (attrs in brackets):
   for(start, stop)[step]{body}  if(c){then}{else}  barrier  setprio[level]
   sched_barrier[mask]  sched_group[mask, size, sync_id]  waitcnt[vmcnt, lgkmcnt]
   mbar_init[region, count]  mbar_arrive[region]  mbar_wait(parity)[region]   Hopper
-                                     mbarriers (one arrival per wave)
+                                     mbarriers (one arrival per wave); mbar_arrive(cta)
+                                     [region, remote]: on cluster workgroup cta's barrier
+  cluster_sync                       every wave of every workgroup of the cluster meets
+                                     (Hopper clusters: special cluster_rank)
   setmaxnreg[regs]                   the warpgroup's register budget (Hopper)
-  tma_load(r0, c0, at)[gl, tmap, region, bar]   Hopper bulk tensor copy of tmap's box at
-                                     (r0, c0) of `gl` into rows at.. of the shared tile,
-                                     completing on mbarrier `bar`
+  tma_load(r0, c0, at)[gl, tmap, region, bar, multicast]   Hopper bulk tensor copy of
+                                     tmap's box at (r0, c0) of `gl` into rows at.. of the
+                                     shared tile, completing on mbarrier `bar`; multicast:
+                                     into every workgroup of the cluster (each its own bar),
+                                     the arrival expecting cluster-size boxes
   tma_store(r0, c0)[gl, tmap, region, add, wait]   Hopper bulk tensor copy of the shared
                                      tile to the box at (r0, c0) of `gl` (outside the tensor:
                                      dropped; add: added into the tensor, TMA's reduction);
@@ -149,6 +154,7 @@ class LaneProgram:
     consts: dict
     tmaps: tuple = ()          # ir.abi.TMADesc of each tensor map the kernel reads
     programs_per_cu: int = 0   # workgroups built to fit one CU / SM (0: the compiler's)
+    cluster: int = 1           # workgroups per cluster (pk.cluster; Hopper)
 
     @property
     def wave_size(self) -> int:

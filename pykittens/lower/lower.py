@@ -88,7 +88,8 @@ class _Lowering:
         self.block(self.k.body)
         return LaneProgram(self.k.name, self.t, self.k.params, self.k.param_values,
                            self.k.num_waves, self.lds, self.regions, self.b.blocks[0],
-                           self.k.consts, tuple(self.tmaps), self.k.programs_per_cu)
+                           self.k.consts, tuple(self.tmaps), self.k.programs_per_cu,
+                           self.k.cluster)
 
     def block(self, blk: Block):
         ops, i = blk.ops, 0
@@ -750,7 +751,14 @@ class _Lowering:
                   tma=op.attrs.get("tma", True))
 
     def op_arrive(self, op):
+        if op.attrs.get("remote"):          # on the barrier of cluster workgroup srcs[1]
+            self.emit("mbar_arrive", None, (self.val(op.srcs[1]),),
+                      region=self.env[op.srcs[0]], remote=True)
+            return
         self.emit("mbar_arrive", None, (), region=self.env[op.srcs[0]])
+
+    def op_cluster_sync(self, op):
+        self.emit("cluster_sync")
 
     def op_wait(self, op):
         self.emit("mbar_wait", None, (self.val(op.srcs[1]),), region=self.env[op.srcs[0]])
@@ -763,7 +771,8 @@ class _Lowering:
         st = op.dst.type
         desc = self._tmap(gl_v, (op.attrs["rows"], st.shape[1] // st.atoms), st.swizzle == 8)
         self.emit("tma_load", None, (*(self.val(c) for c in coords), self.val(at)), gl=gl_v,
-                  tmap=desc, region=self.env[op.dst], bar=self.env[bar_v])
+                  tmap=desc, region=self.env[op.dst], bar=self.env[bar_v],
+                  multicast=op.attrs.get("multicast", False))
 
     def _tmap(self, gl_v, box, swizzle128):
         """The tensor map of TMA copies of `box` (rows, columns: the last two dims; 1 in

@@ -451,6 +451,15 @@ def written_params(prog) -> set:
     return out
 
 
+def check_cluster_grid(prog, grid, kernel=None) -> None:
+    """A kernel in clusters of n (pk.cluster) launches whole clusters: n divides the grid's
+    first dimension."""
+    n = getattr(prog, "cluster", 1)
+    if n > 1 and grid[0] % n:
+        raise fail(f"{prog.name} runs in clusters of {n} workgroups (pk.cluster), so the "
+                   f"grid's first dimension must be a multiple of {n}, not {grid[0]}", kernel)
+
+
 def check_program_args(prog, bound: dict, kernel=None) -> None:
     """The checks that need the lowered program: TMA's alignment rules for the tensors it
     copies, and no written tensor that repeats elements (a stride of 0 from expand() or

@@ -25,8 +25,8 @@ import threading
 
 from ..ir.errors import KernelError
 from ..lang.kernel import Peers, peer_members
-from .args import (_F32_MAX, I32_MAX, bind_args, check_grid, check_kernel, check_program_args,
-                   fail, remote_peers)
+from .args import (_F32_MAX, I32_MAX, bind_args, check_cluster_grid, check_grid,
+                   check_kernel, check_program_args, fail, remote_peers)
 
 _modules: dict = {}
 _lock = threading.Lock()
@@ -138,6 +138,7 @@ def _checked_launch(kernel, args, kwargs, grid, stream):
             entry = entry[1]
     code, prog = entry
     check_program_args(prog, bound, kernel)
+    check_cluster_grid(prog, grid, kernel)
     if prog.target.family == "cdna":
         from . import hip
         hip.launch(code, prog.name, prog.params, bound, grid=grid, num_waves=prog.num_waves,
