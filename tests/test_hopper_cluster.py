@@ -73,7 +73,7 @@ def test_a_stage_refilled_while_another_workgroup_reads_it_is_a_race(rng):
     """Each workgroup releases the tile only to its own barrier: the other's copy of the
     next block lands while this one's waves may still read the last."""
     x = _blocks(rng, 3)
-    with pytest.raises(pk.KernelError, match="race"):
+    with pytest.raises(pk.KernelError, match="shared memory of workgroup"):
         for order in ORDERS:
             pk.emulate(share_block, x, np.zeros((768, 64), x.dtype), grid=2,
                        target="sm_90a", wave_order=order, BLOCKS=3, REMOTE=False)
@@ -229,7 +229,7 @@ def test_gemm_ws_pairs_release_stages_in_both_workgroups(drain, rng, monkeypatch
     try:
         for order in ORDERS:
             with pytest.raises(pk.KernelError, match="deadlock" if drain == "doubled"
-                               else "race"):
+                               else "race: writes the shared memory of workgroup"):
                 pk.emulate(spec.kernel, grid=(2,), target="sm_90a", wave_order=order,
                            **inputs, **{**rule, "CLUSTER": 2})
     finally:

@@ -906,6 +906,13 @@ class _Machine:
         war = np.any((wg.r_time[idx][:, others] > seen[others]), axis=1)
         if np.any(waw | war):
             kind = "wrote" if np.any(waw) else "read"
+            owner = int(idx[0]) // self.lds_span if self.p.cluster > 1 else 0
+            if owner != w.rank:                  # a copy into another workgroup's memory
+                raise self.fail(Race, w, op, f"race: writes the shared memory of workgroup "
+                                f"{owner} of the cluster, which one of its waves {kind} and "
+                                "has not released to this wave: wait, before the copy, on an "
+                                "mbarrier that every workgroup's readers arrive on "
+                                "(pk.arrive(bar, cta=r); pk.Ring(..., cluster=n))")
             raise self.fail(Race, w, op, f"race: writes shared memory that another wave {kind} "
                             "since the last barrier; add pk.barrier() between them")
         wg.lds[idx] = raw
@@ -1042,34 +1049,37 @@ class _Machine:
     def _deadlock(self, waves, state):
         def blocked_at(kind):
             return [w for w in waves if state[w] not in ("done", None) and state[w].kind == kind]
-        done = [w.wave for w in waves if state[w] == "done"]
+
+        def names(ws):           # waves by index; in a cluster, rank:index
+            return [x.local if self.p.cluster == 1 else f"{x.rank}:{x.local}" for x in ws]
+        done = names(w for w in waves if state[w] == "done")
         at_bar, waiting, at_mma = (blocked_at(k) for k in ("barrier", "mbar_wait", "wgmma"))
         if at_mma:
             w = at_mma[0]
-            group = list(range(w.wave // 4 * 4, w.wave // 4 * 4 + 4))
+            group = [x for x in waves if x.wave // 4 == w.wave // 4]
             raise self.fail(BarrierMismatch, w, state[w],
                             f"deadlock: wgmma is warpgroup-wide, but of warpgroup waves "
-                            f"{group} only {[x.wave for x in at_mma if x.wave in group]} "
+                            f"{names(group)} only {names(x for x in at_mma if x in group)} "
                             "reached this one")
         if waiting:
             w = waiting[0]
             op = state[w]
             parity = int(self.get(w, op.srcs[0])) % 2
             raise self.fail(BarrierMismatch, w, op,
-                            f"deadlock: waves {[x.wave for x in waiting]} wait on mbarrier "
+                            f"deadlock: waves {names(waiting)} wait on mbarrier "
                             f"{op.attrs['region'].name} (phase parity {parity}) that no wave "
-                            f"will complete; waves {[x.wave for x in at_bar]} are at a "
+                            f"will complete; waves {names(at_bar)} are at a "
                             f"barrier, waves {done} finished")
         if not at_bar:
             at_cluster = blocked_at("cluster_sync")
             a = at_cluster[0]
             raise self.fail(BarrierMismatch, a, state[a],
-                            f"deadlock: waves {[x.wave for x in at_cluster]} of the cluster "
+                            f"deadlock: waves {names(at_cluster)} of the cluster "
                             f"wait at pk.cluster_sync() that waves {done} never reach (every "
                             "wave of every workgroup of the cluster must)")
         a = at_bar[0]
         raise self.fail(BarrierMismatch, a, state[a],
-                        f"barrier mismatch (deadlock): waves {[x.wave for x in at_bar]} wait "
+                        f"barrier mismatch (deadlock): waves {names(at_bar)} wait "
                         f"at a barrier that waves {done} never reach (they finished)")
 
     # -- mbarriers ---------------------------------------------------------------------------
@@ -1326,12 +1336,12 @@ class World:
         while True:
             started = False
             for i, m in enumerate(self.machines):
-                while counts[i] < self.resident:
+                while counts[i] + m.p.cluster <= max(self.resident, m.p.cluster):
                     pid = next(pending[i], None)
                     if pid is None:
                         break
                     live.append([i, m.run_workgroup(pid), None])
-                    counts[i] += 1
+                    counts[i] += m.p.cluster          # a cluster's workgroups at once
                     started = True
             if not live:
                 break
@@ -1342,7 +1352,7 @@ class World:
                     moved |= entry[2][0]
                 except StopIteration:
                     live.remove(entry)
-                    counts[entry[0]] -= 1
+                    counts[entry[0]] -= self.machines[entry[0]].p.cluster
                     moved = True
             if not moved:
                 self._deadlock(live)
