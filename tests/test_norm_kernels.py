@@ -236,6 +236,19 @@ def test_column_sum_of_many_partials():
     assert errs["out"]["rel_err"] <= spec.tolerance("bf16")
 
 
+@pytest.mark.parametrize("parts,n", [(300, 1030), (37, 1100), (132, 64)])
+def test_column_sum_unrolled_over_known_partials(parts, n, rng):
+    """The ops' schedule (the number of partial rows known at launch, loads unrolled):
+    ragged rows and columns, against float64 sums."""
+    from pykittens.kernels.rows import SUM_SCHEDULE, column_sum, column_sum_launch
+    part = rng.standard_normal((parts, n)).astype(np.float32)
+    grid, consts = column_sum_launch(n, parts)
+    assert consts == {"PARTS": parts, **SUM_SCHEDULE}
+    out = pk.emulate(column_sum, part, np.zeros(n, np.float32), grid=grid, target="sm_90a",
+                     PT="f32", DT="f32", **consts)["out"]
+    assert np.allclose(out, part.astype(np.float64).sum(0), rtol=1e-5, atol=1e-4)
+
+
 def rope_reference(x, cos, sin, pos, interleaved, inverse):
     x = x.astype(np.float64)
     half = cos.shape[1]

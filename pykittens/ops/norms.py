@@ -107,7 +107,7 @@ def _column_sum(part, like, wanted: bool):
     """part's column sums in like's dtype (empty when not wanted)."""
     out = like.new_empty((part.shape[1] if wanted else 0,))
     if wanted:
-        grid, consts = column_sum_launch(part.shape[1])
+        grid, consts = column_sum_launch(part.shape[1], part.shape[0])
         run(column_sum, {"part": part, "out": out}, grid, consts, ("out",))
     return out
 
