@@ -2,7 +2,7 @@
 synccheck and initcheck, one process per tool, a table of what each reports.
 
     PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd rows_staged linear
-                                            litmus]
+                                            clusters litmus]
     PYTHONPATH=. python3 bench/sanitize.py --inner attention   # the kernels once (what the
                                                                # tools run)
     SANITIZE_TOOLS=racecheck,initcheck ... # only these tools
@@ -38,7 +38,7 @@ def _pykittens_kernels(name: str) -> list[str]:
         return ["--kernel-name",
                 "regex=^(layernorm|rmsnorm|add_rmsnorm|layernorm_bwd|rmsnorm_bwd|column_sum|"
                 "softmax|softmax_bwd)$"]
-    if name == "linear":
+    if name in ("linear", "clusters"):
         return ["--kernel-name", "regex=^gemm_ws$"]
     if name != "library":
         return ["--kernel-name", "kns=attention"]
@@ -184,6 +184,32 @@ def run_linear():
     _verdict("linear", wrong, "wrong results")
 
 
+def run_clusters():
+    """gemm_ws in clusters of two (CLUSTER=2: each workgroup multicasts half of B's block
+    into both and releases stages on both workgroups' barriers), ragged shapes, persistent
+    grids of every, two and one cluster, against float32 torch."""
+    import torch
+    import torch.nn.functional as F
+    from pykittens.kernels import gemm_ws_grid, gemm_ws_launch
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    wrong = 0
+    for m, k, n in ((1000, 776, 1528), (500, 512, 600)):
+        x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
+        w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
+        want = F.linear(x.float(), w.float())
+        _, consts = gemm_ws_launch({"a": x, "b": w, "c": want.bfloat16()}, "sm_90a")
+        consts = {**consts, "CLUSTER": 2}
+        for grid in (gemm_ws_grid(consts, "sm_90a")[0], 4, 2):
+            y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            launch(gemm_ws, grid=(grid,), a=x, b=w, c=y, **consts)
+            err = float((y.float() - want).norm() / want.norm())
+            if not err < 2e-2:
+                print("WRONG:", (m, k, n), grid, err)
+                wrong += 1
+    _verdict("clusters", wrong, "wrong results")
+
+
 def _wrong_vs_float32(mine, ref, inputs, dy, what, outputs=False) -> int:
     """How many of mine's gradients for `dy` (and, with outputs, its output) are 2e-2 or
     more (relative) from float32 torch's `ref` on the same inputs; each printed with
@@ -215,7 +241,7 @@ def _verdict(name: str, wrong: int, what: str) -> None:
 
 
 KERNELS = {"library": run_library, "attention": run_attention, "rows_staged": run_rows_staged,
-           "linear": run_linear,
+           "linear": run_linear, "clusters": run_clusters,
            "attention_bwd": run_attention_bwd, "attention_bwd_prep": run_attention_bwd_prep}
 LITMUS = {0: "syncthreads", 1: "every-lane", 2: "warp-sync-lane0 (pk.arrive)",
           3: "lane0-only", 4: "none (a real race)"}
