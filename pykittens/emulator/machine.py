@@ -1093,7 +1093,7 @@ class _Machine:
             raise self.fail(EmulatorError, w, op, f"mbarrier {r.name} used before its "
                             "initialisation" + (" (in a cluster, pk.cluster_sync() after "
                                                 "every workgroup's barriers are set up)"
-                                                if r.name.rfind("@") > 0 else ""))
+                                                if self.p.cluster > 1 else ""))
         return w.wg.mbarriers[r.name]
 
     def x_mbar_arrive(self, w, op):

@@ -47,8 +47,6 @@ def _hopper_only(k: KernelIR, target) -> None:
         elif op.kind == "tma_load":
             what = (f"TMA is a Hopper feature; on {tn} use pk.load (direct=True copies memory "
                     "straight into LDS on CDNA)")
-        elif op.kind == "special" and op.attrs["name"] == "cluster_rank":
-            what = "workgroup clusters (pk.cluster_rank) are a Hopper feature"
         elif op.kind in ("tma_store", "tma_store_wait"):
             what = f"TMA is a Hopper feature; on {tn} use pk.store"
         elif op.kind == "mma" and len(op.srcs) > 1 and isinstance(op.srcs[1].type,

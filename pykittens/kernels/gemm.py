@@ -288,8 +288,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                         r = pk.cluster_rank()
                         pk.tma_load(s.b[0], b, (n0 + part * r, i * bk), s.full, rows=part,
                                     at=part * r, multicast=True)
-                    for h in pk.static_range(halves if CLUSTER == 1 else 0):
-                        pk.tma_load(s.b[h], b, at(b_kmajor, n0 + bw * h, i * bk), s.full)
+                    else:
+                        for h in pk.static_range(halves):
+                            pk.tma_load(s.b[h], b, at(b_kmajor, n0 + bw * h, i * bk), s.full)
         if side_work is not None:
             with pk.if_(pk.wave_id() > 0):
                 side_work(pk.wave_id() - 1, 3)

@@ -485,12 +485,9 @@ def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
     tile = pk.rt((ROWS, COLS), pk.f32)
     acc = pk.zeros(tile)
     first = pk.wave_id() * ROWS
-    if PARTS:
-        for i in pk.static_range(-(-PARTS // step)):
-            acc += pk.load(tile, part, (i * step + first, c0))
-    else:
-        for i in pk.range((p + step - 1) // step):
-            acc += pk.load(tile, part, (i * step + first, c0))
+    blocks = pk.static_range(-(-PARTS // step)) if PARTS else pk.range((p + step - 1) // step)
+    for i in blocks:
+        acc += pk.load(tile, part, (i * step + first, c0))
     total = pk.workgroup_sum(pk.col_sum(acc))
     with pk.if_(pk.wave_id() == 0):
         pk.store(out, total, (c0,))

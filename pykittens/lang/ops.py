@@ -1128,6 +1128,15 @@ def cluster(n: int) -> None:
     tr.cluster = n
 
 
+def kernel_cluster(cluster, what: str) -> int:
+    """A `cluster=` argument of a pipeline piece (pk.Ring, pk.tile_walk): 1, or the
+    kernel's own cluster size."""
+    if cluster not in (1, current().cluster):
+        raise error(f"{what}(cluster={cluster!r}) works on the kernel's clusters: "
+                    f"pk.cluster({cluster}) at the kernel's top first, or cluster=1")
+    return cluster
+
+
 def cluster_rank() -> Scalar:
     """This workgroup's rank in its cluster (pk.cluster): program_id(0) % n."""
     if current().cluster < 2:

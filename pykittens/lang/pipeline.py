@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from ..ir import types as T
 from . import ops
 from .sync import arrive, mbarrier, tma_store, wait
-from .trace import current, error
+from .trace import error
 
 
 class Ring:
@@ -38,10 +38,7 @@ class Ring:
         the kernel's cluster filling it together (1: this one alone)."""
         if not isinstance(stages, int) or stages < 1:
             raise error("a ring needs a positive int number of stages")
-        if cluster not in (1, current().cluster):
-            raise error(f"Ring(cluster={cluster!r}) is shared by the kernel's clusters: "
-                        f"pk.cluster({cluster}) at the kernel's top first, or cluster=1")
-        self.cluster = cluster
+        self.cluster = ops.kernel_cluster(cluster, "Ring")
         if not tiles:
             raise error("a ring holds at least one shared tile per stage: pk.Ring(n, "
                         "fill=..., drain=..., name=pk.st(...))")

@@ -136,10 +136,7 @@ class TileWalk:
         self.persistent = bool(persistent)
         if self.persistent and isinstance(count, int) and count < 1:
             raise error(f"a persistent walk needs the number of tiles, not {count}")
-        if cluster not in (1, current().cluster):
-            raise error(f"tile_walk(cluster={cluster!r}) walks the kernel's clusters: "
-                        f"pk.cluster({cluster}) at the kernel's top first, or cluster=1")
-        self.cluster = cluster
+        self.cluster = ops.kernel_cluster(cluster, "tile_walk")
         if self.persistent:
             self.grid, self.first = ops.num_programs(0), ops.program_id(0)
             if cluster > 1:
