@@ -26,7 +26,7 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
   variants  ops under the launch rule and under other schedules (VARIANTS: forward row
-          ops; ROPE_VARIANTS: rope's grid order; BWD_VARIANTS: the norms' backward walks),
+          ops; ROPE_VARIANTS: rope's grid order; BWD_VARIANTS: the norms' backward),
           as fractions of the copy
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
@@ -150,11 +150,13 @@ def _tuple(x):
     return x if isinstance(x, tuple) else (x,)
 
 
-def _fwd_bwd(op, fn, inputs):
+def _fwd_bwd(op, fn, inputs, grads=None):
     """(the forward as a closure, forward+backward as a closure): the backward takes the
-    gradients of op.grads under fixed random output gradients."""
-    leaves = [x.detach().requires_grad_(i in op.grads) for i, x in enumerate(inputs)]
-    wanted = [x for i, x in enumerate(leaves) if i in op.grads]
+    gradients of `grads` (indices of inputs; default op.grads) under fixed random output
+    gradients."""
+    grads = op.grads if grads is None else grads
+    leaves = [x.detach().requires_grad_(i in grads) for i, x in enumerate(inputs)]
+    wanted = [x for i, x in enumerate(leaves) if i in grads]
     dys = [_rand(*o.shape, dtype=o.dtype) for o in _tuple(fn(*leaves))]
     return (lambda: fn(*inputs),
             lambda: torch.autograd.grad(_tuple(fn(*leaves)), wanted, dys))
@@ -238,10 +240,10 @@ def step_ops(rows, details):
 
 
 # ops under schedules other than their launch rules', as settings of kernel modules
-# ("rows.STAGED_STAGES": pykittens.kernels.rows.STAGED_STAGES, ...), patched for the call:
-# forward row ops at the shapes of VARIANTS (none now), rope at every shape, and the norms'
-# backward passes (timed as forward+backward less forward) under other choices of the
-# staged walk
+# ("rows.STAGED_STAGES": pykittens.kernels.rows.STAGED_STAGES, ...; "norms.X":
+# pykittens.ops.norms.X), patched for the call: forward row ops at the shapes of VARIANTS
+# (none now), rope at every shape, and the norms' backward passes (timed as
+# forward+backward less forward) under other choices of the staged walk
 VARIANTS = {}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}}
@@ -250,6 +252,10 @@ BWD_VARIANTS = {"3 stages": {"rows.STAGED_STAGES": 3},
                     "rows.STAGE_WAVE_COLS": {0: c, 1: c, 2: c},
                     "rows.STAGED_WARPS": {0: w, 1: w, 2: w}} for c, w in ((512, 16), (1024, 16))}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+# backward passes asked for the inputs' gradients alone: no per-column sums, no column_sum
+# (what the weight's and bias's gradients cost on top)
+INPUT_GRADS = {"layer_norm": (0,), "rms_norm": (0,), "add_rms_norm": (0, 1)}
+INPUT_GRADS_ONLY = "input gradients only"
 
 
 def _variant_calls():
@@ -259,6 +265,7 @@ def _variant_calls():
     import importlib
     from pykittens.ops import replay
     mods = {n: importlib.import_module(f"pykittens.kernels.{n}") for n in ("rows", "rope")}
+    mods["norms"] = importlib.import_module("pykittens.ops.norms")
     ops = {op.name: op for op in _ops()}
 
     def under(settings, fn, inputs):
@@ -288,11 +295,14 @@ def _variant_calls():
     for shape, name, variants, mode in cases:
         op = ops[name]
         inputs = op.make(shape)
+        if mode == "bwd":
+            variants = {**variants, INPUT_GRADS_ONLY: {}}
         for variant, setting in {"launch rule": {}, **variants}.items():
             if mode == "fwd":
                 yield shape, variant, op, mode, [under(setting, op.pykittens, inputs)]
                 continue
-            fwd, both = _fwd_bwd(op, op.pykittens, inputs)
+            grads = INPUT_GRADS[name] if variant == INPUT_GRADS_ONLY else op.grads
+            fwd, both = _fwd_bwd(op, op.pykittens, inputs, grads)
             yield shape, variant, op, mode, [under(setting, fwd, ()),
                                              under(setting, both, ())]
 
