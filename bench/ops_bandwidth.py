@@ -248,9 +248,10 @@ VARIANTS = {}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}}
 BWD_VARIANTS = {"3 stages": {"rows.STAGED_STAGES": 3},
+                "2 stages alone on an SM": {"rows.STAGED_STAGES_ALONE": 2},
                 **{f"{c} columns a wave, {w} warps an SM": {
-                    "rows.STAGE_WAVE_COLS": {0: c, 1: c, 2: c},
-                    "rows.STAGED_WARPS": {0: w, 1: w, 2: w}} for c, w in ((512, 16), (1024, 16))}}
+                    "rows.STAGED_SHARES": {s: ((c, w),) for s in (0, 1, 2)}}
+                   for c, w in ((512, 16), (1024, 12), (1024, 16))}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 # backward passes asked for the inputs' gradients alone: no per-column sums, no column_sum
 # (what the weight's and bias's gradients cost on top)

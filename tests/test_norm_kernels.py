@@ -117,7 +117,8 @@ def test_staged_walk(name, dtype):
 
 def test_staged_plan():
     """Only Hopper, only rows of at least 2048 columns and whole 16-byte rows, only stages
-    that fit; workgroups per SM within STAGED_WARPS and the shared-memory budget."""
+    that fit; workgroups per SM within the share's warps (STAGED_SHARES) and the
+    shared-memory budget."""
     assert rows.staged_plan(16384, 8192, "gfx950", 2, 2) is None
     assert rows.staged_plan(16384, 1024, "sm_90a", 2, 2) is None
     assert rows.staged_plan(16384, 4100, "sm_90a", 2, 2) is None     # 8200-byte rows
@@ -126,12 +127,17 @@ def test_staged_plan():
         (grid,), c = rows.staged_plan(16384, n, "sm_90a", 2, 2, sums)
         assert c["N_MAX"] >= n and c["N_MAX"] % (c["num_waves"] * rows.STAGE_COLS) == 0
         assert c["PROGRAMS"] * c["num_waves"] <= max(c["num_waves"],
-                                                     rows.STAGED_WARPS[sums])
-        assert c["STAGES"] * 2 * c["N_MAX"] * 2 * c["PROGRAMS"] <= 2 * rows.STAGE_BUDGET
+                                                     rows.staged_share(n, sums)[1])
+        assert c["STAGES"] * 2 * c["N_MAX"] * 2 * c["PROGRAMS"] <= rows.STAGE_BUDGET
         assert grid == 132 * c["PROGRAMS"]
     assert rows.staged_plan(5, 8192, "sm_90a", 2, 2)[0] == (5,)       # no idle workgroups
-    for sums, waves in ((1, 16), (2, 8)):        # one sum: 512 columns a wave; two: 1024
-        assert rows.staged_plan(16384, 8192, "sm_90a", 2, 2, sums)[1]["num_waves"] == waves
+    # 512 columns a wave; two sums: 1024 where a row would take more than 16 such waves
+    # two sums alone on an SM: three stages
+    for n, sums, waves, programs, stages in ((8192, 1, 16, 1, 2), (8192, 2, 16, 1, 3),
+                                             (4096, 2, 8, 2, 2), (12288, 2, 12, 1, 3),
+                                             (12288, 1, 24, 1, 2)):
+        c = rows.staged_plan(16384, n, "sm_90a", 2, 2, sums)[1]
+        assert (c["num_waves"], c["PROGRAMS"], c["STAGES"]) == (waves, programs, stages), n
 
 
 def test_ops_stage_only_tma_ready_backward_inputs():

@@ -70,21 +70,32 @@ def plan(m: int, n: int, target: str, row_bytes: int, share_regs: int = SPLIT_SH
 STAGED = True              # take the staged walk where it applies (False: the register
                            # schedules everywhere, e.g. to compare them)
 STAGE_COLS = 256            # a TMA box's row (at most 256 elements): the staged CHUNK
-# columns of a staged row per wave, by the per-column sums the walk holds: on the H200
-# (bench/ops_bandwidth.py variants, docs/PERF.md) 512 took rms_norm's and add_rms_norm's
-# backward from 91/86/85 to 94/90/85% and 96/91/90 to 98/92/90% of copy bandwidth at
-# 16384x8192 / 16384x4096 / 4096x12288 bf16, where layer_norm's, holding two sums, lost
-# 2-16 points against 1024 (and fell to half with 2048)
-STAGE_WAVE_COLS = {0: 512, 1: 512, 2: 1024}
+# (columns of a staged row per wave, warps per SM the walk is built for), by the
+# per-column sums the walk holds: the first share whose waves a row fits within those warps
+# (else the last). More warps leave each lane fewer registers (pk.programs_per_cu), and a
+# kernel that must spill to fit runs at a fraction of the speed (bench/rows_staged.py). On
+# the H200 (bench/ops_bandwidth.py variants, docs/PERF.md) 512 columns took rms_norm's and
+# add_rms_norm's backward from 91/86/85 to 94/90/85% and 96/91/90 to 98/92/90% of copy
+# bandwidth at 16384x8192 / 16384x4096 / 4096x12288 bf16; layer_norm's, holding two sums,
+# went from 87/78/70% (1024 columns, 12 warps) to 87/84/63% with 512 and 16 warps (run FI):
+# 512 where a row takes at most 16 such waves, 1024 and 12 warps past that
+STAGED_SHARES = {0: ((512, 16),), 1: ((512, 16),), 2: ((512, 16), (1024, 12))}
 STAGED_MIN_COLS = 2048      # shorter rows stay in registers (one wave or a few hold them)
 STAGE_BUDGET = 200 * 1024   # shared memory per SM that the stages of its workgroups take
 STAGED_PROGRAMS = 3         # at most this many walking workgroups per SM
 STAGED_STAGES = 2           # shared-memory stages of the walk (the rows of STAGES - 1 steps
                             # in flight ahead of the one computing)
-# warps per SM a staged walk is built for, by the per-column sums it holds: more warps
-# leave each lane fewer registers (pk.programs_per_cu), and a kernel that must spill to fit
-# runs at a fraction of the speed (measured on the H200: bench/rows_staged.py)
-STAGED_WARPS = {0: 16, 1: 16, 2: 12}
+# ... of a walk holding two per-column sums whose workgroup is alone on its SM: layer_norm's
+# backward at 16384x8192 bf16 went from 87.1 / 87.8% of copy bandwidth to 89.6 / 90.0% with
+# three (runs FI, FN; the same at 4096x12288, and rms_norm's one sum lost 2 points)
+STAGED_STAGES_ALONE = 3
+
+
+def staged_share(n: int, sums: int) -> tuple[int, int]:
+    """(columns per wave, warps per SM) of a staged walk over rows of n columns holding
+    `sums` per-column sums (STAGED_SHARES)."""
+    shares = STAGED_SHARES[min(sums, 2)]
+    return next((s for s in shares if -(-n // s[0]) <= s[1]), shares[-1])
 
 
 def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: int = 1,
@@ -95,24 +106,28 @@ def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: 
     unit, STAGES - 1 steps ahead; `sums` per-column sums held), or None where it does not
     apply: not Hopper, rows shorter than STAGED_MIN_COLS, rows whose bytes are not a
     multiple of 16 (TMA strides), or stages that do not fit. A workgroup takes one row per
-    step, STAGE_WAVE_COLS columns per wave (4 to the target's most waves), two stages; as
-    many workgroups per SM as STAGED_WARPS and the shared-memory budget allow (at most
-    STAGED_PROGRAMS), each built to fit (PROGRAMS: its registers capped). waves / stages /
-    programs override the choice (sweeps)."""
+    step, a share of STAGED_SHARES' columns per wave (4 to the target's most waves), two
+    stages; as many workgroups per SM as its warps and the shared-memory budget allow (at most
+    STAGED_PROGRAMS), each built to fit (PROGRAMS: its registers capped); a workgroup alone
+    on its SM holding two sums takes STAGED_STAGES_ALONE stages where they fit. waves /
+    stages / programs override the choice (sweeps)."""
     from ..targets import get
     t = get(target)
     if t.family != "hopper" or n < STAGED_MIN_COLS or (n * itemsize) % 16:
         return None
-    wave_cols = STAGE_WAVE_COLS[min(sums, 2)]
+    wave_cols, warps = staged_share(n, sums)
     nw = waves or min(max(4, -(-n // wave_cols)), t.max_waves_per_workgroup)
     n_max = -(-n // (nw * STAGE_COLS)) * nw * STAGE_COLS
     stage = tensors * n_max * itemsize
-    stages = stages or STAGED_STAGES
-    if stages * stage > STAGE_BUDGET:
+    chosen = stages or STAGED_STAGES
+    if chosen * stage > STAGE_BUDGET:
         return None
-    warps = STAGED_WARPS[min(sums, 2)]
-    programs = programs or max(1, min(STAGED_PROGRAMS, STAGE_BUDGET // (stages * stage),
+    programs = programs or max(1, min(STAGED_PROGRAMS, STAGE_BUDGET // (chosen * stage),
                                       warps // nw))
+    if not stages and programs == 1 and sums >= 2 and \
+            STAGED_STAGES_ALONE * stage <= STAGE_BUDGET:
+        chosen = STAGED_STAGES_ALONE
+    stages = chosen
     return (max(1, min(m, t.num_cus * programs)),), {
         "SPLIT": 1, "ROWS": 1, "N_MAX": n_max, "CHUNK": STAGE_COLS, "num_waves": nw,
         "STAGES": stages, "PROGRAMS": programs}
