@@ -26,7 +26,8 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
   graph   add_rms_norm -> linear -> rope -> layer_norm -> softmax forward and backward
           captured in one CUDA graph, replayed on new inputs, compared with eager
   variants  ops under the launch rule and under other schedules (VARIANTS: forward row
-          ops; ROPE_VARIANTS: rope's grid order; BWD_VARIANTS: the norms' backward),
+          ops; ROPE_VARIANTS: rope's grid order; BWD_VARIANTS: the norms' backward walks,
+          and each asked for its inputs' gradients only),
           as fractions of the copy
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
@@ -240,10 +241,10 @@ def step_ops(rows, details):
 
 
 # ops under schedules other than their launch rules', as settings of kernel modules
-# ("rows.STAGED_STAGES": pykittens.kernels.rows.STAGED_STAGES, ...; "norms.X":
-# pykittens.ops.norms.X), patched for the call: forward row ops at the shapes of VARIANTS
-# (none now), rope at every shape, and the norms' backward passes (timed as
-# forward+backward less forward) under other choices of the staged walk
+# ("rows.STAGED_STAGES": pykittens.kernels.rows.STAGED_STAGES, ...), patched for the call:
+# forward row ops at the shapes of VARIANTS (none now), rope at every shape, and the norms'
+# backward passes (timed as forward+backward less forward) under other choices of the
+# staged walk
 VARIANTS = {}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}}
@@ -266,7 +267,6 @@ def _variant_calls():
     import importlib
     from pykittens.ops import replay
     mods = {n: importlib.import_module(f"pykittens.kernels.{n}") for n in ("rows", "rope")}
-    mods["norms"] = importlib.import_module("pykittens.ops.norms")
     ops = {op.name: op for op in _ops()}
 
     def under(settings, fn, inputs):

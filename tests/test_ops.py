@@ -116,6 +116,36 @@ def test_add_rms_norm(dtype, shape):
     assert torch.equal(s, x.detach() + r.detach())                 # rounded like torch's sum
 
 
+def test_unused_outputs_make_no_zero_gradients():
+    """The gradient of an output nobody used (the norms' statistics, add_rms_norm's sum)
+    reaches the backward as None, not as a tensor of zeros that costs a launch (and, for
+    the sum, a full read): no aten zeros in the backward, and the gradients still agree
+    with torch's (dx of add_rms_norm when only y is used is rms_norm's of the sum)."""
+    from torch.profiler import ProfilerActivity, profile
+    x, r, w = leaves((6, 40), (6, 40), (40,), seed=3)
+    cases = {
+        "layer_norm": (lambda: pko.layer_norm(x, (40,), w, None),
+                       lambda xd, wd: F.layer_norm(xd, (40,), wd, None), (x, w)),
+        "rms_norm": (lambda: pko.rms_norm(x, (40,), w, 1e-5),
+                     lambda xd, wd: F.rms_norm(xd, (40,), wd, 1e-5), (x, w)),
+        "add_rms_norm y only": (lambda: pko.add_rms_norm(x, r, w, 1e-5)[0],
+                                lambda xd, rd, wd: F.rms_norm(xd + rd, (40,), wd, 1e-5),
+                                (x, r, w)),
+    }
+    for name, (op, ref, inputs) in cases.items():
+        y = op()
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            got = torch.autograd.grad(y, inputs, dy)
+        made = {e.key for e in prof.key_averages()} & {"aten::zeros", "aten::zeros_like",
+                                                        "aten::zero_", "aten::fill_"}
+        assert not made, (name, made)
+        copies = [t.detach().double().requires_grad_() for t in inputs]
+        want = torch.autograd.grad(ref(*copies), copies, dy.double())
+        for g, wg in zip(got, want):
+            assert rel(g, wg) < 1e-4, name
+
+
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float16])
 def test_softmax(dtype):
     (x,) = leaves((3, 5, 700), dtype=dtype)

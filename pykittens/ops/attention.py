@@ -152,6 +152,7 @@ def _setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+    ctx.set_materialize_grads(False)   # an unused LSE's gradient: None, not zeros to subtract
 
 
 def _backward(ctx, do, dlse):

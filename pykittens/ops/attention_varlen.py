@@ -111,6 +111,7 @@ def _setup(ctx, inputs, output):
     ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
     ctx.deterministic = deterministic
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)          # no zeros made (and launched) for the LSE
 
 
 def _backward(ctx, do, _dlse):

@@ -173,6 +173,7 @@ def _ln_setup(ctx, inputs, output):
     ctx.save_for_backward(x, weight, output[1])
     ctx.has_bias = bias is not None
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)          # no zeros made (and launched) for the stats
 
 
 def _ln_backward(ctx, dy, _dstats):
@@ -277,6 +278,9 @@ def _rms_setup(ctx, inputs, output):
     s = output[1] if ctx.fused else x
     ctx.save_for_backward(s, weight, output[-1])
     ctx.mark_non_differentiable(output[-1])
+    # an unused output's gradient comes as None, not zeros: none made for rstd, and an
+    # unused sum's adds nothing (RESIDUAL=0) rather than a tensor of zeros read in full
+    ctx.set_materialize_grads(False)
 
 
 def _rms_backward(ctx, dy, *rest):
