@@ -9,8 +9,8 @@
         pk.store(out, t * alpha, (r0, 0))
 """
 from .ir.errors import KernelError, NotSupportedYet
-from .ir.types import (bf16, dtype_of, e2m1x2, e4m3, e4m3fnuz, e5m2, e5m2fnuz, e8m0, f16, f32,
-                       i8, i32)
+from .ir.types import (bf16, dtype_of, e2m1x2, e2m3p, e3m2p, e4m3, e4m3fnuz, e5m2, e5m2fnuz,
+                       e8m0, f16, f32, i8, i32)
 from .lang.kernel import Kernel, Peers, const, gl, kernel, peers, target
 from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
 from .lang.ops import (abs, add, atomic_add, barrier, cast, cluster, cluster_rank, col_index,

@@ -18,7 +18,7 @@ from pykittens.kernels.gemm import output_tile
 from pykittens.kernels.gemm_cdna import (STEP_BYTES, WAVE_M, WAVE_N, gemm_pingpong,
                                          gemm_pingpong_launch)
 from pykittens.toolchain import amdgpu
-from test_mma import _fp4_pack, _fp4_values
+from test_mma import _fp4_pack, _fp4_values, _fp6_pack, _fp6_values
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 
@@ -263,7 +263,7 @@ def test_mxfp4_in_both_emulators():
     assert np.array_equal(got[0], got[1])
     with pytest.raises(ValueError, match="K = 383 must be even"):
         gemm_pingpong_launch(m, n, 383, "gfx950", itemsize=1, packed=2)
-    with pytest.raises(ValueError, match="or FP4 pairs"):
+    with pytest.raises(ValueError, match="FP4 pairs .itemsize=1, packed=2."):
         gemm_pingpong_launch(m, n, k, "gfx950", itemsize=2, packed=2)
 
 
@@ -284,6 +284,62 @@ def test_mxfp4_build_runs_four_register_operands_at_two_waves_per_simd():
         assert "cbsz:4 blgp:4" in args, args
     assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0, rep
     assert rep["sgpr_spill"] <= 4 and rep["occupancy_waves_per_simd"] == 2, rep
+
+
+@pytest.mark.parametrize("dt", ["e2m3p", "e3m2p"])
+def test_mxfp6_in_both_emulators(dt):
+    """MXFP6 (pk.e2m3p / pk.e3m2p: FP6 packed densely, 3K / 4 bytes a row) on ragged M and
+    N, K steps of 64 values (48 bytes in 64-byte LDS rows), against float64 with
+    ml_dtypes' decoding; both emulators bitwise equal."""
+    from pykittens.kernels.gemm_cdna import FP6_STEP_BYTES, gemm_pingpong_mx
+    rng = np.random.default_rng(13)
+    m, n, k = 300, 260, 320                      # 5 steps: the last one's direct loads run
+    ca, cb = rng.integers(0, 64, (m, k)), rng.integers(0, 64, (n, k))   # past the rows
+    a, b = _fp6_pack(ca, 1), _fp6_pack(cb, 1)
+    sa = (2.0 ** rng.integers(-4, 5, (m, k // 32))).astype(pk.e8m0.np)
+    sb = (2.0 ** rng.integers(-4, 5, (k // 32, n))).astype(pk.e8m0.np)
+    want = (_fp6_values(ca, dt) * np.repeat(sa.astype(np.float64), 32, axis=1)) @ \
+        (_fp6_values(cb, dt) * np.repeat(sb.astype(np.float64).T, 32, axis=1)).T
+    grid, consts = gemm_pingpong_launch(m, n, k, "gfx950", dtype=dt)
+    assert consts["BK"] == FP6_STEP_BYTES == 48
+    got = [pk.emulate(gemm_pingpong_mx, a, b, sa, sb, np.full((m, n), np.nan, np.float32),
+                      grid=grid, target="gfx950", isa=isa, DT=dt, **consts)["c"]
+           for isa in (False, True)]
+    assert np.linalg.norm(got[0] - want) / np.linalg.norm(want) < 1e-6
+    assert np.array_equal(got[0], got[1])
+    # the other FP6 format on the same bytes is another product
+    other = {"e2m3p": "e3m2p", "e3m2p": "e2m3p"}[dt]
+    wrong = pk.emulate(gemm_pingpong_mx, a, b, sa, sb, np.zeros((m, n), np.float32),
+                       grid=grid, target="gfx950", DT=other, **consts)["c"]
+    assert np.linalg.norm(wrong - want) / np.linalg.norm(want) > 1e-2
+
+
+def test_mxfp6_launch_errors():
+    with pytest.raises(ValueError, match="K = 322 must be a multiple of 4"):
+        gemm_pingpong_launch(256, 256, 322, "gfx950", dtype=pk.e2m3p)
+    with pytest.raises(ValueError, match="gfx942 has no e2m3p MFMAs"):
+        gemm_pingpong_launch(256, 256, 256, "gfx942", dtype="e2m3p")
+
+
+@pytest.mark.parametrize("dt,fmt", [("e2m3p", 2), ("e3m2p", 3)])
+def test_mxfp6_build_runs_six_register_operands_at_two_waves_per_simd(dt, fmt):
+    from pykittens.kernels.gemm_cdna import gemm_pingpong_mx
+    _, consts = gemm_pingpong_launch(8192, 8192, 8192, "gfx950", dtype=dt)
+    obj = compiler.code_object(gemm_pingpong_mx, "gfx950", DT=dt, OUT="bf16", **consts)
+    rep = hsaco.report(obj, "gfx950", num_waves=8)
+    insts, labels = hsaco.instructions(amdgpu.disassemble(obj, "gfx950"), rep["kernel"])
+    body = hsaco.main_loop(insts, labels).instructions(insts)
+    mfmas = [args for op, args in body if op.startswith("v_mfma")]
+    assert {op for op, _ in body if op.startswith("v_mfma")} == \
+        {"v_mfma_scale_f32_32x32x64_f8f6f4"}
+    assert len(mfmas) == 8                   # 64 x 128 of C a wave, 64 values of K a step
+    for args in mfmas:                       # A and B in 6 registers, FP6 formats
+        regs = re.findall(r"v\[(\d+):(\d+)\]", args)
+        assert [int(h) - int(lo) for lo, h in regs[:2]] == [5, 5], args
+        assert f"cbsz:{fmt} blgp:{fmt}" in args, args
+    assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0, rep
+    assert rep["sgpr_spill"] <= 4 and rep["occupancy_waves_per_simd"] == 2, rep
+    assert rep["lds_bytes"] == 2 * 2 * 256 * 64, rep       # 48-byte steps in 64-byte rows
 
 
 def test_mx_build_uses_the_scaled_mfma_without_memory_spills():

@@ -14,8 +14,11 @@ from pykittens.targets import get
 
 def test_dtypes():
     assert list(T.DTYPES) == ["f32", "bf16", "f16", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz",
-                              "e8m0", "e2m1x2", "i8", "i32"]
+                              "e8m0", "e2m1x2", "e2m3p", "e3m2p", "i8", "i32"]
     assert (T.e2m1x2.bytes, T.e2m1x2.packed, T.e2m1x2.is_fp8) == (1, 2, False)
+    for fp6 in (T.e2m3p, T.e3m2p):                  # four values in three bytes
+        assert (fp6.bytes, fp6.packed * 3, fp6.is_fp8) == (1, 4, False)
+    assert pk.e2m3p is T.e2m3p and pk.e3m2p is T.e3m2p
     assert [(d.bits, d.bytes, d.is_float, d.is_fp8) for d in (T.f32, T.bf16, T.e4m3, T.i8)] == \
         [(32, 4, True, False), (16, 2, True, False), (8, 1, True, True), (8, 1, False, False)]
     assert pk.f32 is T.f32 and pk.e4m3fnuz is T.e4m3fnuz
@@ -30,6 +33,14 @@ def test_dtypes():
 ])
 def test_dtype_of(spec, want):
     assert T.dtype_of(spec) is want
+
+
+def test_uint8_arrays_hold_any_packed_format():
+    """An uint8 array is FP4 pairs unless the kernel's DT says FP6: the storage matches any
+    packed format, and nothing else."""
+    assert T.dtype_of(np.uint8) is T.e2m1x2 and T.dtype_of("e2m3p") is T.e2m3p
+    assert T.same_storage(T.e2m1x2, T.e3m2p) and T.same_storage(T.e2m3p, T.e2m1x2)
+    assert not T.same_storage(T.e2m1x2, T.e4m3) and not T.same_storage(T.i8, T.e2m3p)
 
 
 @pytest.mark.parametrize("bad", [np.float64, "f64", np.uint16, object()])

@@ -254,6 +254,58 @@ def test_block_scaled_fp4_mma_on_gfx950(mma, instr, rng):
     assert ops and all(int(h) - int(lo) == 3 for r in ops for lo, h in (r[:2], r[2:])), ops
 
 
+def _fp6_values(codes, dt):
+    """FP6 codes -> float64 (ml_dtypes' decoding, not the emulators')."""
+    return codes.astype(np.uint8).view(FP6_NP[dt]).astype(np.float64)
+
+
+FP6_NP = {"e2m3p": ml_dtypes.float6_e2m3fn, "e3m2p": ml_dtypes.float6_e3m2fn}
+
+
+def _fp6_pack(codes, axis, msb_first=False):
+    """6-bit codes -> bytes along `axis`, each line one little-endian bit string (value j in
+    bits 6j .. 6j + 5), built with Python integers; msb_first=True packs each group of four
+    values the other way round (a planted packing bug)."""
+    lines = np.moveaxis(np.asarray(codes), axis, -1)
+    out = np.zeros((*lines.shape[:-1], lines.shape[-1] * 3 // 4), np.uint8)
+    for idx in np.ndindex(*lines.shape[:-1]):
+        for q in range(lines.shape[-1] // 4):
+            four = [int(c) for c in lines[idx][4 * q:4 * q + 4]]
+            word = sum(c << (6 * (3 - j if msb_first else j)) for j, c in enumerate(four))
+            out[idx][3 * q:3 * q + 3] = [(word >> s) & 255 for s in (0, 8, 16)]
+    return np.ascontiguousarray(np.moveaxis(out, -1, axis))
+
+
+@pytest.mark.parametrize("dt", ["e2m3p", "e3m2p"])
+@pytest.mark.parametrize("mma,instr", [(32, "v_mfma_scale_f32_32x32x64_f8f6f4"),
+                                       (16, "v_mfma_scale_f32_16x16x128_f8f6f4")])
+def test_block_scaled_fp6_mma_on_gfx950(dt, mma, instr, rng):
+    """MXFP6: densely packed FP6 (pk.e2m3p / pk.e3m2p) in both emulators against float64;
+    the instruction with FP6 formats (cbsz:2 / 3) and 6-register operands."""
+    k = 256
+    ca, cb = rng.integers(0, 64, (32, k)), rng.integers(0, 64, (k, 32))
+    sa = (2.0 ** rng.integers(-4, 5, (32, k // 32))).astype(pk.e8m0.np)
+    sb = (2.0 ** rng.integers(-4, 5, (k // 32, 32))).astype(pk.e8m0.np)
+    ref = (_fp6_values(ca, dt) * np.repeat(sa.astype(np.float64), 32, 1)) @ \
+        (_fp6_values(cb, dt) * np.repeat(sb.astype(np.float64), 32, 0))
+    a, b = _fp6_pack(ca, 1), _fp6_pack(cb, 0)
+    bk = 96                                   # 128 values a step, 3 / 4 byte each
+    outs = [pk.emulate(mx_gemm, a, b, sa, sb, np.zeros((32, 32), np.float32), grid=1,
+                       target="gfx950", DT=dt, MMA=mma, BK=bk, isa=isa)["c"]
+            for isa in (False, True)]
+    assert rel_err(outs[0], ref) < 1e-6 and np.array_equal(outs[0], outs[1])
+    bad = pk.emulate(mx_gemm, _fp6_pack(ca, 1, msb_first=True), b, sa, sb,
+                     np.zeros((32, 32), np.float32), grid=1, target="gfx950", DT=dt, MMA=mma,
+                     BK=bk, isa=True)["c"]
+    assert rel_err(bad, ref) > 1e-2             # the check sees the packing
+    asm = _asm(compiler.llvm_ir(mx_gemm, "gfx950", DT=dt, MMA=mma, BK=bk), "gfx950")
+    fmt = {"e2m3p": 2, "e3m2p": 3}[dt]
+    ops = re.findall(instr + r" [va]\[\d+:\d+\], [va]\[(\d+):(\d+)\], [va]\[(\d+):(\d+)\].*"
+                     rf"cbsz:{fmt} blgp:{fmt}", asm)
+    # 6 registers an operand: 32 FP6 values a lane
+    assert ops and all(int(h) - int(lo) == 5 for r in ops for lo, h in (r[:2], r[2:])), ops
+
+
 def test_packed_pairs_are_only_moved_and_multiplied():
     @pk.kernel
     def k(a: pk.gl[pk.e2m1x2, 2], c: pk.gl[pk.f32, 2], WHAT: pk.const = ""):
@@ -268,8 +320,8 @@ def test_packed_pairs_are_only_moved_and_multiplied():
             pk.exp2(t)
 
     k.specialize(WHAT="")                              # moving them is fine
-    for what, msg in (("cast", "hold packed pairs"), ("add", "hold packed pairs"),
-                      ("exp2", "hold packed pairs"), ("load", "cannot convert e2m1x2 to f32")):
+    for what, msg in (("cast", "hold packed values"), ("add", "hold packed values"),
+                      ("exp2", "hold packed values"), ("load", "cannot convert e2m1x2 to f32")):
         with pytest.raises(pk.KernelError, match=msg):
             k.specialize(WHAT=what)
 

@@ -275,7 +275,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     if chip not in t.chips:
         raise ValueError(f"{t.name} is {' or '.join(t.chips)}, not {chip}")
     dtype = _operand_type(t, dtype)
-    if dtype not in t.dtypes or dtype in ("f32", "i32", "e8m0", "e2m1x2"):
+    if dtype not in t.dtypes or dtype in ("f32", "i32", "e8m0", "e2m1x2", "e2m3p", "e3m2p"):
         raise ValueError(f"{kernel_name} on {t.name} takes bf16, f16 or fp8 operands, "
                          f"not {dtype}")
     out = out_dtype or ("bf16" if dtype in _FP8 else dtype)

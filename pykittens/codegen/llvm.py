@@ -21,7 +21,7 @@ from ..ir.abi import kernel_args
 
 _LLTY = {"f32": "float", "bf16": "bfloat", "f16": "half", "i32": "i32", "i8": "i8",
          "i1": "i1", "e4m3": "i8", "e5m2": "i8", "e4m3fnuz": "i8", "e5m2fnuz": "i8",
-         "e8m0": "i8", "e2m1x2": "i8"}
+         "e8m0": "i8", "e2m1x2": "i8", "e2m3p": "i8", "e3m2p": "i8"}
 GLOBAL_PTR = "ptr addrspace(1)"        # a tensor's base pointer, in both dialects
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 
 from ..ir import types as T
@@ -530,9 +531,10 @@ class _Machine:
         else:
             c = self.get(w, op.srcs[2])
             C = _matrix(ins.acc_layout, c[:, list(op.attrs["c_slots"])], np.float32)
-        if ins.ab_dtype == "e2m1x2":            # packed FP4 pairs: bytes -> elements along K
-            A = _fp4_pairs(_matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.uint8), 1)
-            B = _fp4_pairs(_matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.uint8), 0)
+        unpack = _PACKED.get(ins.ab_dtype)
+        if unpack is not None:                  # packed FP4 / FP6: bytes -> elements along K
+            A = unpack(_matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.uint8), 1)
+            B = unpack(_matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.uint8), 0)
         else:
             A = _matrix(ins.a_layout, a[:, list(op.attrs["a_slots"])], np.float32)
             B = _matrix(ins.b_layout, b[:, list(op.attrs["b_slots"])], np.float32)
@@ -1179,6 +1181,25 @@ def _fp4_pairs(raw: np.ndarray, axis: int) -> np.ndarray:
     lo, hi = _E2M1[raw & 15], _E2M1[raw >> 4]
     return np.stack([lo, hi], axis=axis + 1).reshape(
         tuple(n * 2 if d == axis else n for d, n in enumerate(raw.shape)))
+
+
+def _fp6_stream(fmt):
+    """Bytes of densely packed FP6 (`fmt`, an ml_dtypes float6 type) -> their values, 4/3 as
+    many along `axis`: each line of bytes along the axis is one little-endian bit string,
+    value j in bits 6j .. 6j + 5 (pk.e2m3p)."""
+    def unpack(raw: np.ndarray, axis: int) -> np.ndarray:
+        lines = np.moveaxis(raw, axis, -1)
+        bits = np.unpackbits(lines, axis=-1, bitorder="little")
+        n = bits.shape[-1] // 6
+        codes = np.packbits(bits[..., :6 * n].reshape(*lines.shape[:-1], n, 6), axis=-1,
+                            bitorder="little")[..., 0]
+        return np.moveaxis(codes.view(fmt).astype(np.float32), -1, axis)
+    return unpack
+
+
+# MFMA operand types stored packed: their unpacking, bytes -> values along K
+_PACKED = {"e2m1x2": _fp4_pairs, "e2m3p": _fp6_stream(ml_dtypes.float6_e2m3fn),
+           "e3m2p": _fp6_stream(ml_dtypes.float6_e3m2fn)}
 
 
 def _element_bytes(region, rows, cols) -> np.ndarray:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +14,8 @@ class DType:
     bits: int
     kind: str              # 'float' or 'int'
     np: type               # numpy (ml_dtypes) storage type
-    packed: int = 1        # elements per stored element (e2m1x2: two FP4 values a byte)
+    packed: int | Fraction = 1   # values per stored element (e2m1x2: two FP4 values a byte;
+                                 # e2m3p / e3m2p: four FP6 values in three bytes)
 
     @property
     def bytes(self) -> int:
@@ -43,13 +45,27 @@ e8m0 = DType("e8m0", 8, "float", ml_dtypes.float8_e8m0fnu)         # OCP MX bloc
 # float4_e2m1fn_x2). Tiles of it count bytes: a row of K values is K / 2 columns. Only
 # moved (loads, stores) and multiplied (gfx950's block-scaled MFMAs), never computed on.
 e2m1x2 = DType("e2m1x2", 8, "float", np.uint8, packed=2)
+# OCP MX FP6, E2M3 and E3M2, packed densely: a row is one little-endian bit string, value j
+# in bits 6j .. 6j + 5 (four values in three bytes; gfx950's MFMAs read them so from their
+# registers). Tiles of it count bytes, a row of K values 3K / 4 columns; held in uint8
+# arrays, the kernel's DT saying which format (an uint8 array alone means e2m1x2). Only moved
+# and multiplied, like e2m1x2.
+e2m3p = DType("e2m3p", 8, "float", np.uint8, packed=Fraction(4, 3))
+e3m2p = DType("e3m2p", 8, "float", np.uint8, packed=Fraction(4, 3))
 i8 = DType("i8", 8, "int", np.int8)
 i32 = DType("i32", 32, "int", np.int32)
 boolean = DType("i1", 1, "int", np.bool_)
 
 DTYPES = {d.name: d for d in (f32, bf16, f16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, e8m0, e2m1x2,
-                              i8, i32)}
-_NP = {np.dtype(d.np): d for d in DTYPES.values()}
+                              e2m3p, e3m2p, i8, i32)}
+_NP = {np.dtype(d.np): d for d in DTYPES.values() if d not in (e2m3p, e3m2p)}
+FP6 = (e2m3p, e3m2p)
+
+
+def same_storage(got: DType, want: DType) -> bool:
+    """Whether an array holding `got` may be passed where `want` is declared: the same type,
+    or bytes of one packed format where another is (an uint8 array holds any of them)."""
+    return got == want or (got.packed != 1 and want.packed != 1 and got.np is want.np)
 
 
 def dtype_of(x) -> DType:

@@ -21,7 +21,11 @@ Operand layouts are written here from AMD's documentation, independently of
   row (A) or column (B) l % M, wherever those elements sit. CBSZ / BLGP give A's / B's format:
   0 FP8 (E4M3), 1 BF8 (E5M2), 4 FP4 (E2M1: 4 registers, lane l holding K = 32 (l // M) ..
   + 31 consecutively, element j in bits 4 (j % 2) .. + 3 of byte j // 2; the same blog's
-  fp4 32x32x64 example); the FP6 codes are not emulated. OP_SEL / OP_SEL_HI bit 0 (A)
+  fp4 32x32x64 example); 2 FP6 (E2M3) and 3 BF6 (E3M2): 6 registers, the 8-bit operands'
+  two runs of 16 K values, each value 6 bits wide and packed densely, value j of the lane
+  in bits 6j .. 6j + 5 of its registers read as one little-endian bit string (a value may
+  straddle two registers; gem5's PackedReg for the CDNA3 MXFP6 operands and Composable
+  Kernel's f6x32_pk_t pack them so). OP_SEL / OP_SEL_HI bit 0 (A)
   and 1 (B) select the scale's byte (op_sel is the low bit).
 
 Arithmetic: products of the decoded inputs summed in float64, plus C, rounded once to
@@ -54,6 +58,24 @@ _E2M1 = np.array([s * m * 2.0 ** e for s in (1, -1)
                   for e, m in ((0, 0.0), (0, 0.5), (0, 1.0), (0, 1.5), (1, 1.0), (1, 1.5),
                                (2, 1.0), (2, 1.5))])
 FP4 = 4           # the CBSZ / BLGP code of FP4 operands
+
+
+def _fp6_values(exp_bits: int) -> np.ndarray:
+    """OCP MX specification, FP6: code -> value for E2M3 (exp_bits 2, bias 1) or E3M2
+    (exp_bits 3, bias 3): sign bit 5, then the exponent, then the mantissa; exponent 0 is
+    subnormal (2^(1 - bias) x 0.m); no inf or NaN."""
+    man_bits = 5 - exp_bits
+    bias = (1 << (exp_bits - 1)) - 1
+    out = np.empty(64)
+    for code in range(64):
+        sign = -1.0 if code >> 5 else 1.0
+        e = (code >> man_bits) & ((1 << exp_bits) - 1)
+        frac = (code & ((1 << man_bits) - 1)) / (1 << man_bits)
+        out[code] = sign * (2.0 ** (e - bias) * (1 + frac) if e else 2.0 ** (1 - bias) * frac)
+    return out
+
+
+FP6 = {2: _fp6_values(2), 3: _fp6_values(3)}    # CBSZ / BLGP code -> FP6 / BF6 values
 
 
 _F8_TABLES = {t: {k: _table(v) for k, v in d.items()} for t, d in FP8_FORMATS.items()}
@@ -95,8 +117,11 @@ def passes(op: str, mods=None) -> int:
     if (m, n) not in table:
         raise ISAError(f"{op}: MFMA shape {m}x{n} is not in the emulator's pass table")
     mods = mods or {}
-    fp4 = kinds[0] == "f8f6f4" and int(mods.get("cbsz", 0)) == FP4 == int(mods.get("blgp", 0))
-    return table[(m, n)] // (2 if fp4 else 1)
+    narrow = (FP4, *FP6)          # 4- and 6-bit data: the MI355X data sheet's MXFP4 and
+    # MXFP6 rates are both twice MXFP8's
+    half = kinds[0] == "f8f6f4" and int(mods.get("cbsz", 0)) in narrow and \
+        int(mods.get("blgp", 0)) in narrow
+    return table[(m, n)] // (2 if half else 1)
 
 
 def operand_index(m: int, k: int, f8f6f4: bool = False, fp4: bool = False):
@@ -133,10 +158,14 @@ def _decode(raw_regs: np.ndarray, kind: str, per: int, target: str, fmt: int = 0
     if kind == "f8f6f4" and fmt == FP4:             # two a byte, low nibble first
         b = words.view(np.uint8)[:, :per // 2]
         return _E2M1[np.stack([b & 15, b >> 4], axis=2).reshape(LANES, per)]
+    if kind == "f8f6f4" and fmt in FP6:             # 6 bits each, packed across registers
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+        codes = bits[:, :6 * per].reshape(LANES, per, 6) @ (1 << np.arange(6))
+        return FP6[fmt][codes]
     b = words.view(np.uint8)[:, :per]
     if kind == "f8f6f4":
         if fmt not in (0, 1):
-            raise ISAError(f"f8f6f4 format code {fmt} (FP6) is not emulated")
+            raise ISAError(f"f8f6f4 format code {fmt} is not one of FP8, BF8, FP6, BF6, FP4")
         kind = "fp8" if fmt == 0 else "bf8"
     return _F8_TABLES[target][kind][b]
 
@@ -165,9 +194,11 @@ def compile_mfma(inst, ctx):
     if d.n != nacc:
         raise ISAError(f"{inst.where()}: D has {d.n} registers, {inst.op} writes {nacc}")
     for o, fmt in ((a, fmt_a), (b, fmt_b)):
-        if fmt not in (0, 1, FP4):
-            raise ISAError(f"{inst.where()}: f8f6f4 format code {fmt} (FP6) is not emulated")
-        want = per // (2 if fmt == FP4 else 1) // 4 if f8f6f4 else o.n
+        if fmt not in (0, 1, FP4, *FP6):
+            raise ISAError(f"{inst.where()}: f8f6f4 format code {fmt} is not one of FP8, BF8, "
+                           "FP6, BF6, FP4")
+        bits = 4 if fmt == FP4 else 6 if fmt in FP6 else 8
+        want = per * bits // 32 if f8f6f4 else o.n
         if o.n != want:
             raise ISAError(f"{inst.where()}: an operand of format {fmt} takes {want} "
                            f"registers, not {o.n}")

@@ -45,10 +45,11 @@ def gemm_pingpong_mx(a: pk.gl["DT", 2], b: pk.gl["DT", 2], scale_a: pk.gl[pk.e8m
                      DT: pk.const = None, OUT: pk.const = None, BK: pk.const = 0,
                      PIN: pk.const = "a0", MAP: pk.const = "row-major", TM: pk.const = 0,
                      TN: pk.const = 0, TARGET: pk.target = None):
-    """gfx950, MXFP8 and MXFP4: C = (A 2^(scale_a - 127)) @ (B 2^(scale_b - 127)).T, every
-    32 elements of a row of A and of B along K sharing one E8M0 scale: scale_a (M, K / 32)
-    and scale_b (K / 32, N), the layout the block-scaled MFMA reads B's scales in. DT e4m3
-    or e5m2 (A (M, K), B (N, K)), or e2m1x2: FP4 pairs, A (M, K / 2) and B (N, K / 2)
+    """gfx950, MXFP8, MXFP6 and MXFP4: C = (A 2^(scale_a - 127)) @ (B 2^(scale_b - 127)).T,
+    every 32 elements of a row of A and of B along K sharing one E8M0 scale: scale_a
+    (M, K / 32) and scale_b (K / 32, N), the layout the block-scaled MFMA reads B's scales
+    in. DT e4m3 or e5m2 (A (M, K), B (N, K)); e2m3p or e3m2p: FP6 packed densely, A (M,
+    3K / 4) and B (N, 3K / 4) bytes; or e2m1x2: FP4 pairs, A (M, K / 2) and B (N, K / 2)
     bytes. The schedule is gemm_pingpong's; each wave reads its rows' scales of the next
     step from memory in the memory cluster."""
     _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET)
@@ -59,11 +60,14 @@ def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
         raise pk.KernelError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not "
                              f"{TARGET}; on Hopper use gemm_ws")
     mx = scale_a is not None
-    BK = BK or STEP_BYTES[TARGET] // pk.dtype_of(DT).bytes     # columns (bytes for FP4 pairs)
-    blocks = BK * pk.dtype_of(DT).packed // 32                 # scale blocks per step
+    BK = BK or step_columns(TARGET, pk.dtype_of(DT))   # columns (bytes for packed FP4 / FP6)
+    blocks = BK * pk.dtype_of(DT).packed // 32         # scale blocks per step
     m0, n0 = output_tile(MAP, TM, TN, BLOCK, BLOCK, TARGET)
-    sa = pk.empty(pk.st((BLOCK, BK), DT), count=2)
-    sb = pk.empty(pk.st((BLOCK, BK), DT), count=2)
+    # LDS rows are a power of two wide: FP6's 48 bytes a step take 64-byte rows, the direct
+    # loads moving the next step's 16 bytes too (a third more reads than the data)
+    width = 1 << (BK - 1).bit_length()
+    sa = pk.empty(pk.st((BLOCK, width), DT), count=2)
+    sb = pk.empty(pk.st((BLOCK, width), DT), count=2)
     wm, wn = pk.wave_id() // 2, pk.wave_id() % 2
     ta = pk.empty(pk.rt((WAVE_M, BK), DT, "row", role="a", scaled=mx))
     tb = pk.empty(pk.rt((WAVE_N, BK), DT, "row", role="b", scaled=mx))
@@ -112,26 +116,49 @@ def _pingpong(a, b, c, scale_a, scale_b, DT, BK, PIN, MAP, TM, TN, TARGET):
 # ~260 registers for its operands); gfx942 32 (its direct loads move dwords, one M0 setup
 # each: 64 spills SGPRs)
 STEP_BYTES = {"gfx950": 64, "gfx942": 32}
+FP6_STEP_BYTES = 48     # 64 FP6 values, one 32x32x64 MFMA deep (64 bytes: not whole values)
+
+
+def step_columns(target: str, dtype) -> int:
+    """Columns of A and B (bytes for packed types) a K step takes: STEP_BYTES of each row."""
+    if dtype.packed not in (1, 2):
+        return FP6_STEP_BYTES
+    return STEP_BYTES[target] // dtype.bytes
 
 
 def gemm_pingpong_launch(m: int, n: int, k: int, target: str, itemsize: int = 2,
-                         packed: int = 1):
+                         packed: int = 1, dtype=None):
     """(grid, consts) of gemm_pingpong (or gemm_pingpong_mx) for an (m, k) x (n, k) product
     on a CDNA target: one workgroup per 256 x 256 block of C, in the cache simulator's
     order. itemsize: bytes a stored element; packed=2 for FP4 pairs (pk.e2m1x2: k / 2
-    bytes a row)."""
+    bytes a row); or dtype, the operands' element type (its name or pk type), which sets
+    both (pk.e2m3p / pk.e3m2p: FP6, 3k / 4 bytes a row)."""
+    from ..ir.types import dtype_of
+    if dtype is not None:
+        d = dtype_of(dtype)
+        if d.packed not in (1, 2) and k % 4:
+            raise ValueError(f"FP6 packs four values in three bytes: K = {k} must be a "
+                             "multiple of 4")
+        itemsize, packed = d.bytes, d.packed
     from .. import chiplet
     from ..targets import get
     t = get(target)
     if t.name not in STEP_BYTES:
         raise ValueError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not {target}; on "
                          "Hopper use gemm_ws")
-    if itemsize not in (1, 2) or packed not in (1, 2) or packed == 2 and itemsize != 1:
+    if dtype is not None and dtype_of(dtype).name not in t.dtypes:
+        raise ValueError(f"{t.name} has no {dtype_of(dtype)} MFMAs (the MX formats are "
+                         "gfx950's)")
+    fp6 = dtype is not None and packed not in (1, 2)
+    if itemsize not in (1, 2) or packed not in (1, 2) and not fp6 or \
+            packed != 1 and itemsize != 1:
         raise ValueError("gemm_pingpong takes bf16, f16 or fp8 operands (itemsize 2 or 1), "
-                         "or FP4 pairs (itemsize=1, packed=2)")
+                         "FP4 pairs (itemsize=1, packed=2) or FP6 (dtype=pk.e2m3p / e3m2p)")
     if packed == 2 and k % 2:
         raise ValueError(f"FP4 pairs pack K two a byte: K = {k} must be even")
-    bk = STEP_BYTES[t.name] // itemsize
+    if dtype is None:                  # a type of that storage: only its size matters here
+        dtype = {(2, 1): "bf16", (1, 1): "e4m3", (1, 2): "e2m1x2"}[itemsize, packed]
+    bk = step_columns(t.name, dtype_of(dtype))
     tm, tn = max(1, -(-m // BLOCK)), max(1, -(-n // BLOCK))
     op = chiplet.Gemm(tm * BLOCK, tn * BLOCK, max(k // packed, 1), bm=BLOCK, bn=BLOCK, bk=bk,
                       dtype="bf16" if itemsize == 2 else "e4m3")

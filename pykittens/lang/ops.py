@@ -152,15 +152,17 @@ def _same_packing(src, dst, what):
     """A packed type converts to nothing and nothing converts to it."""
     ds, dd = src.dtype, dst.dtype
     if ds != dd and (ds.packed != 1 or dd.packed != 1):
-        raise error(f"{what} cannot convert {ds} to {dd}: packed pairs move as they are; "
-                    f"make both {ds if ds.packed != 1 else dd}")
+        raise error(f"{what} cannot convert {ds} to {dd}: packed values (FP4 pairs, FP6) "
+                    f"move as they are; make both {ds if ds.packed != 1 else dd}")
 
 
 def _need_values(d: T.DType, what):
-    """Packed types (pk.e2m1x2) are moved and multiplied only: their bytes hold two values."""
+    """Packed types (pk.e2m1x2, pk.e2m3p, pk.e3m2p) are moved and multiplied only: their
+    bytes hold parts of values (two FP4 a byte, four FP6 in three bytes)."""
     if d.packed != 1:
-        raise error(f"{what}: {d} tiles hold packed pairs of values, which are only loaded, "
-                    "stored and multiplied (block-scaled mma); nothing computes on them")
+        raise error(f"{what}: {d} tiles hold packed values (FP4 pairs, FP6), which are only "
+                    "loaded, stored and multiplied (block-scaled mma); nothing computes on "
+                    "them")
 
 
 def _dst_of(dst):
@@ -906,7 +908,7 @@ def _check_scales(name, a, b, scale_a, scale_b, m, k, n):
         raise error(f"{name}: give both scale_a= and scale_b= (E8M0 tiles)")
     if not (a.type.scaled and b.type.scaled):
         raise error(f"{name} with scales needs operand tiles made with scaled=True")
-    k *= a.dtype.packed                       # K in elements (packed FP4: two a column)
+    k = int(k * a.dtype.packed)               # K in values (FP4: two a column, FP6: 4 in 3)
     for t, role, shape in ((scale_a, "a_scale", (m, k // 32)), (scale_b, "b_scale", (k // 32, n))):
         if not isinstance(t, RT) or t.type.role != role or tuple(t.shape) != shape:
             raise error(f"{name}: {role.replace('_', ' ')}s must be pk.rt({shape}, pk.e8m0, "

@@ -174,9 +174,9 @@ def check_tensor(v, *, name: str, dtype=None, rank: int | None = None, shape=Non
     got = element_type(v, name, kernel) if hasattr(v, "dtype") else None
     if dtype is not None and got is not None:
         want = T.dtype_of(dtype)
-        if got != want:
+        if not T.same_storage(got, want):
             fix = f"x.to({_torch_name(want)})" if is_torch(v) else f"x.astype({_np_name(want)})"
-            held = f"{got} ({v.dtype} holds FP4 pairs)" if got.packed != 1 else got
+            held = f"{got} ({v.dtype} holds packed FP4 or FP6)" if got.packed != 1 else got
             raise fail(f"{name} has element type {held} but the kernel expects {want}; "
                        f"convert it first ({fix})", kernel)
     dims = tuple(int(d) for d in v.shape)
@@ -223,14 +223,17 @@ def check_tensor(v, *, name: str, dtype=None, rank: int | None = None, shape=Non
 
 
 def _np_name(d: T.DType) -> str:
-    return {"f32": "np.float32", "f16": "np.float16", "i32": "np.int32", "i8": "np.int8",
-            "e2m1x2": "np.uint8"}.get(d.name, f"ml_dtypes.{np.dtype(d.np).name}")
+    if d.np is np.uint8:                   # packed FP4 / FP6 bytes
+        return "np.uint8"
+    return {"f32": "np.float32", "f16": "np.float16", "i32": "np.int32",
+            "i8": "np.int8"}.get(d.name, f"ml_dtypes.{np.dtype(d.np).name}")
 
 
 def _torch_name(d: T.DType) -> str:
     return {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16",
             "i32": "torch.int32", "i8": "torch.int8", "e4m3": "torch.float8_e4m3fn",
-            "e5m2": "torch.float8_e5m2", "e2m1x2": "torch.float4_e2m1fn_x2"}.get(d.name, d.name)
+            "e5m2": "torch.float8_e5m2", "e2m1x2": "torch.float4_e2m1fn_x2",
+            "e2m3p": "torch.uint8", "e3m2p": "torch.uint8"}.get(d.name, d.name)
 
 
 def memory_span(v) -> tuple[int, int] | None:

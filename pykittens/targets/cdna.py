@@ -130,7 +130,8 @@ def mfma_b(n: int, k: int, krun: int | None = None):
     return _mfma_ab(n, k, 1, krun)
 
 
-def _f8f6f4_ab(mn: int, k: int, name_dim: int, fp4: bool = False):
+def _f8f6f4_ab(mn: int, k: int, name_dim: int, fp4: bool = False,
+               fp6: bool = False):
     """A or B operand of V_MFMA_[SCALE_]F32_{32X32X64,16X16X128}_F8F6F4 with fp8 data: lane l
     holds row/col l % mn and 32 K values in two runs of 16 that are K/2 apart: K = 16 * g + s
     for slots s = 0..15 and K/2 + 16 * g + (s - 16) for s = 16..31, g = l // mn (registers
@@ -144,12 +145,17 @@ def _f8f6f4_ab(mn: int, k: int, name_dim: int, fp4: bool = False):
     32 consecutive K values, K = 32 g .. 32 g + 31, in 16 bytes (4 registers; element 2i in
     bits 3:0 of byte i): the same blog's fp4 32x32x64 example (lane l loads bytes
     16 (l / 32) .. + 15 of row l % 32 of A); LLVM's MC tests for gfx950 give cbsz:4 blgp:4
-    4-register operands."""
+    4-register operands.
+
+    fp6=True: FP6 data packed densely (pk.e2m3p / pk.e3m2p, k counting bytes): the 8-bit
+    runs of 16 values, 12 bytes each and k/2 bytes (K/2 values) apart, in 6 registers
+    (Triton's "2 16-consecutive elements blocks" for mxfp6 as for mxfp8)."""
     groups = WAVE // mn
     other = 1 - name_dim
     bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
-    bits += [(other, 16 << b) for b in range(groups.bit_length() - 1)]
-    runs = [r * (k // 2) + s for r in range(2) for s in range(16)]
+    run = 12 if fp6 else 16                  # bytes of 16 values
+    bits += [(other, run << b) for b in range(groups.bit_length() - 1)]
+    runs = [r * (k // 2) + s for r in range(2) for s in range(run)]
     if fp4:
         runs = list(range(16))
     slots = [((0, kk) if name_dim == 0 else (kk, 0)) for kk in runs]
@@ -157,12 +163,12 @@ def _f8f6f4_ab(mn: int, k: int, name_dim: int, fp4: bool = False):
     return linear(shape, bits, slots)
 
 
-def f8f6f4_a(m: int, k: int, fp4: bool = False):
-    return _f8f6f4_ab(m, k, 0, fp4)
+def f8f6f4_a(m: int, k: int, fp4: bool = False, fp6: bool = False):
+    return _f8f6f4_ab(m, k, 0, fp4, fp6)
 
 
-def f8f6f4_b(n: int, k: int, fp4: bool = False):
-    return _f8f6f4_ab(n, k, 1, fp4)
+def f8f6f4_b(n: int, k: int, fp4: bool = False, fp6: bool = False):
+    return _f8f6f4_ab(n, k, 1, fp4, fp6)
 
 
 def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:
@@ -175,8 +181,8 @@ def ds_read_tr16_b64_source(lane: int, element: int) -> tuple[int, int]:
 
 
 # cbsz / blgp operand-format codes of the scaled f8f6f4 MFMAs (CDNA4 ISA): 0 = FP8 E4M3,
-# 1 = BF8 E5M2, 4 = FP4 E2M1 (2, 3 are FP6/BF6, not used yet).
-F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m1x2": 4}
+# 1 = BF8 E5M2, 2 = FP6 E2M3, 3 = BF6 E3M2, 4 = FP4 E2M1.
+F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m3p": 2, "e3m2p": 3, "e2m1x2": 4}
 
 
 def mfma_scales(mn: int, k: int, name_dim: int):

@@ -27,14 +27,17 @@ def _mfma(name, m, n, k, ab, intrinsic, scaled=False, f8f6f4=False):
                     *scales, no_scale=f8f6f4 and not scaled, passes=passes)
 
 
-def _mxfp4(m, k):
-    """The block-scaled f8f6f4 MFMA on FP4 operands (cbsz:4 blgp:4): K = k elements, k / 2
-    bytes of pk.e2m1x2 per row. Half the passes of 8-bit data: the MI355X data sheet's
-    MXFP4 rate is twice MXFP8's, and LLVM's gfx950 model pads a 16x16x128 FP4 result
-    for 4 passes (ROCm 7.2's compiler)."""
+def _mx_narrow(m, k, ab):
+    """The block-scaled f8f6f4 MFMA on FP4 (pk.e2m1x2, cbsz:4 blgp:4: k / 2 bytes a row of
+    K = k values) or FP6 operands (pk.e2m3p / pk.e3m2p, cbsz:2 / 3: 3k / 4 bytes). Half the
+    passes of 8-bit data: the MI355X data sheet's MXFP4 and MXFP6 rates are twice MXFP8's,
+    and LLVM's gfx950 model pads a 16x16x128 FP4 result for 4 passes (ROCm 7.2's
+    compiler)."""
+    fp4 = ab == "e2m1x2"
+    nbytes = k // 2 if fp4 else k * 3 // 4
     name = f"v_mfma_scale_f32_{m}x{m}x{k}_f8f6f4"
-    return MMAInstr(name, m, m, k // 2, "e2m1x2", "f32", cdna.f8f6f4_a(m, k // 2, fp4=True),
-                    cdna.f8f6f4_b(m, k // 2, fp4=True), cdna.mfma_acc(m, m),
+    return MMAInstr(name, m, m, nbytes, ab, "f32", cdna.f8f6f4_a(m, nbytes, fp4, not fp4),
+                    cdna.f8f6f4_b(m, nbytes, fp4, not fp4), cdna.mfma_acc(m, m),
                     f"llvm.amdgcn.mfma.scale.f32.{m}x{m}x{k}.f8f6f4", True,
                     cdna.mfma_scales(m, k, 0), cdna.mfma_scales(m, k, 1),
                     passes=8 if m == 32 else 4)
@@ -50,7 +53,8 @@ TARGET = Target(
     num_xcds=8, cus_per_xcd=32, l2_bytes_per_xcd=cdna.L2_PER_XCD, llc_bytes=cdna.LLC,
     cache_line_bytes=cdna.CACHE_LINE, hbm_bytes_per_s=8.0e12,
     hbm_bytes_per_s_by_chip=(("MI350X", 8.0e12), ("MI355X", 8.0e12)),
-    dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "e2m1x2", "i8", "i32"}),
+    dtypes=frozenset({"f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "e2m1x2", "e2m3p",
+                      "e3m2p", "i8", "i32"}),
     lds_dma_bytes=16,                  # CDNA4 ISA: buffer_load_dwordx4 ... lds (12 or 16 B/lane)
     lds_read_tr16=True,                # CDNA4 ISA: ds_read_b64_tr_b16
     fp8_flavor="ocp",
@@ -81,7 +85,9 @@ TARGET = Target(
         *(_mfma(f"v_mfma_scale_f32_{m}x{m}x{k}_f8f6f4", m, m, k, ab,
                 f"llvm.amdgcn.mfma.scale.f32.{m}x{m}x{k}.f8f6f4", scaled=True, f8f6f4=True)
           for m, k in ((32, 64), (16, 128)) for ab in ("e4m3", "e5m2")),
-        # MXFP4: the same instructions on packed FP4 pairs (K counted in bytes: 32 / 64)
-        *(_mxfp4(m, k) for m, k in ((32, 64), (16, 128))),
+        # MXFP4 and MXFP6: the same instructions on packed FP4 pairs (K counted in bytes:
+        # 32 / 64) and densely packed FP6 (48 / 96 bytes)
+        *(_mx_narrow(m, k, ab) for ab in ("e2m1x2", "e2m3p", "e3m2p")
+          for m, k in ((32, 64), (16, 128))),
     ),
 )

@@ -203,9 +203,63 @@ def test_block_scaled_fp4_mfma(m, k, op, rng):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("fmt,dtype", [(2, ml_dtypes.float6_e2m3fn),
+                                       (3, ml_dtypes.float6_e3m2fn)])
+@pytest.mark.parametrize("m,k,op", [(32, 64, "v_mfma_scale_f32_32x32x64_f8f6f4"),
+                                    (16, 128, "v_mfma_scale_f32_16x16x128_f8f6f4")])
+def test_block_scaled_fp6_mfma(m, k, op, fmt, dtype, rng):
+    """CBSZ = BLGP = 2 (FP6 E2M3) / 3 (BF6 E3M2): 6 registers an operand, lane l holding
+    the 8-bit layout's two runs of 16 K values (K = 16 (l // M) + s and K/2 + 16 (l // M) +
+    s) of row (A) / column (B) l % M, value j in bits 6j .. 6j + 5 of the six registers
+    taken as one little-endian bit string, so values 5, 10, 21 and 26 straddle two
+    registers (gem5's PackedReg, Composable Kernel's f6x32_pk_t); values from ml_dtypes,
+    placed here by hand with Python integers."""
+    ca, cb = rng.integers(0, 64, (m, k)), rng.integers(0, 64, (k, m))
+    val = lambda c: c.astype(np.uint8).view(dtype).astype(np.float64)  # noqa: E731
+    ea = rng.integers(120, 134, (m, k // 32))
+    eb = rng.integers(120, 134, (k // 32, m))
+    v = {}
+    for base, codes in ((0, ca), (8, cb.T)):             # B by column: its K runs down
+        words = np.zeros((6, 64), np.uint32)
+        for ln in range(64):
+            g = ln // m
+            ks = [16 * g + s for s in range(16)] + [k // 2 + 16 * g + s for s in range(16)]
+            stream = sum(int(codes[ln % m, kk]) << (6 * j) for j, kk in enumerate(ks))
+            for r in range(6):
+                words[r, ln] = (stream >> (32 * r)) & 0xFFFFFFFF
+        v.update({base + r: words[r] for r in range(6)})
+    lane = np.arange(64)
+    v[20] = ea[lane % m, lane // m].astype(np.uint32)
+    v[21] = eb[lane // m, lane % m].astype(np.uint32)
+    nacc = m * m // 64
+    w = execute([f"{op} a[0:{nacc - 1}], v[0:5], v[8:13], 0, v20, v21 op_sel_hi:[0,0,0] "
+                 f"cbsz:{fmt} blgp:{fmt}"], "gfx950", v=v)
+    got = np.zeros((m, m))
+    for i in range(m):
+        for j in range(m):
+            r, ln = acc_entry(i, j, m)
+            got[i, j] = w.v[256 + r, ln].view(np.float32)
+    want = (val(ca) * np.repeat(2.0 ** (ea - 127), 32, 1)) @ \
+        (val(cb) * np.repeat(2.0 ** (eb - 127), 32, 0))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_fp6_code_tables_agree_with_ml_dtypes():
+    """The emulator's FP6 values come from the OCP MX bit fields; ml_dtypes' are another
+    implementation of the same specification: all 64 codes of both formats agree."""
+    from pykittens.isa.mfma import FP6
+    codes = np.arange(64, dtype=np.uint8)
+    for fmt, dtype in ((2, ml_dtypes.float6_e2m3fn), (3, ml_dtypes.float6_e3m2fn)):
+        np.testing.assert_array_equal(FP6[fmt], codes.view(dtype).astype(np.float64))
+    assert FP6[2].max() == 7.5 and FP6[3].max() == 28.0           # the formats' largest
+
+
 def test_unsupported_forms_are_named():
-    with pytest.raises(ISAError, match="FP6"):
+    with pytest.raises(ISAError, match="not one of FP8, BF8, FP6, BF6, FP4"):
         execute(["v_mfma_scale_f32_32x32x64_f8f6f4 a[0:15], v[0:5], v[8:13], 0, v20, v21 "
+                 "op_sel_hi:[0,0,0] cbsz:5 blgp:5"], "gfx950")
+    with pytest.raises(ISAError, match="format 2 takes 6 registers, not 8"):
+        execute(["v_mfma_scale_f32_32x32x64_f8f6f4 a[0:15], v[0:7], v[8:15], 0, v20, v21 "
                  "op_sel_hi:[0,0,0] cbsz:2 blgp:2"], "gfx950")
     with pytest.raises(ISAError, match="format 4 takes 4 registers, not 8"):
         execute(["v_mfma_scale_f32_32x32x64_f8f6f4 a[0:15], v[0:7], v[8:15], 0, v20, v21 "
