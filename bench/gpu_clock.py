@@ -4,6 +4,12 @@ library GEMM (pykittens.ops.linear: gemm_ws) run back to back for a few seconds 
 4096³ and 8192³. The performance model (pykittens/analysis/model.py) takes cuBLAS's median as the
 clock of a kernel bound by the tensor cores (targets/sm90a.py, load_clock_hz).
 
+Then the tensor cores' rate per clock with nothing else to do: `wgmma_loop`, one workgroup
+an SM, two warpgroups issuing bf16 wgmma m64n256k16 back to back (A from registers, B from
+shared memory, one group in flight behind the one issuing), no memory traffic in the loop;
+its FLOP/s over the clock sampled meanwhile and the 132 SMs is the dense bf16 FLOPs an SM
+does per clock (targets/sm90a.py, wgmma_bf16_flops_per_clk).
+
     PYTHONPATH=. python3 bench/gpu_clock.py          # on the GPU
 
 Prints one row per (shape, contender) and the idle clocks; writes $OUT/gpu_clock.json."""
@@ -17,6 +23,7 @@ import time
 
 import torch
 
+import pykittens as pk
 import pykittens.ops as pko
 
 SECONDS = 5.0
@@ -46,6 +53,43 @@ def sample(fn, seconds=SECONDS) -> dict:
             "throttle_reasons": sorted({r[2] for r in rows}), "calls_per_s": calls / elapsed}
 
 
+WGMMA_STEPS = 2048             # K steps of 64 per launch: about 3 ms at the tensor cores' rate
+SMS = 132
+
+
+@pk.kernel(num_waves=8)
+def wgmma_loop(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+               STEPS: pk.const = WGMMA_STEPS):
+    """c[rows of this workgroup] = STEPS x (a @ b.T): each wave's 16 rows of a (16 x 64) held
+    in registers, b (256 x 64) in shared memory, four wgmma m64n256k16 a step."""
+    sb = pk.empty(pk.st((256, 64), pk.bf16, swizzle=8))
+    pk.load(sb, b)
+    pk.barrier()
+    ta = pk.load(pk.rt((16, 64), pk.bf16, role="a"), a, (16 * pk.wave_id(), 0))
+    acc = pk.zeros(pk.rt((16, 256), pk.f32, role="acc"))
+    for _ in pk.range(STEPS):
+        pk.mma_ABt(acc, ta, sb, in_flight=1)
+    pk.mma_wait(acc)
+    pk.store(c, acc, (128 * pk.program_id(0) + 16 * pk.wave_id(), 0))
+
+
+def wgmma_rate() -> dict:
+    """wgmma_loop on every SM for a few seconds: its FLOP/s, clock and FLOPs an SM a clock."""
+    a = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(128 * SMS, 256, device="cuda", dtype=torch.float32)
+    r = {"shape": "m64n256k16 x 4 x steps", "contender": "wgmma loop",
+         **sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS))}
+    flops = SMS * 8 * 16 * 256 * 64 * 2 * WGMMA_STEPS      # 8 waves of 16 rows, K = 64 a step
+    r["tflops"] = flops * r["calls_per_s"] / 1e12
+    r["flops_per_clk_per_sm"] = r["tflops"] * 1e12 / (r["clock_mhz_median"] * 1e6 * SMS)
+    print(f"wgmma loop: {r['tflops']:.0f} TFLOP/s at a median SM clock of "
+          f"{r['clock_mhz_median']:.0f} MHz ({r['power_w_median']:.0f} W): "
+          f"{r['flops_per_clk_per_sm']:.0f} bf16 FLOPs an SM a clock (the data sheet's: 4096)",
+          flush=True)
+    return r
+
+
 def main() -> int:
     out = []
     for m in (4096, 8192):
@@ -59,6 +103,7 @@ def main() -> int:
                   f"(min {r['clock_mhz_min']:.0f}, max {r['clock_mhz_max']:.0f}), "
                   f"{r['power_w_median']:.0f} W, throttle {','.join(r['throttle_reasons'])}, "
                   f"{r['tflops']:.0f} TFLOP/s (host loop)", flush=True)
+    out.append(wgmma_rate())
     idle = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.limit",
                            "--format=csv,noheader"], capture_output=True, text=True).stdout
     print(f"idle: {idle.strip()}  (SM clock, max SM clock, power limit)")

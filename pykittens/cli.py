@@ -185,7 +185,85 @@ def cmd_bench(a) -> int:
     return ops.main(a.families, a.out, quick=a.quick, dtypes=a.dtype, reps=a.reps)
 
 
-def library_plan(kernel_name, target, m, n, k, dtype, out_dtype):
+def library_plan(kernel_name, target, *args, **kw):
+    """How the library launches a modelled kernel, from the kernels' own launch rules (the
+    analysis.model.Launch): GEMMs (kernel, target, m, n, k, dtype, out_dtype),
+    attention_fwd (kernel, target, (B, Hq, Hkv, N, D), dtype, causal=) and the row kernels
+    (kernel, target, (rows, cols), dtype)."""
+    from .analysis.model import ROWS
+    if kernel_name == "attention_fwd":
+        return _attention_plan(target, *args, **kw)
+    if kernel_name in ROWS:
+        return _rows_plan(kernel_name, target, *args)
+    return _gemm_plan(kernel_name, target, *args)
+
+
+def _attention_plan(target, shape, dtype, causal=False):
+    """attention_fwd as pykittens.ops.attention launches it; each workgroup's K/V blocks."""
+    import numpy as np
+
+    from .analysis.model import Launch
+    from .ir.types import dtype_of
+    from .kernels.attention import attention_fwd, attention_fwd_launch
+    b, hq, hkv, n, d = shape
+    np_dt = dtype_of(dtype).np
+    i = {"q": np.empty((b, hq, n, d), np_dt), "k": np.empty((b, hkv, n, d), np_dt),
+         "v": np.empty((b, hkv, n, d), np_dt)}
+    grid, consts = attention_fwd_launch(i, target, CAUSAL=int(causal))
+    bq, bn = 64 * consts["WG"], consts["BN"]
+    blocks = -(-n // bq)
+    per_block = [-(-(min(n, (q + 1) * bq) if causal else n) // bn) for q in range(blocks)]
+    return Launch(attention_fwd, grid, consts, bq, bn, d,
+                  iterations=tuple(per_block * (b * hq)))     # query blocks fastest
+
+
+def _rows_plan(kernel_name, target, shape, dtype):
+    """A row kernel as pykittens.ops launches it, and its tensors' bytes: inputs read,
+    outputs written, the backward passes' partial column sums written (and column_sum's
+    read), each once."""
+    import numpy as np
+
+    from . import kernels as K
+    from .analysis.model import Launch
+    from .ir.types import dtype_of
+    from .kernels import rows as R
+    m, n = shape
+    dt = dtype_of(dtype)
+    x = np.empty((m, n), dt.np)
+    row, vec, stat = m * n * dt.bytes, n * dt.bytes, 4 * m
+    if kernel_name == "column_sum":               # shape: (partial rows, columns)
+        grid, consts = R.column_sum_launch(n, m)
+        return Launch(K.column_sum, grid, consts, 0, 0, 0, tensor_bytes=4 * m * n + vec)
+    launches = {
+        "layernorm": (lambda: K.stats_launch({"x": x}, target, launch=K.ln_launch),
+                      2 * row + 2 * vec + 2 * stat),
+        "rmsnorm": (lambda: K.stats_launch({"x": x}, target), 2 * row + vec + stat),
+        "add_rmsnorm": (lambda: K.stats_launch({"x": x}, target), 4 * row + vec + stat),
+        "softmax": (lambda: K.exact_row_launch({"x": x}, target), 2 * row),
+        "softmax_bwd": (lambda: K.softmax_grad_launch({"y": x}, target), 3 * row),
+        "rope": (lambda: K.rope_launch((1, m, n // 128, 128), 64, False, target),
+                 2 * row + 2 * m * 64 * 4),               # x in, out; f32 cos and sin
+        "rmsnorm_bwd": (lambda: K.rms_grad_launch({"x": x, "dy": x, "ds": None}, target,
+                                                  False, True), 3 * row + vec + stat),
+        # rmsnorm_bwd as add_rms_norm's backward launches it: the sum's gradient ds added
+        "add_rmsnorm_bwd": (lambda: K.rms_grad_launch({"x": x, "dy": x, "ds": x}, target,
+                                                      True, True), 4 * row + vec + stat),
+        "layernorm_bwd": (lambda: K.ln_grad_launch({"x": x, "dy": x}, target),
+                          3 * row + vec + 2 * stat),
+    }
+    grid, consts = launches[kernel_name][0]()
+    nbytes = launches[kernel_name][1]
+    sums = {"rmsnorm_bwd": 1, "add_rmsnorm_bwd": 1, "layernorm_bwd": 2}.get(kernel_name, 0)
+    if sums:                                        # the partial column sums it writes
+        nbytes += 4 * sums * n * R.ColumnSums.partial_rows(grid[0], consts)
+    kernel = {"layernorm_bwd": K.layernorm_bwd, "rmsnorm_bwd": K.rmsnorm_bwd,
+              "add_rmsnorm_bwd": K.rmsnorm_bwd,
+              "softmax_bwd": K.softmax_bwd, "add_rmsnorm": K.add_rmsnorm}.get(
+        kernel_name) or getattr(K, kernel_name)
+    return Launch(kernel, grid, consts, 0, 0, 0, tensor_bytes=nbytes)
+
+
+def _gemm_plan(kernel_name, target, m, n, k, dtype, out_dtype):
     """How the library launches an (m, k) x (n, k) GEMM: the analysis.model.Launch of
     gemm_ws / gemm_pingpong / gemm_basic, from the kernels' own launch rules."""
     from . import kernels as K
@@ -214,8 +292,9 @@ def cmd_model(a) -> int:
         raise CliError(f"no performance model for {a.kernel!r}: use one of "
                        f"{', '.join(perf.MODELED)}")
     try:
+        extra = {"causal": True} if a.causal else {}
         res = perf.model(a.kernel, a.target, a.shape, a.dtype, plan=library_plan,
-                         chip=a.chip)
+                         chip=a.chip, **extra)
     except (ValueError, KeyError) as e:
         raise CliError(str(e).strip("'\"")) from None
     print(json.dumps(res, indent=2, default=str) if a.json else perf.format_table(res))
@@ -254,13 +333,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--isa", action="store_true", help="compile for the target and run the "
                    "code object on the instruction-level emulator (gfx942, gfx950)")
     e.set_defaults(fn=cmd_emulate)
-    mo = sub.add_parser("model", help="modeled time and TFLOP/s of a library GEMM, read "
-                        "from its code object's main loop (docs/PERF.md compares it with "
-                        "measurements)")
-    mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950) or "
-                    "gemm_basic (gfx942, gfx950)")
+    mo = sub.add_parser("model", help="modeled time of a library kernel: GEMMs and "
+                        "attention read from their code object's main loop, row kernels "
+                        "from their bytes (docs/PERF.md compares it with measurements)")
+    mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950), "
+                    "gemm_basic (gfx942, gfx950), attention_fwd (sm_90a) or a row kernel "
+                    "(sm_90a: layernorm, rmsnorm, add_rmsnorm, softmax, rope, their _bwd "
+                    "kernels, column_sum; add_rmsnorm_bwd is rmsnorm_bwd as add_rms_norm's "
+                    "backward launches it)")
     mo.add_argument("--target", required=True, choices=TARGETS)
-    mo.add_argument("--shape", type=int, nargs=3, required=True, metavar=("M", "N", "K"))
+    mo.add_argument("--shape", type=int, nargs="+", required=True, metavar="DIM",
+                    help="GEMMs: M N K; attention_fwd: B Hq Hkv N D; row kernels: ROWS COLS")
+    mo.add_argument("--causal", action="store_true", help="attention_fwd: causal")
     mo.add_argument("--dtype", default="bf16", help="operand type: bf16, f16, e4m3 or e5m2 "
                     "(default: %(default)s)")
     mo.add_argument("--chip", default=None, help="which chip of the target (default: its "

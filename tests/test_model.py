@@ -48,7 +48,15 @@ def test_cli_table(capsys):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["model", "softmax", "--target", "gfx950", "--shape", "1", "2", "3"], "no performance model"),
+    (["model", "scaled_add", "--target", "gfx950", "--shape", "1", "2", "3"],
+     "no performance model"),
+    (["model", "softmax", "--target", "gfx950", "--shape", "64", "64"], "pick --target sm_90a"),
+    (["model", "softmax", "--target", "sm_90a", "--shape", "64", "64", "64"],
+     "takes --shape ROWS COLS"),
+    (["model", "attention_fwd", "--target", "sm_90a", "--shape", "1", "2", "128"],
+     "takes --shape B Hq Hkv N D"),
+    (["model", "rmsnorm", "--target", "sm_90a", "--shape", "64", "64", "--chip", "H100"],
+     "pick --chip H200"),
     (["model", "gemm_ws", "--target", "gfx950", "--shape", "64", "64", "64"], "pick --target sm_90a"),
     (["model", "gemm_pingpong", "--target", "sm_90a", "--shape", "64", "64", "64"],
      "pick --target gfx942"),
@@ -142,3 +150,50 @@ def test_deterministic(cdna):
     again = model("gemm_pingpong", "gfx950", (8192, 8192, 8192), "bf16")
     assert json.dumps(again, sort_keys=True, default=str) == \
         json.dumps(cdna["gfx950", "bf16"], sort_keys=True, default=str)
+
+
+@needs_sass
+def test_attention_reads_the_consumers_loops_interior_path():
+    """attention_fwd (D = 128): two consumer warpgroups' loops, each an interior iteration of
+    16 wgmma 64x128x16 (Q K^T and P V over a 128-key block) and 64 exponentials a thread
+    (64 rows x 128 keys over 128 threads), on the loop's shortest path: the masked block's
+    and O's rescale's instructions left out."""
+    res = model("attention_fwd", "sm_90a", (4, 16, 16, 4096, 128))
+    co = res["code_object"]
+    assert co["wgmma_loops"] == 2 and co["wgmma_per_loop"] == [16, 16]
+    assert co["wgmma_shape"] == "64x128x16"
+    assert all(64 <= m <= 66 for m in co["mufu_per_loop"]), co
+    # 32 results a warp instruction, 4 a clock on each sub-partition, two warps on each
+    assert res["cycles"]["mufu"] == pytest.approx(sum(co["mufu_per_loop"]) * 8)
+    assert res["modeled_tflops"] <= matrix_peak_flops("sm_90a") / 1e12
+    # causal: about half the iterations of the busiest SM, FLOPs halved too
+    causal = model("attention_fwd", "sm_90a", (4, 16, 16, 4096, 128), causal=True)
+    assert causal["iterations_per_cu"] < 0.75 * res["iterations_per_cu"]
+    assert causal["cycles"]["matrix"] == res["cycles"]["matrix"]
+
+
+def test_shortest_cycle_leaves_out_the_optional_blocks():
+    """Header 0 -> 1 -> (2: 10 instructions, optional) -> 3 -> back to 0: the interior path
+    is 0, 1, 3."""
+    from pykittens.analysis.model import _shortest_cycle
+    blocks = [[0, 1], [2], list(range(3, 13)), [13, 14], [15]]
+    succs = [[1], [2, 3], [3], [0, 4], []]
+    assert _shortest_cycle(0, {0, 1, 2, 3}, blocks, succs) == [0, 1, 3]
+
+
+def test_row_kernels_stream_their_bytes_at_the_measured_copy_rate():
+    """A row kernel's modeled time is its tensors' bytes at the H200's measured copy
+    bandwidth (cited); a norm's backward also writes its partial column sums, which
+    column_sum reads back."""
+    from pykittens.targets import get
+    bw, src = get("sm_90a").fact("copy_bytes_per_s/H200")
+    assert "measured" in src and 4e12 < bw < 4.8e12
+    m, n = 4096, 12288
+    fwd = model("rmsnorm", "sm_90a", (m, n))
+    assert fwd["bound"] == "dram"
+    assert fwd["time_s"] == pytest.approx((2 * m * n * 2 + n * 2 + 4 * m) / bw)
+    bwd = model("rmsnorm_bwd", "sm_90a", (m, n))
+    grid = library_plan("rmsnorm_bwd", "sm_90a", (m, n), "bf16").grid
+    assert bwd["dram_bytes"] > 3 * m * n * 2 + 4 * n * grid[0] - 1
+    assert model("add_rmsnorm_bwd", "sm_90a", (m, n))["dram_bytes"] == \
+        bwd["dram_bytes"] + m * n * 2                       # ds, read and added

@@ -131,10 +131,10 @@ MUTATIONS: list[Mutation] = [
        "the S_WAITCNT fields as the CDNA3 ISA gives them (`test_schedule::"
        "test_waitcnt_encoding_and_rendering`: waiting for nothing is 0xCF7F)"),
     _m("f8f6f4-operand-runs", CDNA_PY,
-       "    bits += [(other, 16 << b) for b in range(groups.bit_length() - 1)]\n"
-       "    runs = [r * (k // 2) + s for r in range(2) for s in range(16)]",
-       "    bits += [(other, 32 << b) for b in range(groups.bit_length() - 1)]\n"
-       "    runs = [16 * r + s for r in range(2) for s in range(16)]",
+       "    bits += [(other, sixteen << b) for b in range(groups.bit_length() - 1)]\n"
+       "    runs = [r * (k // 2) + s for r in range(2) for s in range(sixteen)]",
+       "    bits += [(other, 2 * sixteen << b) for b in range(groups.bit_length() - 1)]\n"
+       "    runs = [sixteen * r + s for r in range(2) for s in range(sixteen)]",
        "fp8 operands of the f8f6f4 MFMAs as 32 consecutive K per lane (the FP4 packing) "
        "instead of two runs of 16, K/2 apart",
        ["tests/test_mx_layout.py"],
@@ -142,12 +142,26 @@ MUTATIONS: list[Mutation] = [
        "test_operand_lanes_are_the_documented_ones`); block-scaled products on the ISA "
        "emulator; the guides' examples from their code objects"),
     _m("f8f6f4-format-codes", CDNA_PY,
-       'F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m1x2": 4}',
-       'F8F6F4_FORMAT = {"e4m3": 1, "e5m2": 0, "e2m1x2": 4}',
+       'F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m3p": 2, "e3m2p": 3, "e2m1x2": 4}',
+       'F8F6F4_FORMAT = {"e4m3": 1, "e5m2": 0, "e2m3p": 2, "e3m2p": 3, "e2m1x2": 4}',
        "cbsz/blgp format codes swapped: E4M3 operands decoded as E5M2 and back",
        ["tests/test_mma.py::test_block_scaled_mma_on_gfx950", "tests/test_mx_layout.py"],
        "ISA emulator against float64 (`test_mma::test_block_scaled_mma_on_gfx950`); the "
        "modifiers LLVM prints (`test_mx_layout`); pinned MX kernels (`test_cdna_hazards`)"),
+    _m("fp6-format-codes", CDNA_PY,
+       'F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m3p": 2, "e3m2p": 3, "e2m1x2": 4}',
+       'F8F6F4_FORMAT = {"e4m3": 0, "e5m2": 1, "e2m3p": 3, "e3m2p": 2, "e2m1x2": 4}',
+       "the FP6 formats' cbsz/blgp codes swapped: E2M3 operands decoded as E3M2 and back",
+       ["tests/test_mma.py::test_block_scaled_fp6_mma_on_gfx950"],
+       "the ISA emulator's FP6 decoding (its own OCP bit fields) against float64 from "
+       "ml_dtypes (`test_mma::test_block_scaled_fp6_mma_on_gfx950`)"),
+    _m("fp6-operand-runs", CDNA_PY,
+       "    sixteen = 12 if fp6 else 16              # bytes of 16 values",
+       "    sixteen = 16",
+       "FP6 operands laid out as FP8's: runs of 16 bytes, 16 K values read from 12",
+       ["tests/test_mma.py::test_block_scaled_fp6_mma_on_gfx950"],
+       "registers placed by the lane layout but read by the ISA emulator's own FP6 layout "
+       "(`test_mma::test_block_scaled_fp6_mma_on_gfx950`, isa=True)"),
     _m("fp4-operand-bytes", CDNA_PY,
        "        runs = list(range(16))",
        "        runs = [*range(8, 16), *range(8)]",

@@ -1,4 +1,9 @@
-"""A performance model of the library GEMMs read from their compiled code objects.
+"""A performance model of the library kernels, read from their compiled code objects.
+
+GEMMs (below), Hopper's attention_fwd (the same per-iteration accounting over its consumer
+warpgroups' wgmma loop, plus the special-function unit its exponentials take) and the Hopper
+row kernels (streaming: their tensors' bytes at the copy bandwidth measured on the H200;
+`_model_sm90`).
 
 `model(kernel, target, shape, dtype)` compiles the kernel as its launcher would for that
 shape, reads the executed main loop of the code object (CDNA: the interior path of the
@@ -28,9 +33,13 @@ from dataclasses import dataclass
 
 from .. import targets
 
+# the row kernels: streaming, modelled by their bytes (model_rows)
+ROWS = ("layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "add_rmsnorm",
+        "add_rmsnorm_bwd", "softmax", "softmax_bwd", "rope", "column_sum")
 # kernel -> targets it is modelled on
 MODELED = {"gemm_ws": ("sm_90a",), "gemm_pingpong": ("gfx942", "gfx950"),
-           "gemm_basic": ("gfx942", "gfx950")}
+           "gemm_basic": ("gfx942", "gfx950"), "attention_fwd": ("sm_90a",),
+           **{k: ("sm_90a",) for k in ROWS}}
 _FP8 = {"e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"}
 
 
@@ -50,6 +59,10 @@ class Launch:
     bn: int
     bk: int
     persistent: int | None = None
+    # attention: each workgroup's main-loop iterations, in launch order
+    iterations: tuple = ()
+    # row kernels: the bytes of the launch's tensors (each read or written once)
+    tensor_bytes: int = 0
 
 
 def _itemsize(dtype: str) -> int:
@@ -162,7 +175,10 @@ _SHAPE = re.compile(r"^[HQIB]GMMA\.(\d+)x(\d+)x(\d+)")
 
 
 def _hopper_loops(kernel, t, consts):
-    """(report, [(instructions, [(m, n, k, a_in_smem)])] of each innermost wgmma loop)."""
+    """(report, [(instructions, [(m, n, k, a_in_smem)], MUFU instructions)] of the executed
+    path of each innermost wgmma loop): an interior iteration takes the loop's shortest path
+    from its header back to it (the fewest instructions), which leaves out what only some
+    iterations run (attention's masked blocks and O's rescale)."""
     from . import cubin
     from .cfg import natural_loops
     prog, res = _compile(kernel, t, consts)
@@ -182,18 +198,46 @@ def _hopper_loops(kernel, t, consts):
              if not any(o != h and with_mma[o] < body for o in with_mma)]
     out = []
     for h in sorted(inner):
+        path = _shortest_cycle(h, with_mma[h], blocks, succs)
         shapes = []
-        for ins in wg(with_mma[h]):
+        for ins in wg(path):
             mm = _SHAPE.match(ins.opcode)
             ops = [o.strip() for o in ins.operands.split(",")]
             shapes.append((*map(int, mm.groups()), len(ops) > 1 and ops[1].startswith("gdesc")))
-        out.append((sum(len(blocks[b]) for b in with_mma[h]), shapes))
+        mufu = sum(instrs[i].op == "MUFU" for b in path for i in blocks[b])
+        out.append((sum(len(blocks[b]) for b in path), shapes, mufu))
     if not out:
         raise ValueError(f"{rep['kernel']} has no wgmma loop to model")
     return rep, out
 
 
-def _hopper_cycles(t, dtype, loops, bm, bn, bk, consts_used):
+def _shortest_cycle(header, body, blocks, succs) -> list[int]:
+    """The blocks of the cheapest way (fewest instructions) from a loop's header back to it
+    inside the loop's body: Dijkstra from the header, closed by the cheapest back edge."""
+    import heapq
+    dist, prev = {header: len(blocks[header])}, {}
+    heap = [(dist[header], header)]
+    while heap:
+        cost, b = heapq.heappop(heap)
+        if cost > dist[b]:
+            continue
+        for s in succs[b]:
+            if s != header and s in body and cost + len(blocks[s]) < dist.get(s, 1 << 60):
+                dist[s], prev[s] = cost + len(blocks[s]), b
+                heapq.heappush(heap, (dist[s], s))
+    b = min((u for u in dist if header in succs[u]), key=dist.get)
+    path = [b]
+    while b in prev:
+        b = prev[b]
+        path.append(b)
+    return path[::-1]
+
+
+def _hopper_cycles(t, dtype, loops, fills, consts_used):
+    """Cycles per main-loop iteration on one SM of the consumer warpgroups' loops (one copy
+    each, all running at once): the tensor cores, each sub-partition's issue slot and
+    special-function unit (a consumer warpgroup puts one warp on every sub-partition), and
+    shared memory (wgmma's operand reads plus `fills`, the TMA copies of an iteration)."""
     esz = _itemsize(dtype)
     peak_name = "dense_fp8_flops" if dtype in _FP8 else "dense_bf16_flops"
     peak = _fact(t, peak_name, consts_used)
@@ -203,17 +247,18 @@ def _hopper_cycles(t, dtype, loops, bm, bn, bk, consts_used):
         per_sm, f"{peak_name} / (SMs x clock): {peak:.4g} / ({t.num_cus} x {clock:.4g})")
     smem_bw = _fact(t, "smem_bytes_per_clk", consts_used)
     issue = _fact(t, "issue_per_clk_per_subpartition", consts_used)
-    flops = sum(2 * m * n * k for _, shapes in loops for m, n, k, _ in shapes)
+    mufu_rate = _fact(t, "mufu_per_clk_per_sm", consts_used) / 4      # per sub-partition
+    flops = sum(2 * m * n * k for _, shapes, _ in loops for m, n, k, _ in shapes)
     reads = sum(((m * k) if a_smem else 0) * esz + n * k * esz
-                for _, shapes in loops for m, n, k, a_smem in shapes)
-    fills = (bm + bn) * bk * esz                     # one K step's TMA copies into smem
-    # each consumer warpgroup (one loop copy each) has one warp per sub-partition
-    warp_instr = sum(n for n, _ in loops)
-    cycles = {"matrix": flops / per_sm, "issue": warp_instr / issue,
+                for _, shapes, _ in loops for m, n, k, a_smem in shapes)
+    cycles = {"matrix": flops / per_sm,
+              "issue": sum(n for n, _, _ in loops) / issue,
+              "mufu": sum(32 * f for _, _, f in loops) / mufu_rate,
               "lds": (reads + fills) / smem_bw}
-    detail = {"wgmma_loops": len(loops), "wgmma_per_loop": [len(s) for _, s in loops],
+    detail = {"wgmma_loops": len(loops), "wgmma_per_loop": [len(s) for _, s, _ in loops],
               "wgmma_shape": "x".join(map(str, loops[0][1][0][:3])),
-              "instructions_per_loop": [n for n, _ in loops],
+              "instructions_per_loop": [n for n, _, _ in loops],
+              "mufu_per_loop": [f for _, _, f in loops],
               "smem_bytes_per_iteration": reads + fills}
     return cycles, detail
 
@@ -249,8 +294,9 @@ def _operand_type(t, dtype):
 
 def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
           chip: str | None = None, out_dtype: str | None = None, **overrides) -> dict:
-    """Modeled time and TFLOP/s of one library GEMM launch (module docstring). `shape` is
-    (M, N, K) of C[M, N] = A[M, K] B^T; `plan(kernel_name, target, m, n, k, dtype,
+    """Modeled time (and TFLOP/s) of one library launch (module docstring). `shape` is
+    (M, N, K) of C[M, N] = A[M, K] B^T for a GEMM, (B, Hq, Hkv, N, D) for attention_fwd
+    (`causal=True` in overrides for the causal form), (rows, cols) for a row kernel; `plan(kernel_name, target, m, n, k, dtype,
     out_dtype) -> Launch` says how the library launches it (`pykittens.cli.library_plan`;
     `Launch` says why it is passed in); `chip` one of the target's chips (default its last:
     MI325X, MI355X, H200); `out_dtype` C's type (default: the operands' for 16-bit types,
@@ -258,6 +304,8 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     if plan is None:
         raise ValueError("model() needs plan=, the library's launch rules: pass "
                          "pykittens.cli.library_plan (or run `pykittens model`)")
+    if kernel_name == "attention_fwd" or kernel_name in ROWS:
+        return _model_sm90(kernel_name, target, shape, dtype, plan, chip, **overrides)
     if kernel_name not in MODELED:
         raise ValueError(f"no performance model for {kernel_name!r}; modelled kernels: "
                          f"{', '.join(MODELED)}")
@@ -337,7 +385,9 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
                                "white paper's wider LDS reads are not sourced here")
     else:
         rep, loops = _hopper_loops(kernel, t, consts)
-        cycles, detail = _hopper_cycles(t, dtype, loops, bm, bn, bk, used)
+        # one K step's TMA copies into shared memory
+        cycles, detail = _hopper_cycles(t, dtype, loops, (bm + bn) * bk * _itemsize(dtype),
+                                        used)
         tiles = consts["TM"] * consts["TN"]
         slots = persistent or t.num_cus
         iters = math.ceil(tiles / slots) * math.ceil(k / bk)
@@ -347,8 +397,8 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
             "wgmma reads both operands from shared memory through its 128 B/clk banks, each "
             "consumer warpgroup its own A and all of B; the producer's TMA fills count too",
             "issue: each consumer warpgroup puts one warp on every SM sub-partition; a warp "
-            "issues its loop's SASS one instruction per clock; the producer warp's loop is "
-            "not counted",
+            "issues its loop's SASS one instruction per clock (the loop's shortest path: an "
+            "interior iteration); the producer warp's loop is not counted",
             "tensor FLOPs per SM per clock = the published dense peak / (SMs x clock)",
         ]
     dram_bytes = _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, consts["MAP"], persistent)
@@ -382,6 +432,96 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     }
 
 
+def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> dict:
+    """attention_fwd and the row kernels on Hopper (`model`'s docstring):
+
+    - attention_fwd, shape (B, Hq, Hkv, N, D): the consumer warpgroups' wgmma loop, one
+      iteration a K/V block of every consumer, as gemm_ws's (tensor cores, issue, shared
+      memory) plus the special-function unit its exponentials take; the workgroups' blocks
+      handed to the SMs as they free up; DRAM from the cache simulator (head-first order).
+    - row kernels, shape (rows, cols): streaming, so the launch's tensor bytes at the
+      device-to-device copy bandwidth measured on the H200."""
+    t = targets.get(target)
+    if t.name != "sm_90a":
+        raise ValueError(f"{kernel_name} is modelled on sm_90a, not {t.name}; pick --target "
+                         "sm_90a")
+    chip = chip or t.chips[-1]
+    if chip not in t.chips:
+        raise ValueError(f"{t.name} is {' or '.join(t.chips)}, not {chip}")
+    shape = tuple(int(x) for x in shape)
+    want = 5 if kernel_name == "attention_fwd" else 2
+    if len(shape) != want or min(shape) < 1:
+        raise ValueError(f"{kernel_name} takes --shape " + (
+            "B Hq Hkv N D" if want == 5 else "ROWS COLS") + f", got {' '.join(map(str, shape))}")
+    lp = plan(kernel_name, t.name, shape, dtype, causal=causal)
+    used: dict = {}
+    if kernel_name in ROWS:
+        if not t.has_fact(f"copy_bytes_per_s/{chip}"):
+            raise ValueError(f"the row kernels' model needs a copy bandwidth measured on the "
+                             f"chip; {chip} has none (pick --chip H200)")
+        bw = _fact(t, f"copy_bytes_per_s/{chip}", used)
+        time_s = lp.tensor_bytes / bw
+        return {"kernel": kernel_name, "target": t.name, "chip": chip, "shape": list(shape),
+                "dtype": dtype, "time_s": time_s, "bound": "dram",
+                "dram_bytes": lp.tensor_bytes, "grid": list(lp.grid),
+                "modeled_bytes_per_s": lp.tensor_bytes / time_s,
+                "assumptions": ["streaming: every tensor of the launch read or written once, "
+                                "at the device-to-device copy bandwidth measured on the chip",
+                                "instruction issue, barriers, latency and the launch itself "
+                                "are not counted"],
+                "constants": used}
+    b, hq, hkv, n, d = shape
+    clock = _fact(t, f"clock_hz/{chip}", used)
+    used["clock_hz"] = used.pop(f"clock_hz/{chip}")
+    load = f"load_clock_hz/{chip}"
+    run_clock = _fact(t, load, used) if t.has_fact(load) else clock
+    rep, loops = _hopper_loops(lp.kernel, t, {**lp.consts, "DT": dtype})
+    fills = 2 * lp.bn * d * _itemsize(dtype)           # a K and a V block per iteration
+    cycles, detail = _hopper_cycles(t, dtype, loops, fills, used)
+    # workgroups to the SMs as they free up (one resident an SM: registers), in launch order
+    import heapq
+    sms = [0] * t.num_cus
+    for its in lp.iterations:
+        heapq.heapreplace(sms, sms[0] + its)
+    iters = max(sms)
+    from .. import chiplet
+    op = chiplet.Attention(b, hq, n, d, kv_heads=hkv, bq=lp.bm, bkv=lp.bn, dtype=dtype)
+    dram_bytes = chiplet.simulate(op, chiplet.parse_mapping("head-first", op, t.name),
+                                  t.name).hbm_bytes
+    hbm = dict(t.hbm_bytes_per_s_by_chip).get(chip, t.hbm_bytes_per_s)
+    used["hbm_bytes_per_s"] = (hbm, f"targets/{t.name}: {chip} data sheet peak memory bandwidth")
+    cycles["dram"] = dram_bytes / hbm * run_clock / iters
+    bound = max(cycles, key=cycles.get)
+    time_s = cycles[bound] * iters / run_clock
+    flops = 4.0 * b * hq * n * n * d * (0.5 if causal else 1.0)
+    return {
+        "kernel": kernel_name, "target": t.name, "chip": chip, "shape": list(shape),
+        "causal": bool(causal), "dtype": dtype, "modeled_tflops": flops / time_s / 1e12,
+        "bound": bound,
+        "near_bound": [r for r, c in cycles.items() if r != bound and c >= 0.95 * cycles[bound]],
+        "cycles": {r: round(c, 1) for r, c in cycles.items()}, "time_s": time_s,
+        "iterations_per_cu": iters, "tiles": len(lp.iterations), "grid": list(lp.grid),
+        "block": [lp.bm, lp.bn, d], "dram_bytes": dram_bytes,
+        "matrix_peak_tflops": matrix_peak_flops(t, dtype, chip) / 1e12,
+        "code_object": {**detail, "registers": rep.get("registers"),
+                        "lds_bytes": rep.get("smem_bytes")},
+        "assumptions": [
+            "resources overlap completely (the consumers' softmax runs under each other's "
+            "products): time = the busiest resource's cycles per iteration x the busiest "
+            "SM's iterations / clock",
+            f"the kernel runs at {run_clock / 1e9:.2f} GHz throughout ({chip}'s "
+            + ("measured clock under a tensor-bound load" if run_clock != clock else
+               "peak clock: none measured under load") + "); per-clock rates are the "
+            f"hardware's at {clock / 1e9:.2f} GHz",
+            "an iteration is the wgmma loop's shortest path (no mask, no rescale of O); "
+            "a workgroup's prologue, Q load and epilogue are not counted",
+            "one workgroup per SM; workgroups go to SMs in launch order as they free up",
+            "FLOP/s count 4 B Hq N^2 D (halved for causal)",
+        ],
+        "constants": used,
+    }
+
+
 def _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, spec, persistent) -> int:
     """HBM bytes of the launch: the cache simulator replaying the launch's mapping."""
     from .. import chiplet
@@ -393,8 +533,18 @@ def _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, spec, persistent) -> int:
 
 def format_table(res: dict) -> str:
     """The model as a short table: the resources per iteration and CU, the bound one marked."""
-    lines = [f"{res['kernel']} on {res['target']} ({res['chip']}), {res['dtype']} -> "
-             f"{res['out_dtype']}, M N K = {' '.join(map(str, res['shape']))}",
+    if "cycles" not in res:                                     # a streaming row kernel
+        return "\n".join([
+            f"{res['kernel']} on {res['target']} ({res['chip']}), {res['dtype']}, rows x cols "
+            f"= {' x '.join(map(str, res['shape']))}",
+            f"modeled {res['time_s'] * 1e6:.1f} us, bound by dram: "
+            f"{res['dram_bytes'] / 1e6:.1f} MB at {res['modeled_bytes_per_s'] / 1e12:.2f} TB/s",
+            "assumptions:", *[f"  - {a}" for a in res["assumptions"]], "constants:",
+            *[f"  {name} = {v:g}  ({src})" for name, (v, src) in res["constants"].items()]])
+    what = ("B Hq Hkv N D = " + " ".join(map(str, res["shape"]))
+            + (" causal" if res.get("causal") else "")) if "causal" in res else \
+        f"-> {res['out_dtype']}, M N K = {' '.join(map(str, res['shape']))}"
+    lines = [f"{res['kernel']} on {res['target']} ({res['chip']}), {res['dtype']} {what}",
              f"modeled {res['modeled_tflops']:.0f} TFLOP/s ({res['time_s'] * 1e3:.3f} ms), "
              f"bound by {res['bound']}"
              + (f" (within 5%: {', '.join(res['near_bound'])})" if res["near_bound"] else "")

@@ -330,7 +330,11 @@ def bind_args(kernel, args: tuple, kwargs: dict, *, device: str = "cpu",
             dname = p.type.dtype
             got = element_type(v, label, kernel)
             if consts.get(dname) is None:
-                consts[dname] = got
+                # bytes of a packed format (an uint8 array) are the format the kernel's
+                # default names, where it names one: FP6 as well as FP4 pairs
+                default = kernel.const_defaults.get(dname)
+                packed = default is not None and T.same_storage(got, T.dtype_of(default))
+                consts[dname] = T.dtype_of(default) if packed else got
         if p.kind == "gl":
             for i, d in enumerate(p.type.shape):          # dims named by consts
                 if isinstance(d, str) and consts.get(d, kernel.const_defaults.get(d)) is None:

@@ -153,9 +153,9 @@ def _f8f6f4_ab(mn: int, k: int, name_dim: int, fp4: bool = False,
     groups = WAVE // mn
     other = 1 - name_dim
     bits = [(name_dim, 1 << b) for b in range(mn.bit_length() - 1)]
-    run = 12 if fp6 else 16                  # bytes of 16 values
-    bits += [(other, run << b) for b in range(groups.bit_length() - 1)]
-    runs = [r * (k // 2) + s for r in range(2) for s in range(run)]
+    sixteen = 12 if fp6 else 16              # bytes of 16 values
+    bits += [(other, sixteen << b) for b in range(groups.bit_length() - 1)]
+    runs = [r * (k // 2) + s for r in range(2) for s in range(sixteen)]
     if fp4:
         runs = list(range(16))
     slots = [((0, kk) if name_dim == 0 else (kk, 0)) for kk in runs]

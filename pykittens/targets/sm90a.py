@@ -48,6 +48,16 @@ ISSUE_PER_CLK = 1
 # kernel bound by the tensor cores at that clock; the per-clock rates above stay the
 # hardware's.
 H200_LOAD_CLOCK_HZ = 1.51e9
+# Special functions (MUFU: ex2, rcp, rsqrt, ...): 16 results per clock per SM, 4 per
+# sub-partition, so a warp's instruction holds its unit 8 clocks (FlashAttention-3, Shah et
+# al. 2024: H100 SXM5 "has 989 TFLOPS of FP16 matmul but only 3.9 TFLOPS of special
+# functions": 3.9e12 / (132 SMs x 1.83e9) = 16.1).
+MUFU_PER_CLK = 16
+# A streaming kernel's ceiling: the device-to-device copy bench/ops_bandwidth.py times (a
+# 1 GiB tensor copied, read + write bytes over the time): 4.27-4.30 TB/s in twelve runs on
+# 2026-12-02, median 4.288 (docs/perf/ops-bandwidth-2026-12-02*.json); the data sheet's
+# 4.8 TB/s is not reached by any copy.
+H200_COPY_BYTES_PER_S = 4.288e12
 _WP = "NVIDIA H100 Tensor Core GPU Architecture white paper"
 PERF_FACTS = (
     ("clock_hz/H100", TENSOR_CLOCK_HZ, f"{_WP}: the boost clock of its dense tensor peaks"),
@@ -63,6 +73,12 @@ PERF_FACTS = (
                                          "sheet, 3,958 with sparsity / 2)"),
     ("smem_bytes_per_clk", SMEM_BYTES_PER_CLK, "CUDA C++ Programming Guide, 'Shared Memory': "
                                                "32 banks x 32 bits per clock"),
+    ("copy_bytes_per_s/H200", H200_COPY_BYTES_PER_S,
+     "measured on an H200 (bench/ops_bandwidth.py copy, docs/PERF.md): a 1 GiB device-to-"
+     "device copy, median of twelve runs, 4.27-4.30 TB/s"),
+    ("mufu_per_clk_per_sm", MUFU_PER_CLK, "FlashAttention-3 (Shah et al. 2024): 3.9 TFLOPS "
+                                          "of special functions on H100 SXM5, 16 per SM "
+                                          "and clock at 1.83 GHz"),
     ("issue_per_clk_per_subpartition", ISSUE_PER_CLK, f"{_WP}: one warp scheduler and "
                                                       "dispatch unit (32 thread/clk) per SM "
                                                       "sub-partition"),

@@ -1,0 +1,202 @@
+"""The performance model (`pykittens model`, pykittens/analysis/model.py) against the H200: every
+Hopper library kernel family timed in one run, and the model's figure for each beside it.
+
+    PYKITTENS_CACHE=$PWD/.pkc_m PYTHONPATH=.:bench python3 bench/model_check.py --prebuild  # here
+    PYKITTENS_CACHE=$PWD/.pkc_m PYTHONPATH=.:bench python3 bench/model_check.py      # on the H200
+    PYTHONPATH=.:bench python3 bench/model_check.py --table docs/perf/model-check-....json
+
+The GPU run, in order: the tensor cores' rate per clock with nothing else to do
+(bench/gpu_clock.py's wgmma loop, for the record: the model does not take it unless its
+target file does); gemm_ws as the library launches it (bf16 and e4m3 promoted, medians of
+CUDA-graph replays); pykittens.ops.attention (the forward's kernel alone); the row ops
+forward and backward through pykittens.ops (bench/ops_bandwidth.py's `copy` and `ops`
+steps). Details go to $OUT/model_check.json. `--table` prints measured against modeled
+for a saved run, with the error (model - measured) / measured of each; it needs the
+toolchain (ptxas, cuobjdump) but no GPU."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+GEMMS = [(4096, 4096, 4096, "bf16"), (8192, 8192, 8192, "bf16"), (16384, 16384, 16384, "bf16"),
+         (8192, 28672, 8192, "bf16"), (16384, 4096, 4096, "bf16"), (4096, 4096, 4096, "e4m3"),
+         (8192, 8192, 8192, "e4m3")]
+# (B, Hq, Hkv, N, D, causal): the attention bench's shapes (docs/PERF.md run A)
+ATTENTION = [(16, 16, 16, 4096, 128, 0), (16, 16, 16, 4096, 128, 1), (16, 32, 32, 4096, 64, 0),
+             (4, 16, 16, 16384, 128, 0), (16, 32, 8, 4096, 128, 0)]
+# a row op and direction -> the kernels it launches (pykittens.ops), the second adding up the
+# partial column sums of the weight's (and bias's) gradient
+ROW_KERNELS = {("layer_norm", "fwd"): ("layernorm",), ("layer_norm", "bwd"): ("layernorm_bwd",),
+               ("rms_norm", "fwd"): ("rmsnorm",), ("rms_norm", "bwd"): ("rmsnorm_bwd",),
+               ("add_rms_norm", "fwd"): ("add_rmsnorm",),
+               ("add_rms_norm", "bwd"): ("add_rmsnorm_bwd",),
+               ("softmax", "fwd"): ("softmax",), ("softmax", "bwd"): ("softmax_bwd",),
+               ("rope", "fwd"): ("rope",), ("rope", "bwd"): ("rope",)}
+
+
+def _gemm_plan(m, n, k, dtype):
+    from pykittens.cli import library_plan
+    out = "bf16"
+    lp = library_plan("gemm_ws", "sm_90a", m, n, k, dtype, out)
+    return lp.grid, {**lp.consts, "DT": dtype, "OUT": out}
+
+
+def builds():
+    """(kernel, consts) of every build the GPU run launches beyond bench/ops_bandwidth.py's."""
+    import numpy as np
+    from gpu_clock import wgmma_loop
+    from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
+    from pykittens.kernels.gemm import gemm_ws
+    yield wgmma_loop, {}
+    for m, n, k, dt in GEMMS:
+        yield gemm_ws, _gemm_plan(m, n, k, dt)[1]
+    for b, hq, hkv, n, d, causal in ATTENTION:
+        i = {x: np.empty((b, h, n, d), np.float16) for x, h in (("q", hq), ("k", hkv), ("v", hkv))}
+        yield attention_fwd, {"DT": "bf16", **attention_fwd_launch(i, "sm_90a",
+                                                                   CAUSAL=causal)[1]}
+
+
+def prebuild() -> int:
+    import ops_bandwidth
+    from pykittens import compiler
+    from pykittens.toolchain import nvptx
+    t0 = time.time()
+    for kernel, consts in builds():
+        nvptx.compile_ptx(compiler.llvm_ir(kernel, "sm_90a", aligned=True, **consts), "sm_90a")
+    ops_bandwidth.prebuild_all(verbose=False)
+    print(f"prebuilt in {time.time() - t0:.0f} s")
+    return 0
+
+
+def measure() -> list[dict]:
+    import torch
+
+    import gpu_clock
+    import ops_bandwidth
+    import pykittens.ops as pko
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    from pykittens.tune import graph_time
+    out = [{"family": "wgmma loop", **gpu_clock.wgmma_rate()}]
+    for m, n, k, dt in GEMMS:
+        grid, consts = _gemm_plan(m, n, k, dt)
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        if dt == "e4m3":
+            a, b = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        else:
+            a, b = a.bfloat16(), b.bfloat16()
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        sec = graph_time(lambda: launch(gemm_ws, grid=grid, a=a, b=b, c=c, **consts), 10)
+        out.append({"family": "gemm_ws", "shape": [m, n, k], "dtype": dt, "s": sec,
+                    "tflops": 2 * m * n * k / sec / 1e12})
+        print(f"gemm_ws {m}x{n}x{k} {dt}: {out[-1]['tflops']:.0f} TFLOP/s", flush=True)
+        del a, b, c
+    for bsz, hq, hkv, n, d, causal in ATTENTION:
+        q = torch.randn(bsz, n, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(bsz, n, hkv, d, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+        sec = graph_time(lambda: pko.attention(q, k, v, causal=bool(causal)), 10)
+        flops = 4 * bsz * hq * n * n * d * (0.5 if causal else 1)
+        out.append({"family": "attention_fwd", "shape": [bsz, hq, hkv, n, d],
+                    "causal": causal, "s": sec, "tflops": flops / sec / 1e12})
+        print(f"attention {bsz}x{hq}x{hkv}x{n}x{d} causal={causal}: "
+              f"{out[-1]['tflops']:.0f} TFLOP/s", flush=True)
+    ops_bandwidth._state.update(t0=time.time(), results=[])
+    rows, details = [], []
+    ops_bandwidth.step_copy(rows, details)
+    ops_bandwidth.step_ops(rows, details)
+    for r in details:
+        if r.get("contender") == "pykittens" and "error" not in r and r["op"] != "linear":
+            for mode in ("fwd", "bwd"):
+                out.append({"family": "rows", "op": r["op"], "mode": mode,
+                            "shape": list(r["shape"]), "s": r[f"{mode}_s"],
+                            "bytes_per_s": r[f"{mode}_bytes_per_s"],
+                            "of_copy": r.get(f"{mode}_of_copy")})
+    out.append({"family": "copy", "bytes_per_s": ops_bandwidth._state["copy"]})
+    return out
+
+
+def _row_model(op, mode, shape) -> float:
+    """Modeled seconds of a row op: its kernels' (and column_sum's, for a norm's backward)."""
+    from pykittens.analysis import model as perf
+    from pykittens.cli import library_plan
+    total = 0.0
+    for kernel in ROW_KERNELS[op, mode]:
+        total += perf.model(kernel, "sm_90a", shape, "bf16", plan=library_plan)["time_s"]
+        parts = library_plan(kernel, "sm_90a", tuple(shape), "bf16").consts
+        sums = {"layernorm_bwd": 2, "rmsnorm_bwd": 1, "add_rmsnorm_bwd": 1}.get(kernel)
+        if sums:
+            from pykittens.kernels.rows import ColumnSums
+            grid = library_plan(kernel, "sm_90a", tuple(shape), "bf16").grid
+            rows = ColumnSums.partial_rows(grid[0], parts)
+            total += perf.model("column_sum", "sm_90a", (rows, sums * shape[1]), "bf16",
+                                plan=library_plan)["time_s"]
+    return total
+
+
+def table(results) -> str:
+    from pykittens.analysis import model as perf
+    from pykittens.bench import text_table
+    from pykittens.cli import library_plan
+    rows, errs = [], []
+    for r in results:
+        fam = r["family"]
+        if fam == "gemm_ws":
+            mod = perf.model("gemm_ws", "sm_90a", r["shape"], r["dtype"], plan=library_plan)
+            got, want, unit = r["tflops"], mod["modeled_tflops"], "TFLOP/s"
+            what, bound = f"gemm_ws {'x'.join(map(str, r['shape']))} {r['dtype']}", mod["bound"]
+        elif fam == "attention_fwd":
+            mod = perf.model("attention_fwd", "sm_90a", r["shape"], "bf16", plan=library_plan,
+                             causal=bool(r["causal"]))
+            got, want, unit = r["tflops"], mod["modeled_tflops"], "TFLOP/s"
+            what = ("attention_fwd " + "x".join(map(str, r["shape"]))
+                    + (" causal" if r["causal"] else ""))
+            bound = mod["bound"]
+        elif fam == "rows":
+            sec = _row_model(r["op"], r["mode"], tuple(r["shape"]))
+            got, want, unit = r["bytes_per_s"] / 1e12, r["bytes_per_s"] * r["s"] / sec / 1e12, \
+                "TB/s"
+            what, bound = f"{r['op']} {r['mode']} {'x'.join(map(str, r['shape']))}", "dram"
+        else:
+            continue
+        err = (want - got) / got
+        errs.append(err)
+        rows.append([what, f"{got:.2f}" if unit == "TB/s" else f"{got:.0f}",
+                     f"{want:.2f}" if unit == "TB/s" else f"{want:.0f}", unit, bound,
+                     f"{err:+.1%}"])
+    within = sum(abs(e) <= 0.15 for e in errs)
+    rate = next((r for r in results if r["family"] == "wgmma loop"), None)
+    foot = [f"within 15%: {within} of {len(errs)}"]
+    if rate:
+        foot.append(f"wgmma loop: {rate['tflops']:.0f} TFLOP/s at {rate['clock_mhz_median']:.0f}"
+                    f" MHz = {rate['flops_per_clk_per_sm']:.0f} bf16 FLOPs an SM a clock")
+    return text_table(rows, ["kernel", "measured", "modeled", "unit", "bound", "error"]) + \
+        "\n" + "\n".join(foot)
+
+
+def main() -> int:
+    if "--prebuild" in sys.argv:
+        return prebuild()
+    if "--table" in sys.argv:
+        with open(sys.argv[sys.argv.index("--table") + 1]) as f:
+            print(table(json.load(f)["results"]))
+        return 0
+    import torch
+    if not torch.cuda.is_available():
+        print("bench/model_check.py needs the H200 (or --prebuild / --table FILE here)",
+              file=sys.stderr)
+        return 1
+    results = measure()
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "model_check.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "results": results}, f, indent=1)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
