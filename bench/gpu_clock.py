@@ -58,14 +58,16 @@ SMS = 132
 
 
 @pk.kernel(num_waves=8)
-def wgmma_loop(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
-               STEPS: pk.const = WGMMA_STEPS):
-    """c[rows of this workgroup] = STEPS x (a @ b.T): each wave's 16 rows of a (16 x 64) held
-    in registers, b (256 x 64) in shared memory, four wgmma m64n256k16 a step."""
-    sb = pk.empty(pk.st((256, 64), pk.bf16, swizzle=8))
+def wgmma_loop(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
+               DT: pk.const = None, STEPS: pk.const = WGMMA_STEPS):
+    """c[rows of this workgroup] = STEPS x (a @ b.T): each wave's 16 rows of a (16 x K, one
+    128-byte row: K = 64 bf16 or 128 fp8) held in registers, b (256 x K) in shared memory,
+    wgmma m64n256 a step (4 of K16 for bf16, 4 of K32 for fp8)."""
+    kt = 128 // pk.dtype_of(DT).bytes
+    sb = pk.empty(pk.st((256, kt), DT, swizzle=8))
     pk.load(sb, b)
     pk.barrier()
-    ta = pk.load(pk.rt((16, 64), pk.bf16, role="a"), a, (16 * pk.wave_id(), 0))
+    ta = pk.load(pk.rt((16, kt), DT, role="a"), a, (16 * pk.wave_id(), 0))
     acc = pk.zeros(pk.rt((16, 256), pk.f32, role="acc"))
     for _ in pk.range(STEPS):
         pk.mma_ABt(acc, ta, sb, in_flight=1)
@@ -73,19 +75,22 @@ def wgmma_loop(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
     pk.store(c, acc, (128 * pk.program_id(0) + 16 * pk.wave_id(), 0))
 
 
-def wgmma_rate() -> dict:
+def wgmma_rate(dtype: str = "bf16") -> dict:
     """wgmma_loop on every SM for a few seconds: its FLOP/s, clock and FLOPs an SM a clock."""
-    a = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16)
+    kt = 128 // pk.dtype_of(dtype).bytes
+    tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
+    a = torch.randn(128, kt, device="cuda").to(tdt)
+    b = torch.randn(256, kt, device="cuda").to(tdt)
     c = torch.empty(128 * SMS, 256, device="cuda", dtype=torch.float32)
-    r = {"shape": "m64n256k16 x 4 x steps", "contender": "wgmma loop",
-         **sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS))}
-    flops = SMS * 8 * 16 * 256 * 64 * 2 * WGMMA_STEPS      # 8 waves of 16 rows, K = 64 a step
+    r = {"shape": f"m64n256 {dtype}, K {kt} a step", "contender": "wgmma loop",
+         "dtype": dtype, **sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS))}
+    flops = SMS * 8 * 16 * 256 * kt * 2 * WGMMA_STEPS      # 8 waves of 16 rows
     r["tflops"] = flops * r["calls_per_s"] / 1e12
     r["flops_per_clk_per_sm"] = r["tflops"] * 1e12 / (r["clock_mhz_median"] * 1e6 * SMS)
-    print(f"wgmma loop: {r['tflops']:.0f} TFLOP/s at a median SM clock of "
+    sheet = 4096 * (2 if dtype == "e4m3" else 1)
+    print(f"wgmma loop {dtype}: {r['tflops']:.0f} TFLOP/s at a median SM clock of "
           f"{r['clock_mhz_median']:.0f} MHz ({r['power_w_median']:.0f} W): "
-          f"{r['flops_per_clk_per_sm']:.0f} bf16 FLOPs an SM a clock (the data sheet's: 4096)",
+          f"{r['flops_per_clk_per_sm']:.0f} FLOPs an SM a clock (the data sheet's: {sheet})",
           flush=True)
     return r
 
@@ -103,7 +108,7 @@ def main() -> int:
                   f"(min {r['clock_mhz_min']:.0f}, max {r['clock_mhz_max']:.0f}), "
                   f"{r['power_w_median']:.0f} W, throttle {','.join(r['throttle_reasons'])}, "
                   f"{r['tflops']:.0f} TFLOP/s (host loop)", flush=True)
-    out.append(wgmma_rate())
+    out += [wgmma_rate("bf16"), wgmma_rate("e4m3")]
     idle = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.limit",
                            "--format=csv,noheader"], capture_output=True, text=True).stdout
     print(f"idle: {idle.strip()}  (SM clock, max SM clock, power limit)")

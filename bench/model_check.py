@@ -3,6 +3,7 @@ Hopper library kernel family timed in one run, and the model's figure for each b
 
     PYKITTENS_CACHE=$PWD/.pkc_m PYTHONPATH=.:bench python3 bench/model_check.py --prebuild  # here
     PYKITTENS_CACHE=$PWD/.pkc_m PYTHONPATH=.:bench python3 bench/model_check.py      # on the H200
+    PYKITTENS_CACHE=$PWD/.pkc_m PYTHONPATH=.:bench python3 bench/model_check.py --clocks  # H200
     PYTHONPATH=.:bench python3 bench/model_check.py --table docs/perf/model-check-....json
 
 The GPU run, in order: the tensor cores' rate per clock with nothing else to do
@@ -12,7 +13,8 @@ CUDA-graph replays); pykittens.ops.attention (the forward's kernel alone); the r
 forward and backward through pykittens.ops (bench/ops_bandwidth.py's `copy` and `ops`
 steps). Details go to $OUT/model_check.json. `--table` prints measured against modeled
 for a saved run, with the error (model - measured) / measured of each; it needs the
-toolchain (ptxas, cuobjdump) but no GPU."""
+toolchain (ptxas, cuobjdump) but no GPU. `--clocks`: the SM clock and power under cuBLAS,
+gemm_ws, attention and rms_norm, a few seconds each ($OUT/model_check_clocks.json)."""
 from __future__ import annotations
 
 import json
@@ -49,7 +51,8 @@ def builds():
     from gpu_clock import wgmma_loop
     from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
     from pykittens.kernels.gemm import gemm_ws
-    yield wgmma_loop, {}
+    yield wgmma_loop, {"DT": "bf16"}
+    yield wgmma_loop, {"DT": "e4m3"}
     for m, n, k, dt in GEMMS:
         yield gemm_ws, _gemm_plan(m, n, k, dt)[1]
     for b, hq, hkv, n, d, causal in ATTENTION:
@@ -79,7 +82,7 @@ def measure() -> list[dict]:
     from pykittens.kernels.gemm import gemm_ws
     from pykittens.runtime.launch import launch
     from pykittens.tune import graph_time
-    out = [{"family": "wgmma loop", **gpu_clock.wgmma_rate()}]
+    out = [{"family": "wgmma loop", **gpu_clock.wgmma_rate(dt)} for dt in ("bf16", "e4m3")]
     for m, n, k, dt in GEMMS:
         grid, consts = _gemm_plan(m, n, k, dt)
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
@@ -115,6 +118,38 @@ def measure() -> list[dict]:
                             "bytes_per_s": r[f"{mode}_bytes_per_s"],
                             "of_copy": r.get(f"{mode}_of_copy")})
     out.append({"family": "copy", "bytes_per_s": ops_bandwidth._state["copy"]})
+    return out
+
+
+def clocks() -> list[dict]:
+    """The SM clock and power while each family runs back to back for a few seconds
+    (bench/gpu_clock.py's sampling): the model runs every kernel at one clock measured under
+    cuBLAS, and this says how far each family's own clock is from it."""
+    import torch
+
+    import gpu_clock
+    import pykittens.ops as pko
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    m = 8192
+    a, b = (torch.randn(m, m, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty(m, m, device="cuda", dtype=torch.bfloat16)
+    grid, consts = _gemm_plan(m, m, m, "bf16")
+    q, k, v = (torch.randn(16, 4096, 16, 128, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    x = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(8192, device="cuda", dtype=torch.bfloat16)
+    runs = {"cuBLAS 8192^3 bf16": lambda: torch.nn.functional.linear(a, b),
+            "gemm_ws 8192^3 bf16": lambda: launch(gemm_ws, grid=grid, a=a, b=b, c=c, **consts),
+            "attention_fwd 16x16x16x4096x128": lambda: pko.attention(q, k, v),
+            "rms_norm 16384x8192": lambda: pko.rms_norm(x, (8192,), w, 1e-5)}
+    out = []
+    for name, fn in runs.items():
+        r = {"family": "clock", "what": name, **gpu_clock.sample(fn)}
+        out.append(r)
+        print(f"{name}: SM clock median {r['clock_mhz_median']:.0f} MHz (min "
+              f"{r['clock_mhz_min']:.0f}, max {r['clock_mhz_max']:.0f}), "
+              f"{r['power_w_median']:.0f} W, {','.join(r['throttle_reasons'])}", flush=True)
     return out
 
 
@@ -167,11 +202,11 @@ def table(results) -> str:
                      f"{want:.2f}" if unit == "TB/s" else f"{want:.0f}", unit, bound,
                      f"{err:+.1%}"])
     within = sum(abs(e) <= 0.15 for e in errs)
-    rate = next((r for r in results if r["family"] == "wgmma loop"), None)
     foot = [f"within 15%: {within} of {len(errs)}"]
-    if rate:
-        foot.append(f"wgmma loop: {rate['tflops']:.0f} TFLOP/s at {rate['clock_mhz_median']:.0f}"
-                    f" MHz = {rate['flops_per_clk_per_sm']:.0f} bf16 FLOPs an SM a clock")
+    for rate in (r for r in results if r["family"] == "wgmma loop"):
+        foot.append(f"wgmma loop {rate.get('dtype', 'bf16')}: {rate['tflops']:.0f} TFLOP/s at "
+                    f"{rate['clock_mhz_median']:.0f} MHz = {rate['flops_per_clk_per_sm']:.0f} "
+                    "FLOPs an SM a clock")
     return text_table(rows, ["kernel", "measured", "modeled", "unit", "bound", "error"]) + \
         "\n" + "\n".join(foot)
 
@@ -188,13 +223,15 @@ def main() -> int:
         print("bench/model_check.py needs the H200 (or --prebuild / --table FILE here)",
               file=sys.stderr)
         return 1
-    results = measure()
+    results = clocks() if "--clocks" in sys.argv else measure()
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, "model_check.json"), "w") as f:
+        name = "model_check_clocks.json" if "--clocks" in sys.argv else "model_check.json"
+        with open(os.path.join(out, name), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "results": results}, f, indent=1)
-    print(table(results))
+    if "--clocks" not in sys.argv:
+        print(table(results))
     return 0
 
 

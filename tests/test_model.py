@@ -143,6 +143,11 @@ def test_h200_runs_at_its_measured_clock_under_load():
     assert h200["time_s"] == pytest.approx(h100["time_s"] * peak / load, rel=0.02)
     assert "load_clock_hz/H200" in h200["constants"]
     assert "load_clock_hz/H200" not in h100["constants"]
+    # the tensor cores' rate per clock: what back-to-back wgmma reach, measured (cited)
+    rate, src = get("sm_90a").fact("wgmma_flops_per_clk/bf16")
+    assert "measured" in src and rate < 4096
+    flops = 2 * 64 * 256 * 16 * sum(h200["code_object"]["wgmma_per_loop"])
+    assert h200["cycles"]["matrix"] == pytest.approx(flops / rate, rel=1e-3)
 
 
 @needs_amd_llvm

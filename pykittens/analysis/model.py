@@ -245,6 +245,10 @@ def _hopper_cycles(t, dtype, loops, fills, consts_used):
     per_sm = peak / (t.num_cus * clock)            # tensor FLOPs per SM per clock
     consts_used["tensor_flops_per_clk_per_sm"] = (
         per_sm, f"{peak_name} / (SMs x clock): {peak:.4g} / ({t.num_cus} x {clock:.4g})")
+    measured = f"wgmma_flops_per_clk/{'e4m3' if dtype in _FP8 else 'bf16'}"
+    if t.has_fact(measured):          # what back-to-back wgmma reach, measured on the chip
+        per_sm = _fact(t, measured, consts_used)
+        del consts_used["tensor_flops_per_clk_per_sm"]
     smem_bw = _fact(t, "smem_bytes_per_clk", consts_used)
     issue = _fact(t, "issue_per_clk_per_subpartition", consts_used)
     mufu_rate = _fact(t, "mufu_per_clk_per_sm", consts_used) / 4      # per sub-partition

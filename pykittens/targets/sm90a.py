@@ -58,6 +58,13 @@ MUFU_PER_CLK = 16
 # 2026-12-02, median 4.288 (docs/perf/ops-bandwidth-2026-12-02*.json); the data sheet's
 # 4.8 TB/s is not reached by any copy.
 H200_COPY_BYTES_PER_S = 4.288e12
+# What back-to-back wgmma reach with nothing else to do: bench/gpu_clock.py's wgmma loop (one
+# workgroup an SM, two warpgroups issuing m64n256 from registers and shared memory, no
+# memory traffic), its FLOP/s over the SM clock sampled meanwhile: bf16 853 TFLOP/s at
+# 1770 MHz, e4m3 1669 at 1725 (docs/PERF.md, 2026-12-03, run MA): 89% of the data sheet's
+# per-clock rates (4096 / 8192).
+WGMMA_BF16_FLOPS_PER_CLK = 3650
+WGMMA_FP8_FLOPS_PER_CLK = 7328
 _WP = "NVIDIA H100 Tensor Core GPU Architecture white paper"
 PERF_FACTS = (
     ("clock_hz/H100", TENSOR_CLOCK_HZ, f"{_WP}: the boost clock of its dense tensor peaks"),
@@ -76,6 +83,12 @@ PERF_FACTS = (
     ("copy_bytes_per_s/H200", H200_COPY_BYTES_PER_S,
      "measured on an H200 (bench/ops_bandwidth.py copy, docs/PERF.md): a 1 GiB device-to-"
      "device copy, median of twelve runs, 4.27-4.30 TB/s"),
+    ("wgmma_flops_per_clk/bf16", WGMMA_BF16_FLOPS_PER_CLK,
+     "measured on an H200 (bench/gpu_clock.py's wgmma loop, docs/PERF.md run MA): back-to-"
+     "back bf16 wgmma m64n256k16, 853 TFLOP/s at 1770 MHz over 132 SMs"),
+    ("wgmma_flops_per_clk/e4m3", WGMMA_FP8_FLOPS_PER_CLK,
+     "measured on an H200 (bench/gpu_clock.py's wgmma loop, docs/PERF.md run MA): back-to-"
+     "back e4m3 wgmma m64n256k32, 1669 TFLOP/s at 1725 MHz over 132 SMs"),
     ("mufu_per_clk_per_sm", MUFU_PER_CLK, "FlashAttention-3 (Shah et al. 2024): 3.9 TFLOPS "
                                           "of special functions on H100 SXM5, 16 per SM "
                                           "and clock at 1.83 GHz"),
