@@ -59,36 +59,49 @@ SMS = 132
 
 @pk.kernel(num_waves=8)
 def wgmma_loop(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
-               DT: pk.const = None, STEPS: pk.const = WGMMA_STEPS):
-    """c[rows of this workgroup] = STEPS x (a @ b.T): each wave's 16 rows of a (16 x K, one
-    128-byte row: K = 64 bf16 or 128 fp8) held in registers, b (256 x K) in shared memory,
-    wgmma m64n256 a step (4 of K16 for bf16, 4 of K32 for fp8)."""
+               DT: pk.const = None, N: pk.const = 256, A_SMEM: pk.const = 0,
+               STEPS: pk.const = WGMMA_STEPS):
+    """c[rows of this workgroup] = STEPS x (a @ b.T) by wgmma m64nN (N = 64, 128 or 256) a
+    step (4 of K16 for bf16, 4 of K32 for fp8): each wave's 16 rows of a (16 x K, one
+    128-byte row: K = 64 bf16 or 128 fp8) held in registers, or (A_SMEM=1) all 64 rows of
+    a warpgroup read from shared memory; b (N x K) in shared memory."""
     kt = 128 // pk.dtype_of(DT).bytes
-    sb = pk.empty(pk.st((256, kt), DT, swizzle=8))
-    pk.load(sb, b)
+    sb = pk.empty(pk.st((N, kt), DT, swizzle=8))
+    pk.load(sb, b, (0, 0))
+    if A_SMEM:                      # both warpgroups multiply the same 64 rows
+        ta = pk.empty(pk.st((64, kt), DT, swizzle=8))
+        pk.load(ta, a, (0, 0))
     pk.barrier()
-    ta = pk.load(pk.rt((16, kt), DT, role="a"), a, (16 * pk.wave_id(), 0))
-    acc = pk.zeros(pk.rt((16, 256), pk.f32, role="acc"))
+    if not A_SMEM:
+        ta = pk.load(pk.rt((16, kt), DT, role="a"), a, (16 * pk.wave_id(), 0))
+    acc = pk.zeros(pk.rt((16, N), pk.f32, role="acc"))
     for _ in pk.range(STEPS):
         pk.mma_ABt(acc, ta, sb, in_flight=1)
     pk.mma_wait(acc)
     pk.store(c, acc, (128 * pk.program_id(0) + 16 * pk.wave_id(), 0))
 
 
-def wgmma_rate(dtype: str = "bf16") -> dict:
+# the wgmma forms the library kernels issue (gemm_ws: n256 from registers; attention: n128
+# from shared memory and from registers; its backward also n64), bf16, and fp8's gemm form
+WGMMA_FORMS = (("bf16", 256, 0), ("bf16", 128, 0), ("bf16", 128, 1), ("bf16", 64, 0),
+               ("bf16", 64, 1), ("e4m3", 256, 0))
+
+
+def wgmma_rate(dtype: str = "bf16", n: int = 256, a_smem: int = 0) -> dict:
     """wgmma_loop on every SM for a few seconds: its FLOP/s, clock and FLOPs an SM a clock."""
     kt = 128 // pk.dtype_of(dtype).bytes
     tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
     a = torch.randn(128, kt, device="cuda").to(tdt)
-    b = torch.randn(256, kt, device="cuda").to(tdt)
-    c = torch.empty(128 * SMS, 256, device="cuda", dtype=torch.float32)
-    r = {"shape": f"m64n256 {dtype}, K {kt} a step", "contender": "wgmma loop",
-         "dtype": dtype, **sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS))}
-    flops = SMS * 8 * 16 * 256 * kt * 2 * WGMMA_STEPS      # 8 waves of 16 rows
+    b = torch.randn(n, kt, device="cuda").to(tdt)
+    c = torch.empty(128 * SMS, n, device="cuda", dtype=torch.float32)
+    form = f"m64n{n} {dtype}, A from {'shared memory' if a_smem else 'registers'}"
+    r = {"shape": form, "contender": "wgmma loop", "dtype": dtype, "n": n, "a_smem": a_smem,
+         **sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS, N=n, A_SMEM=a_smem))}
+    flops = SMS * 8 * 16 * n * kt * 2 * WGMMA_STEPS      # 8 waves of 16 rows
     r["tflops"] = flops * r["calls_per_s"] / 1e12
     r["flops_per_clk_per_sm"] = r["tflops"] * 1e12 / (r["clock_mhz_median"] * 1e6 * SMS)
     sheet = 4096 * (2 if dtype == "e4m3" else 1)
-    print(f"wgmma loop {dtype}: {r['tflops']:.0f} TFLOP/s at a median SM clock of "
+    print(f"wgmma loop {form}: {r['tflops']:.0f} TFLOP/s at a median SM clock of "
           f"{r['clock_mhz_median']:.0f} MHz ({r['power_w_median']:.0f} W): "
           f"{r['flops_per_clk_per_sm']:.0f} FLOPs an SM a clock (the data sheet's: {sheet})",
           flush=True)
@@ -108,7 +121,7 @@ def main() -> int:
                   f"(min {r['clock_mhz_min']:.0f}, max {r['clock_mhz_max']:.0f}), "
                   f"{r['power_w_median']:.0f} W, throttle {','.join(r['throttle_reasons'])}, "
                   f"{r['tflops']:.0f} TFLOP/s (host loop)", flush=True)
-    out += [wgmma_rate("bf16"), wgmma_rate("e4m3")]
+    out += [wgmma_rate(*form) for form in WGMMA_FORMS]
     idle = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.limit",
                            "--format=csv,noheader"], capture_output=True, text=True).stdout
     print(f"idle: {idle.strip()}  (SM clock, max SM clock, power limit)")

@@ -14,7 +14,8 @@ forward and backward through pykittens.ops (bench/ops_bandwidth.py's `copy` and 
 steps). Details go to $OUT/model_check.json. `--table` prints measured against modeled
 for a saved run, with the error (model - measured) / measured of each; it needs the
 toolchain (ptxas, cuobjdump) but no GPU. `--clocks`: the SM clock and power under cuBLAS,
-gemm_ws, attention and rms_norm, a few seconds each ($OUT/model_check_clocks.json)."""
+gemm_ws, attention and rms_norm, a few seconds each; `--only F,G`: those families of rate,
+gemm, attention, attention_bwd, rows ($OUT/model_check_more.json for either)."""
 from __future__ import annotations
 
 import json
@@ -50,15 +51,29 @@ def builds():
     import numpy as np
     from gpu_clock import wgmma_loop
     from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
+    from pykittens.kernels.attention_bwd import attention_bwd_launch
     from pykittens.kernels.gemm import gemm_ws
-    yield wgmma_loop, {"DT": "bf16"}
-    yield wgmma_loop, {"DT": "e4m3"}
+    from gpu_clock import WGMMA_FORMS
+    for dt, n, a_smem in WGMMA_FORMS:
+        yield wgmma_loop, {"DT": dt, "N": n, "A_SMEM": a_smem}
     for m, n, k, dt in GEMMS:
         yield gemm_ws, _gemm_plan(m, n, k, dt)[1]
     for b, hq, hkv, n, d, causal in ATTENTION:
         i = {x: np.empty((b, h, n, d), np.float16) for x, h in (("q", hq), ("k", hkv), ("v", hkv))}
         yield attention_fwd, {"DT": "bf16", **attention_fwd_launch(i, "sm_90a",
                                                                    CAUSAL=causal)[1]}
+        for kernel, plan in zip(_bwd_kernels(), attention_bwd_launch(i, "sm_90a",
+                                                                     CAUSAL=causal)):
+            yield kernel, {"DT": "bf16", **plan[1]}
+
+
+def _bwd_kernels():
+    """The backward's passes as pykittens.ops.attention launches them (sm_90a's default dQ)."""
+    from pykittens.kernels import attention_bwd as ab
+    from pykittens.targets import get
+    third = ab.attention_bwd_dq_finish if ab._dq_of(None, get("sm_90a")) == "atomic" else \
+        ab.attention_bwd_dq
+    return ab.attention_bwd_prep, ab.attention_bwd, third
 
 
 def prebuild() -> int:
@@ -73,7 +88,8 @@ def prebuild() -> int:
     return 0
 
 
-def measure() -> list[dict]:
+def measure(families=("rate", "gemm", "attention", "attention_bwd", "rows")) -> list[dict]:
+    """The GPU run: each family of `families` timed (module docstring)."""
     import torch
 
     import gpu_clock
@@ -82,8 +98,9 @@ def measure() -> list[dict]:
     from pykittens.kernels.gemm import gemm_ws
     from pykittens.runtime.launch import launch
     from pykittens.tune import graph_time
-    out = [{"family": "wgmma loop", **gpu_clock.wgmma_rate(dt)} for dt in ("bf16", "e4m3")]
-    for m, n, k, dt in GEMMS:
+    out = [{"family": "wgmma loop", **gpu_clock.wgmma_rate(*form)}
+           for form in gpu_clock.WGMMA_FORMS if "rate" in families]
+    for m, n, k, dt in GEMMS if "gemm" in families else ():
         grid, consts = _gemm_plan(m, n, k, dt)
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
         if dt == "e4m3":
@@ -97,15 +114,32 @@ def measure() -> list[dict]:
         print(f"gemm_ws {m}x{n}x{k} {dt}: {out[-1]['tflops']:.0f} TFLOP/s", flush=True)
         del a, b, c
     for bsz, hq, hkv, n, d, causal in ATTENTION:
+        if "attention" not in families and "attention_bwd" not in families:
+            break
         q = torch.randn(bsz, n, hq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(bsz, n, hkv, d, device="cuda", dtype=torch.bfloat16)
                 for _ in range(2))
         sec = graph_time(lambda: pko.attention(q, k, v, causal=bool(causal)), 10)
         flops = 4 * bsz * hq * n * n * d * (0.5 if causal else 1)
-        out.append({"family": "attention_fwd", "shape": [bsz, hq, hkv, n, d],
-                    "causal": causal, "s": sec, "tflops": flops / sec / 1e12})
-        print(f"attention {bsz}x{hq}x{hkv}x{n}x{d} causal={causal}: "
-              f"{out[-1]['tflops']:.0f} TFLOP/s", flush=True)
+        if "attention" in families:
+            out.append({"family": "attention_fwd", "shape": [bsz, hq, hkv, n, d],
+                        "causal": causal, "s": sec, "tflops": flops / sec / 1e12})
+            print(f"attention {bsz}x{hq}x{hkv}x{n}x{d} causal={causal}: "
+                  f"{out[-1]['tflops']:.0f} TFLOP/s", flush=True)
+        if "attention_bwd" in families:       # forward and backward, less the forward
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            do = torch.randn_like(q)
+
+            def both():
+                torch.autograd.grad(pko.attention(*leaves, causal=bool(causal)), leaves, do)
+            t_all = graph_time(both, 5)
+            out.append({"family": "attention_bwd", "shape": [bsz, hq, hkv, n, d],
+                        "causal": causal, "s": t_all - sec,
+                        "tflops": 2.5 * flops / (t_all - sec) / 1e12})
+            print(f"attention backward {bsz}x{hq}x{hkv}x{n}x{d} causal={causal}: "
+                  f"{out[-1]['tflops']:.0f} TFLOP/s", flush=True)
+    if "rows" not in families:
+        return out
     ops_bandwidth._state.update(t0=time.time(), results=[])
     rows, details = [], []
     ops_bandwidth.step_copy(rows, details)
@@ -182,11 +216,11 @@ def table(results) -> str:
             mod = perf.model("gemm_ws", "sm_90a", r["shape"], r["dtype"], plan=library_plan)
             got, want, unit = r["tflops"], mod["modeled_tflops"], "TFLOP/s"
             what, bound = f"gemm_ws {'x'.join(map(str, r['shape']))} {r['dtype']}", mod["bound"]
-        elif fam == "attention_fwd":
-            mod = perf.model("attention_fwd", "sm_90a", r["shape"], "bf16", plan=library_plan,
+        elif fam in ("attention_fwd", "attention_bwd"):
+            mod = perf.model(fam, "sm_90a", r["shape"], "bf16", plan=library_plan,
                              causal=bool(r["causal"]))
             got, want, unit = r["tflops"], mod["modeled_tflops"], "TFLOP/s"
-            what = ("attention_fwd " + "x".join(map(str, r["shape"]))
+            what = (f"{fam} " + "x".join(map(str, r["shape"]))
                     + (" causal" if r["causal"] else ""))
             bound = mod["bound"]
         elif fam == "rows":
@@ -204,7 +238,7 @@ def table(results) -> str:
     within = sum(abs(e) <= 0.15 for e in errs)
     foot = [f"within 15%: {within} of {len(errs)}"]
     for rate in (r for r in results if r["family"] == "wgmma loop"):
-        foot.append(f"wgmma loop {rate.get('dtype', 'bf16')}: {rate['tflops']:.0f} TFLOP/s at "
+        foot.append(f"wgmma loop {rate['shape']}: {rate['tflops']:.0f} TFLOP/s at "
                     f"{rate['clock_mhz_median']:.0f} MHz = {rate['flops_per_clk_per_sm']:.0f} "
                     "FLOPs an SM a clock")
     return text_table(rows, ["kernel", "measured", "modeled", "unit", "bound", "error"]) + \
@@ -223,14 +257,18 @@ def main() -> int:
         print("bench/model_check.py needs the H200 (or --prebuild / --table FILE here)",
               file=sys.stderr)
         return 1
-    results = clocks() if "--clocks" in sys.argv else measure()
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    results = clocks() if "--clocks" in sys.argv else []
+    if "--clocks" not in sys.argv or only:
+        results += measure(*([only] if only else []))
     out = os.environ.get("OUT")
     if out:
-        name = "model_check_clocks.json" if "--clocks" in sys.argv else "model_check.json"
+        name = "model_check_more.json" if only or "--clocks" in sys.argv else \
+            "model_check.json"
         with open(os.path.join(out, name), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "results": results}, f, indent=1)
-    if "--clocks" not in sys.argv:
+    if any(r["family"] != "clock" for r in results):
         print(table(results))
     return 0
 

@@ -193,6 +193,8 @@ def library_plan(kernel_name, target, *args, **kw):
     from .analysis.model import ROWS
     if kernel_name == "attention_fwd":
         return _attention_plan(target, *args, **kw)
+    if kernel_name == "attention_bwd":
+        return _attention_bwd_plan(target, *args, **kw)
     if kernel_name in ROWS:
         return _rows_plan(kernel_name, target, *args)
     return _gemm_plan(kernel_name, target, *args)
@@ -215,6 +217,28 @@ def _attention_plan(target, shape, dtype, causal=False):
     per_block = [-(-(min(n, (q + 1) * bq) if causal else n) // bn) for q in range(blocks)]
     return Launch(attention_fwd, grid, consts, bq, bn, d,
                   iterations=tuple(per_block * (b * hq)))     # query blocks fastest
+
+
+def _attention_bwd_plan(target, shape, dtype, causal=False):
+    """attention_bwd's main pass as pykittens.ops.attention's backward launches it: each
+    workgroup (a 128-key block of one KV head) walks the 64-row query blocks of its group's
+    query heads that see its keys; and the bytes its passes before and after stream."""
+    import numpy as np
+
+    from .analysis.model import Launch
+    from .ir.types import dtype_of
+    from .kernels.attention_bwd import attention_bwd, attention_bwd_launch
+    b, hq, hkv, n, d = shape
+    np_dt = dtype_of(dtype).np
+    i = {"q": np.empty((b, hq, n, d), np_dt), "k": np.empty((b, hkv, n, d), np_dt)}
+    _, (grid, consts), _ = attention_bwd_launch(i, target, CAUSAL=int(causal))
+    bm, bn, group = consts["BM"], 128, hq // hkv
+    per_block = [group * -(-(n - (j * bn if causal else 0)) // bm) for j in range(-(-n // bn))]
+    esz, rows = dtype_of(dtype).bytes, b * hq * n
+    # before: o and do read, delta written; dQ's f32 sum zeroed; after: the sum read, dQ written
+    around = rows * d * (2 * esz + 4 + 4 + esz) + 4 * rows
+    return Launch(attention_bwd, grid, consts, bm, bn, d,
+                  iterations=tuple(per_block * (b * hkv)), tensor_bytes=around)
 
 
 def _rows_plan(kernel_name, target, shape, dtype):
@@ -337,14 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "attention read from their code object's main loop, row kernels "
                         "from their bytes (docs/PERF.md compares it with measurements)")
     mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950), "
-                    "gemm_basic (gfx942, gfx950), attention_fwd (sm_90a) or a row kernel "
+                    "gemm_basic (gfx942, gfx950), attention_fwd and attention_bwd (sm_90a) or a row kernel "
                     "(sm_90a: layernorm, rmsnorm, add_rmsnorm, softmax, rope, their _bwd "
                     "kernels, column_sum; add_rmsnorm_bwd is rmsnorm_bwd as add_rms_norm's "
                     "backward launches it)")
     mo.add_argument("--target", required=True, choices=TARGETS)
     mo.add_argument("--shape", type=int, nargs="+", required=True, metavar="DIM",
                     help="GEMMs: M N K; attention_fwd: B Hq Hkv N D; row kernels: ROWS COLS")
-    mo.add_argument("--causal", action="store_true", help="attention_fwd: causal")
+    mo.add_argument("--causal", action="store_true", help="attention: causal")
     mo.add_argument("--dtype", default="bf16", help="operand type: bf16, f16, e4m3 or e5m2 "
                     "(default: %(default)s)")
     mo.add_argument("--chip", default=None, help="which chip of the target (default: its "

@@ -202,3 +202,19 @@ def test_row_kernels_stream_their_bytes_at_the_measured_copy_rate():
     assert bwd["dram_bytes"] > 3 * m * n * 2 + 4 * n * grid[0] - 1
     assert model("add_rmsnorm_bwd", "sm_90a", (m, n))["dram_bytes"] == \
         bwd["dram_bytes"] + m * n * 2                       # ds, read and added
+
+
+@needs_sass
+def test_attention_backward_reads_its_five_products_and_the_interior_loop():
+    """attention_bwd's main pass (D = 128): each consumer's iteration (a 64-row query block
+    against its 64 keys) makes S^T, dP^T, dV, dK (64 x 64 x 128 each: 24 wgmma 64x64x16) and
+    dQ (64 x 128 x 64: 8 of 64x128x16); causal launches give the masked blocks a loop of
+    their own, and an interior iteration takes the unmasked one: the same cycles."""
+    res = model("attention_bwd", "sm_90a", (4, 16, 16, 4096, 128))
+    assert res["code_object"]["wgmma_loops"] == 2
+    assert res["cycles"]["matrix"] == pytest.approx(
+        2 * (24 * 2 * 64 * 64 * 16 + 8 * 2 * 64 * 128 * 16)
+        / res["constants"]["wgmma_flops_per_clk/bf16"][0], rel=1e-3)
+    causal = model("attention_bwd", "sm_90a", (4, 16, 16, 4096, 128), causal=True)
+    assert causal["cycles"]["matrix"] == res["cycles"]["matrix"]
+    assert causal["iterations_per_cu"] < 0.6 * res["iterations_per_cu"]

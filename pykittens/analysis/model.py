@@ -39,6 +39,7 @@ ROWS = ("layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "add_rmsnorm",
 # kernel -> targets it is modelled on
 MODELED = {"gemm_ws": ("sm_90a",), "gemm_pingpong": ("gfx942", "gfx950"),
            "gemm_basic": ("gfx942", "gfx950"), "attention_fwd": ("sm_90a",),
+           "attention_bwd": ("sm_90a",),
            **{k: ("sm_90a",) for k in ROWS}}
 _FP8 = {"e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"}
 
@@ -61,7 +62,8 @@ class Launch:
     persistent: int | None = None
     # attention: each workgroup's main-loop iterations, in launch order
     iterations: tuple = ()
-    # row kernels: the bytes of the launch's tensors (each read or written once)
+    # row kernels: the bytes of the launch's tensors (each read or written once); attention's
+    # backward: its passes before and after the main one, which stream this many bytes
     tensor_bytes: int = 0
 
 
@@ -184,6 +186,7 @@ def _hopper_loops(kernel, t, consts):
     prog, res = _compile(kernel, t, consts)
     rep = cubin.report(res)
     rep["smem_bytes"] = (rep.get("smem_bytes") or 0) + prog.lds_bytes   # dynamic smem
+    rep["num_waves"] = prog.num_waves
     sass, why = cubin.disassemble(res["cubin"]) if res.get("cubin") else (None, "no cubin")
     if sass is None:
         raise ValueError(f"the Hopper model reads the SASS: {why}")
@@ -308,7 +311,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     if plan is None:
         raise ValueError("model() needs plan=, the library's launch rules: pass "
                          "pykittens.cli.library_plan (or run `pykittens model`)")
-    if kernel_name == "attention_fwd" or kernel_name in ROWS:
+    if kernel_name in ("attention_fwd", "attention_bwd") or kernel_name in ROWS:
         return _model_sm90(kernel_name, target, shape, dtype, plan, chip, **overrides)
     if kernel_name not in MODELED:
         raise ValueError(f"no performance model for {kernel_name!r}; modelled kernels: "
@@ -453,7 +456,7 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     if chip not in t.chips:
         raise ValueError(f"{t.name} is {' or '.join(t.chips)}, not {chip}")
     shape = tuple(int(x) for x in shape)
-    want = 5 if kernel_name == "attention_fwd" else 2
+    want = 2 if kernel_name in ROWS else 5
     if len(shape) != want or min(shape) < 1:
         raise ValueError(f"{kernel_name} takes --shape " + (
             "B Hq Hkv N D" if want == 5 else "ROWS COLS") + f", got {' '.join(map(str, shape))}")
@@ -480,7 +483,14 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     load = f"load_clock_hz/{chip}"
     run_clock = _fact(t, load, used) if t.has_fact(load) else clock
     rep, loops = _hopper_loops(lp.kernel, t, {**lp.consts, "DT": dtype})
-    fills = 2 * lp.bn * d * _itemsize(dtype)           # a K and a V block per iteration
+    # one producer warpgroup, the rest consumers; where a consumer has a loop of its own for
+    # the masked blocks (the backward's causal walk), an interior iteration takes the other,
+    # its cheapest
+    consumers = rep["num_waves"] // 4 - 1
+    loops = sorted(loops, key=lambda lp_: lp_[0])[:consumers]
+    bwd = kernel_name == "attention_bwd"
+    # an iteration's TMA copies: a K and a V block (forward); a Q and a dO block (backward)
+    fills = 2 * (lp.bm if bwd else lp.bn) * d * _itemsize(dtype)
     cycles, detail = _hopper_cycles(t, dtype, loops, fills, used)
     # workgroups to the SMs as they free up (one resident an SM: registers), in launch order
     import heapq
@@ -497,7 +507,9 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     cycles["dram"] = dram_bytes / hbm * run_clock / iters
     bound = max(cycles, key=cycles.get)
     time_s = cycles[bound] * iters / run_clock
-    flops = 4.0 * b * hq * n * n * d * (0.5 if causal else 1.0)
+    flops = 4.0 * b * hq * n * n * d * (0.5 if causal else 1.0) * (2.5 if bwd else 1.0)
+    if bwd:                          # the passes before and after: streaming, at the copy rate
+        time_s += lp.tensor_bytes / _fact(t, f"copy_bytes_per_s/{chip}", used)
     return {
         "kernel": kernel_name, "target": t.name, "chip": chip, "shape": list(shape),
         "causal": bool(causal), "dtype": dtype, "modeled_tflops": flops / time_s / 1e12,
@@ -520,8 +532,12 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
             "an iteration is the wgmma loop's shortest path (no mask, no rescale of O); "
             "a workgroup's prologue, Q load and epilogue are not counted",
             "one workgroup per SM; workgroups go to SMs in launch order as they free up",
-            "FLOP/s count 4 B Hq N^2 D (halved for causal)",
-        ],
+            "FLOP/s count 4 B Hq N^2 D (halved for causal), 2.5 times that for the backward",
+        ] + ([
+            "backward: its main pass's DRAM is the forward's order's (K and V once, Q and "
+            "dO streamed); the atomic additions of dQ into its f32 sum are not counted; the "
+            "passes before (delta) and after (dQ's rounding) stream their tensors at the "
+            "measured copy bandwidth"] if bwd else []),
         "constants": used,
     }
 
