@@ -361,13 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "attention read from their code object's main loop, row kernels "
                         "from their bytes (docs/PERF.md compares it with measurements)")
     mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950), "
-                    "gemm_basic (gfx942, gfx950), attention_fwd and attention_bwd (sm_90a) or a row kernel "
-                    "(sm_90a: layernorm, rmsnorm, add_rmsnorm, softmax, rope, their _bwd "
+                    "gemm_basic (gfx942, gfx950), attention_fwd and attention_bwd (sm_90a) "
+                    "or a row kernel (sm_90a: layernorm, rmsnorm, add_rmsnorm, softmax, rope, their _bwd "
                     "kernels, column_sum; add_rmsnorm_bwd is rmsnorm_bwd as add_rms_norm's "
                     "backward launches it)")
     mo.add_argument("--target", required=True, choices=TARGETS)
     mo.add_argument("--shape", type=int, nargs="+", required=True, metavar="DIM",
-                    help="GEMMs: M N K; attention_fwd: B Hq Hkv N D; row kernels: ROWS COLS")
+                    help="GEMMs: M N K; attention: B Hq Hkv N D; row kernels: ROWS COLS")
     mo.add_argument("--causal", action="store_true", help="attention: causal")
     mo.add_argument("--dtype", default="bf16", help="operand type: bf16, f16, e4m3 or e5m2 "
                     "(default: %(default)s)")

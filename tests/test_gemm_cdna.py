@@ -267,25 +267,6 @@ def test_mxfp4_in_both_emulators():
         gemm_pingpong_launch(m, n, k, "gfx950", itemsize=2, packed=2)
 
 
-def test_mxfp4_build_runs_four_register_operands_at_two_waves_per_simd():
-    from pykittens.kernels.gemm_cdna import gemm_pingpong_mx
-    _, consts = gemm_pingpong_launch(8192, 8192, 8192, "gfx950", itemsize=1, packed=2)
-    obj = compiler.code_object(gemm_pingpong_mx, "gfx950", DT="e2m1x2", OUT="bf16", **consts)
-    rep = hsaco.report(obj, "gfx950", num_waves=8)
-    insts, labels = hsaco.instructions(amdgpu.disassemble(obj, "gfx950"), rep["kernel"])
-    body = hsaco.main_loop(insts, labels).instructions(insts)
-    mfmas = [args for op, args in body if op.startswith("v_mfma")]
-    assert {op for op, _ in body if op.startswith("v_mfma")} == \
-        {"v_mfma_scale_f32_32x32x64_f8f6f4"}
-    assert len(mfmas) == 16                  # 64 x 128 of C a wave, 128 values of K a step
-    for args in mfmas:                       # A and B in 4 registers, FP4 formats
-        regs = re.findall(r"v\[(\d+):(\d+)\]", args)
-        assert [int(h) - int(lo) for lo, h in regs[:2]] == [3, 3], args
-        assert "cbsz:4 blgp:4" in args, args
-    assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0, rep
-    assert rep["sgpr_spill"] <= 4 and rep["occupancy_waves_per_simd"] == 2, rep
-
-
 @pytest.mark.parametrize("dt", ["e2m3p", "e3m2p"])
 def test_mxfp6_in_both_emulators(dt):
     """MXFP6 (pk.e2m3p / pk.e3m2p: FP6 packed densely, 3K / 4 bytes a row) on ragged M and
@@ -321,8 +302,13 @@ def test_mxfp6_launch_errors():
         gemm_pingpong_launch(256, 256, 256, "gfx942", dtype="e2m3p")
 
 
-@pytest.mark.parametrize("dt,fmt", [("e2m3p", 2), ("e3m2p", 3)])
-def test_mxfp6_build_runs_six_register_operands_at_two_waves_per_simd(dt, fmt):
+@pytest.mark.parametrize("dt,fmt,regs,per_step", [("e2m1x2", 4, 4, 16), ("e2m3p", 2, 6, 8),
+                                                ("e3m2p", 3, 6, 8)])
+def test_fp4_and_fp6_builds_run_at_two_waves_per_simd(dt, fmt, regs, per_step):
+    """MXFP4 and MXFP6 at 8192³: the scaled 32x32x64 MFMA with A and B in 4 registers (FP4:
+    32 values in 16 bytes) or 6 (FP6: 32 values in 24 bytes) and their formats' codes;
+    16 / 8 a wave and K step (64 x 128 of C a wave, 128 / 64 values of K a step); 64 KiB
+    of LDS (FP6's 48-byte steps in 64-byte rows); no scratch."""
     from pykittens.kernels.gemm_cdna import gemm_pingpong_mx
     _, consts = gemm_pingpong_launch(8192, 8192, 8192, "gfx950", dtype=dt)
     obj = compiler.code_object(gemm_pingpong_mx, "gfx950", DT=dt, OUT="bf16", **consts)
@@ -332,14 +318,14 @@ def test_mxfp6_build_runs_six_register_operands_at_two_waves_per_simd(dt, fmt):
     mfmas = [args for op, args in body if op.startswith("v_mfma")]
     assert {op for op, _ in body if op.startswith("v_mfma")} == \
         {"v_mfma_scale_f32_32x32x64_f8f6f4"}
-    assert len(mfmas) == 8                   # 64 x 128 of C a wave, 64 values of K a step
-    for args in mfmas:                       # A and B in 6 registers, FP6 formats
-        regs = re.findall(r"v\[(\d+):(\d+)\]", args)
-        assert [int(h) - int(lo) for lo, h in regs[:2]] == [5, 5], args
+    assert len(mfmas) == per_step
+    for args in mfmas:
+        found = re.findall(r"v\[(\d+):(\d+)\]", args)
+        assert [int(h) - int(lo) + 1 for lo, h in found[:2]] == [regs, regs], args
         assert f"cbsz:{fmt} blgp:{fmt}" in args, args
     assert rep["scratch_bytes"] == 0 and rep["vgpr_spill"] == 0, rep
     assert rep["sgpr_spill"] <= 4 and rep["occupancy_waves_per_simd"] == 2, rep
-    assert rep["lds_bytes"] == 2 * 2 * 256 * 64, rep       # 48-byte steps in 64-byte rows
+    assert rep["lds_bytes"] == 2 * 2 * 256 * 64, rep
 
 
 def test_mx_build_uses_the_scaled_mfma_without_memory_spills():

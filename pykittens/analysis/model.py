@@ -1,7 +1,7 @@
 """A performance model of the library kernels, read from their compiled code objects.
 
-GEMMs (below), Hopper's attention_fwd (the same per-iteration accounting over its consumer
-warpgroups' wgmma loop, plus the special-function unit its exponentials take) and the Hopper
+GEMMs (below), Hopper's attention forward and backward (the same per-iteration accounting
+over the consumer warpgroups' wgmma loop, plus the special-function unit), and the Hopper
 row kernels (streaming: their tensors' bytes at the copy bandwidth measured on the H200;
 `_model_sm90`).
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .. import targets
 
-# the row kernels: streaming, modelled by their bytes (model_rows)
+# the row kernels: streaming, modelled by their bytes (_model_sm90)
 ROWS = ("layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "add_rmsnorm",
         "add_rmsnorm_bwd", "softmax", "softmax_bwd", "rope", "column_sum")
 # kernel -> targets it is modelled on
@@ -242,16 +242,16 @@ def _hopper_cycles(t, dtype, loops, fills, consts_used):
     special-function unit (a consumer warpgroup puts one warp on every sub-partition), and
     shared memory (wgmma's operand reads plus `fills`, the TMA copies of an iteration)."""
     esz = _itemsize(dtype)
-    peak_name = "dense_fp8_flops" if dtype in _FP8 else "dense_bf16_flops"
-    peak = _fact(t, peak_name, consts_used)
-    clock = consts_used["clock_hz"][0]
-    per_sm = peak / (t.num_cus * clock)            # tensor FLOPs per SM per clock
-    consts_used["tensor_flops_per_clk_per_sm"] = (
-        per_sm, f"{peak_name} / (SMs x clock): {peak:.4g} / ({t.num_cus} x {clock:.4g})")
     measured = f"wgmma_flops_per_clk/{'e4m3' if dtype in _FP8 else 'bf16'}"
     if t.has_fact(measured):          # what back-to-back wgmma reach, measured on the chip
         per_sm = _fact(t, measured, consts_used)
-        del consts_used["tensor_flops_per_clk_per_sm"]
+    else:                             # the data sheet's peak over the SMs and its clock
+        peak_name = "dense_fp8_flops" if dtype in _FP8 else "dense_bf16_flops"
+        peak = _fact(t, peak_name, consts_used)
+        clock = consts_used["clock_hz"][0]
+        per_sm = peak / (t.num_cus * clock)
+        consts_used["tensor_flops_per_clk_per_sm"] = (
+            per_sm, f"{peak_name} / (SMs x clock): {peak:.4g} / ({t.num_cus} x {clock:.4g})")
     smem_bw = _fact(t, "smem_bytes_per_clk", consts_used)
     issue = _fact(t, "issue_per_clk_per_subpartition", consts_used)
     mufu_rate = _fact(t, "mufu_per_clk_per_sm", consts_used) / 4      # per sub-partition
@@ -303,7 +303,8 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
           chip: str | None = None, out_dtype: str | None = None, **overrides) -> dict:
     """Modeled time (and TFLOP/s) of one library launch (module docstring). `shape` is
     (M, N, K) of C[M, N] = A[M, K] B^T for a GEMM, (B, Hq, Hkv, N, D) for attention_fwd
-    (`causal=True` in overrides for the causal form), (rows, cols) for a row kernel; `plan(kernel_name, target, m, n, k, dtype,
+    and attention_bwd (`causal=True` in overrides for the causal form), (rows, cols) for a
+    row kernel; `plan(kernel_name, target, m, n, k, dtype,
     out_dtype) -> Launch` says how the library launches it (`pykittens.cli.library_plan`;
     `Launch` says why it is passed in); `chip` one of the target's chips (default its last:
     MI325X, MI355X, H200); `out_dtype` C's type (default: the operands' for 16-bit types,
@@ -440,12 +441,14 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
 
 
 def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> dict:
-    """attention_fwd and the row kernels on Hopper (`model`'s docstring):
+    """attention and the row kernels on Hopper (`model`'s docstring):
 
-    - attention_fwd, shape (B, Hq, Hkv, N, D): the consumer warpgroups' wgmma loop, one
-      iteration a K/V block of every consumer, as gemm_ws's (tensor cores, issue, shared
-      memory) plus the special-function unit its exponentials take; the workgroups' blocks
-      handed to the SMs as they free up; DRAM from the cache simulator (head-first order).
+    - attention_fwd / attention_bwd, shape (B, Hq, Hkv, N, D): the consumer warpgroups'
+      wgmma loop, an iteration a K/V block (forward) or a query block (the backward's main
+      pass) of every consumer, as gemm_ws's (tensor cores, issue, shared memory) plus the
+      special-function unit its exponentials take; the workgroups handed to the SMs as
+      they free up; DRAM from the cache simulator (head-first order); the backward's
+      passes before and after the main one streamed at the measured copy bandwidth.
     - row kernels, shape (rows, cols): streaming, so the launch's tensor bytes at the
       device-to-device copy bandwidth measured on the H200."""
     t = targets.get(target)
@@ -487,7 +490,7 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     # the masked blocks (the backward's causal walk), an interior iteration takes the other,
     # its cheapest
     consumers = rep["num_waves"] // 4 - 1
-    loops = sorted(loops, key=lambda lp_: lp_[0])[:consumers]
+    loops = sorted(loops, key=lambda loop: loop[0])[:consumers]
     bwd = kernel_name == "attention_bwd"
     # an iteration's TMA copies: a K and a V block (forward); a Q and a dO block (backward)
     fills = 2 * (lp.bm if bwd else lp.bn) * d * _itemsize(dtype)

@@ -48,8 +48,8 @@ e2m1x2 = DType("e2m1x2", 8, "float", np.uint8, packed=2)
 # OCP MX FP6, E2M3 and E3M2, packed densely: a row is one little-endian bit string, value j
 # in bits 6j .. 6j + 5 (four values in three bytes; gfx950's MFMAs read them so from their
 # registers). Tiles of it count bytes, a row of K values 3K / 4 columns; held in uint8
-# arrays, the kernel's DT saying which format (an uint8 array alone means e2m1x2). Only moved
-# and multiplied, like e2m1x2.
+# arrays, which bind as e2m1x2 unless the kernel's DT (given, or its default) names FP6
+# (runtime.args.bind_args). Only moved and multiplied, like e2m1x2.
 e2m3p = DType("e2m3p", 8, "float", np.uint8, packed=Fraction(4, 3))
 e3m2p = DType("e3m2p", 8, "float", np.uint8, packed=Fraction(4, 3))
 i8 = DType("i8", 8, "int", np.int8)
@@ -58,8 +58,8 @@ boolean = DType("i1", 1, "int", np.bool_)
 
 DTYPES = {d.name: d for d in (f32, bf16, f16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, e8m0, e2m1x2,
                               e2m3p, e3m2p, i8, i32)}
-_NP = {np.dtype(d.np): d for d in DTYPES.values() if d not in (e2m3p, e3m2p)}
 FP6 = (e2m3p, e3m2p)
+_NP = {np.dtype(d.np): d for d in DTYPES.values() if d not in FP6}   # uint8: e2m1x2
 
 
 def same_storage(got: DType, want: DType) -> bool:

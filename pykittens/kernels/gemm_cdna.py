@@ -133,32 +133,30 @@ def gemm_pingpong_launch(m: int, n: int, k: int, target: str, itemsize: int = 2,
     order. itemsize: bytes a stored element; packed=2 for FP4 pairs (pk.e2m1x2: k / 2
     bytes a row); or dtype, the operands' element type (its name or pk type), which sets
     both (pk.e2m3p / pk.e3m2p: FP6, 3k / 4 bytes a row)."""
-    from ..ir.types import dtype_of
-    if dtype is not None:
-        d = dtype_of(dtype)
-        if d.packed not in (1, 2) and k % 4:
-            raise ValueError(f"FP6 packs four values in three bytes: K = {k} must be a "
-                             "multiple of 4")
-        itemsize, packed = d.bytes, d.packed
     from .. import chiplet
+    from ..ir.types import dtype_of
     from ..targets import get
     t = get(target)
     if t.name not in STEP_BYTES:
         raise ValueError(f"gemm_pingpong is the CDNA GEMM (gfx942, gfx950), not {target}; on "
                          "Hopper use gemm_ws")
-    if dtype is not None and dtype_of(dtype).name not in t.dtypes:
+    if dtype is None:                  # a type of that storage: only its size matters here
+        dtype = {(2, 1): "bf16", (1, 1): "e4m3", (1, 2): "e2m1x2"}.get((itemsize, packed))
+        if dtype is None:
+            raise ValueError("gemm_pingpong takes bf16, f16 or fp8 operands (itemsize 2 or 1), "
+                             "FP4 pairs (itemsize=1, packed=2) or FP6 (dtype=pk.e2m3p / "
+                             "e3m2p)")
+    elif dtype_of(dtype).name not in t.dtypes:
         raise ValueError(f"{t.name} has no {dtype_of(dtype)} MFMAs (the MX formats are "
                          "gfx950's)")
-    fp6 = dtype is not None and packed not in (1, 2)
-    if itemsize not in (1, 2) or packed not in (1, 2) and not fp6 or \
-            packed != 1 and itemsize != 1:
-        raise ValueError("gemm_pingpong takes bf16, f16 or fp8 operands (itemsize 2 or 1), "
-                         "FP4 pairs (itemsize=1, packed=2) or FP6 (dtype=pk.e2m3p / e3m2p)")
-    if packed == 2 and k % 2:
+    d = dtype_of(dtype)
+    if d.packed == 2 and k % 2:
         raise ValueError(f"FP4 pairs pack K two a byte: K = {k} must be even")
-    if dtype is None:                  # a type of that storage: only its size matters here
-        dtype = {(2, 1): "bf16", (1, 1): "e4m3", (1, 2): "e2m1x2"}[itemsize, packed]
-    bk = step_columns(t.name, dtype_of(dtype))
+    if d.packed not in (1, 2) and k % 4:
+        raise ValueError(f"FP6 packs four values in three bytes: K = {k} must be a multiple "
+                         "of 4")
+    itemsize, packed = d.bytes, d.packed
+    bk = step_columns(t.name, d)
     tm, tn = max(1, -(-m // BLOCK)), max(1, -(-n // BLOCK))
     op = chiplet.Gemm(tm * BLOCK, tn * BLOCK, max(k // packed, 1), bm=BLOCK, bn=BLOCK, bk=bk,
                       dtype="bf16" if itemsize == 2 else "e4m3")

@@ -133,6 +133,30 @@ def test_calculator_spot_checks():
     assert w.v[256 + 1, 32 + 5].view(np.float32) == 1    # D[5][5] = v1{37}
 
 
+def scaled_product(op, m, regs, operands, ea, eb, mods, junk=0):
+    """D of one block-scaled MFMA from A's and B's registers (`operands`: {register: lanes},
+    A from v0, B from v8, `regs` each), lane l's E8M0 scales of A (ea[l % m, l // m], with
+    `junk` in the scale register's other bytes) and B in v20 / v21."""
+    lane = np.arange(64)
+    v = dict(operands)
+    v[20] = ea[lane % m, lane // m].astype(np.uint32) | junk
+    v[21] = eb[lane // m, lane % m].astype(np.uint32)
+    nacc = m * m // 64
+    w = execute([f"{op} a[0:{nacc - 1}], v[0:{regs - 1}], v[8:{7 + regs}], 0, v20, v21 "
+                 f"op_sel_hi:[0,0,0] {mods}"], "gfx950", v=v)
+    got = np.zeros((m, m))
+    for i in range(m):
+        for j in range(m):
+            r, ln = acc_entry(i, j, m)
+            got[i, j] = w.v[256 + r, ln].view(np.float32)
+    return got
+
+
+def scaled_reference(a, b, ea, eb):
+    """(a scaled by its blocks' powers of two) @ (b scaled likewise), float64."""
+    return (a * np.repeat(2.0 ** (ea - 127), 32, 1)) @ (b * np.repeat(2.0 ** (eb - 127), 32, 0))
+
+
 @pytest.mark.parametrize("m,k,op", [(32, 64, "v_mfma_scale_f32_32x32x64_f8f6f4"),
                                     (16, 128, "v_mfma_scale_f32_16x16x128_f8f6f4")])
 @pytest.mark.parametrize("kind_a,kind_b", [("fp8", "fp8"), ("bf8", "fp8"), ("fp8", "bf8")])
@@ -147,25 +171,13 @@ def test_block_scaled_mfma(m, k, op, kind_a, kind_b, rng):
     eb = rng.integers(120, 134, (k // 32, m))
     ra = place_f8f6f4(encode(a, kind_a, t)[0], m, k, False)
     rb = place_f8f6f4(encode(b, kind_b, t)[0], m, k, True)
-    lane = np.arange(64)
-    sa = ea[lane % m, lane // m].astype(np.uint32) | 0xAB00      # junk in the other bytes
-    sb = eb[lane // m, lane % m].astype(np.uint32)
-    v = {r: ra[r] for r in range(8)}
-    v.update({8 + r: rb[r] for r in range(8)})
-    v.update({20: sa, 21: sb})
-    nacc = m * m // 64
     fmt = {"fp8": 0, "bf8": 1}
     mods = " ".join(x for x in (f"cbsz:{fmt[kind_a]}" if fmt[kind_a] else "",
                                 f"blgp:{fmt[kind_b]}" if fmt[kind_b] else "") if x)
-    w = execute([f"{op} a[0:{nacc - 1}], v[0:7], v[8:15], 0, v20, v21 op_sel_hi:[0,0,0] {mods}"],
-                t, v=v)
-    got = np.zeros((m, m))
-    for i in range(m):
-        for j in range(m):
-            r, ln = acc_entry(i, j, m)
-            got[i, j] = w.v[256 + r, ln].view(np.float32)
-    want = (a * np.repeat(2.0 ** (ea - 127), 32, 1)) @ (b * np.repeat(2.0 ** (eb - 127), 32, 0))
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    got = scaled_product(op, m, 8, {**{r: ra[r] for r in range(8)},
+                                    **{8 + r: rb[r] for r in range(8)}}, ea, eb, mods,
+                         junk=0xAB00)                # junk in the scale's other bytes
+    np.testing.assert_allclose(got, scaled_reference(a, b, ea, eb), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("m,k,op", [(32, 64, "v_mfma_scale_f32_32x32x64_f8f6f4"),
@@ -188,19 +200,9 @@ def test_block_scaled_fp4_mfma(m, k, op, rng):
         for j in range(32):
             words[:, j // 8] |= nib[:, j] << (4 * (j % 8))
         v.update({base + r: words[:, r] for r in range(4)})
-    v[20] = ea[lane % m, lane // m].astype(np.uint32)
-    v[21] = eb[lane // m, lane % m].astype(np.uint32)
-    nacc = m * m // 64
-    w = execute([f"{op} a[0:{nacc - 1}], v[0:3], v[8:11], 0, v20, v21 op_sel_hi:[0,0,0] "
-                 "cbsz:4 blgp:4"], "gfx950", v=v)
-    got = np.zeros((m, m))
-    for i in range(m):
-        for j in range(m):
-            r, ln = acc_entry(i, j, m)
-            got[i, j] = w.v[256 + r, ln].view(np.float32)
-    want = (val(ca) * np.repeat(2.0 ** (ea - 127), 32, 1)) @ \
-        (val(cb) * np.repeat(2.0 ** (eb - 127), 32, 0))
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    got = scaled_product(op, m, 4, v, ea, eb, "cbsz:4 blgp:4")
+    np.testing.assert_allclose(got, scaled_reference(val(ca), val(cb), ea, eb), rtol=1e-6,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("fmt,dtype", [(2, ml_dtypes.float6_e2m3fn),
@@ -228,20 +230,9 @@ def test_block_scaled_fp6_mfma(m, k, op, fmt, dtype, rng):
             for r in range(6):
                 words[r, ln] = (stream >> (32 * r)) & 0xFFFFFFFF
         v.update({base + r: words[r] for r in range(6)})
-    lane = np.arange(64)
-    v[20] = ea[lane % m, lane // m].astype(np.uint32)
-    v[21] = eb[lane // m, lane % m].astype(np.uint32)
-    nacc = m * m // 64
-    w = execute([f"{op} a[0:{nacc - 1}], v[0:5], v[8:13], 0, v20, v21 op_sel_hi:[0,0,0] "
-                 f"cbsz:{fmt} blgp:{fmt}"], "gfx950", v=v)
-    got = np.zeros((m, m))
-    for i in range(m):
-        for j in range(m):
-            r, ln = acc_entry(i, j, m)
-            got[i, j] = w.v[256 + r, ln].view(np.float32)
-    want = (val(ca) * np.repeat(2.0 ** (ea - 127), 32, 1)) @ \
-        (val(cb) * np.repeat(2.0 ** (eb - 127), 32, 0))
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    got = scaled_product(op, m, 6, v, ea, eb, f"cbsz:{fmt} blgp:{fmt}")
+    np.testing.assert_allclose(got, scaled_reference(val(ca), val(cb), ea, eb), rtol=1e-6,
+                               atol=1e-6)
 
 
 def test_fp6_code_tables_agree_with_ml_dtypes():
