@@ -211,9 +211,10 @@ def main() -> int:
 
 
 def offline(inner_fn, table_fn) -> int | None:
-    """The modes that need no profiler: --inner (every case launched once, what ncu runs)
-    and --table FILE (a saved run's table); None for a measuring run."""
-    if "--inner" in sys.argv:
+    """The modes that need no profiler: --inner (every case launched once, what ncu runs;
+    scripts without one pass None) and --table FILE (a saved run's table); None for a
+    measuring run."""
+    if "--inner" in sys.argv and inner_fn is not None:
         return inner_fn()
     if "--table" in sys.argv:
         import json

@@ -18,8 +18,6 @@ gemm_ws, attention and rms_norm, a few seconds each; `--only F,G`: those familie
 gemm, attention, attention_bwd, rows ($OUT/model_check_more.json for either)."""
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 
@@ -188,19 +186,16 @@ def clocks() -> list[dict]:
 
 
 def _row_model(op, mode, shape) -> float:
-    """Modeled seconds of a row op: its kernels' (and column_sum's, for a norm's backward)."""
+    """Modeled seconds of a row op: its kernels' (and column_sum's over the partial sums a
+    norm's backward leaves)."""
     from pykittens.analysis import model as perf
     from pykittens.cli import library_plan
     total = 0.0
     for kernel in ROW_KERNELS[op, mode]:
-        total += perf.model(kernel, "sm_90a", shape, "bf16", plan=library_plan)["time_s"]
-        parts = library_plan(kernel, "sm_90a", tuple(shape), "bf16").consts
-        sums = {"layernorm_bwd": 2, "rmsnorm_bwd": 1, "add_rmsnorm_bwd": 1}.get(kernel)
-        if sums:
-            from pykittens.kernels.rows import ColumnSums
-            grid = library_plan(kernel, "sm_90a", tuple(shape), "bf16").grid
-            rows = ColumnSums.partial_rows(grid[0], parts)
-            total += perf.model("column_sum", "sm_90a", (rows, sums * shape[1]), "bf16",
+        res = perf.model(kernel, "sm_90a", shape, "bf16", plan=library_plan)
+        total += res["time_s"]
+        if res["partial_sums"]:
+            total += perf.model("column_sum", "sm_90a", res["partial_sums"], "bf16",
                                 plan=library_plan)["time_s"]
     return total
 
@@ -246,12 +241,12 @@ def table(results) -> str:
 
 
 def main() -> int:
+    from chiplet_l2 import offline, write_results      # bench/
     if "--prebuild" in sys.argv:
         return prebuild()
-    if "--table" in sys.argv:
-        with open(sys.argv[sys.argv.index("--table") + 1]) as f:
-            print(table(json.load(f)["results"]))
-        return 0
+    done = offline(None, table)
+    if done is not None:
+        return done
     import torch
     if not torch.cuda.is_available():
         print("bench/model_check.py needs the H200 (or --prebuild / --table FILE here)",
@@ -261,13 +256,8 @@ def main() -> int:
     results = clocks() if "--clocks" in sys.argv else []
     if "--clocks" not in sys.argv or only:
         results += measure(*([only] if only else []))
-    out = os.environ.get("OUT")
-    if out:
-        name = "model_check_more.json" if only or "--clocks" in sys.argv else \
-            "model_check.json"
-        with open(os.path.join(out, name), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "results": results}, f, indent=1)
+    write_results("model_check_more" if only or "--clocks" in sys.argv else "model_check",
+                  results)
     if any(r["family"] != "clock" for r in results):
         print(table(results))
     return 0

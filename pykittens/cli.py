@@ -188,8 +188,8 @@ def cmd_bench(a) -> int:
 def library_plan(kernel_name, target, *args, **kw):
     """How the library launches a modelled kernel, from the kernels' own launch rules (the
     analysis.model.Launch): GEMMs (kernel, target, m, n, k, dtype, out_dtype),
-    attention_fwd (kernel, target, (B, Hq, Hkv, N, D), dtype, causal=) and the row kernels
-    (kernel, target, (rows, cols), dtype)."""
+    attention_fwd and attention_bwd (kernel, target, (B, Hq, Hkv, N, D), dtype, causal=) and
+    the row kernels (kernel, target, (rows, cols), dtype)."""
     from .analysis.model import ROWS
     if kernel_name == "attention_fwd":
         return _attention_plan(target, *args, **kw)
@@ -200,18 +200,25 @@ def library_plan(kernel_name, target, *args, **kw):
     return _gemm_plan(kernel_name, target, *args)
 
 
-def _attention_plan(target, shape, dtype, causal=False):
-    """attention_fwd as pykittens.ops.attention launches it; each workgroup's K/V blocks."""
+def _attention_inputs(shape, dtype) -> dict:
+    """Stand-ins for q, k and v of (B, Hq, Hkv, N, D) as the launch rules read them (shapes
+    and element type; np.empty allocates nothing it does not touch)."""
     import numpy as np
 
-    from .analysis.model import Launch
     from .ir.types import dtype_of
-    from .kernels.attention import attention_fwd, attention_fwd_launch
     b, hq, hkv, n, d = shape
     np_dt = dtype_of(dtype).np
-    i = {"q": np.empty((b, hq, n, d), np_dt), "k": np.empty((b, hkv, n, d), np_dt),
-         "v": np.empty((b, hkv, n, d), np_dt)}
-    grid, consts = attention_fwd_launch(i, target, CAUSAL=int(causal))
+    return {"q": np.empty((b, hq, n, d), np_dt), "k": np.empty((b, hkv, n, d), np_dt),
+            "v": np.empty((b, hkv, n, d), np_dt)}
+
+
+def _attention_plan(target, shape, dtype, causal=False):
+    """attention_fwd as pykittens.ops.attention launches it; each workgroup's K/V blocks."""
+    from .analysis.model import Launch
+    from .kernels.attention import attention_fwd, attention_fwd_launch
+    b, hq, hkv, n, d = shape
+    grid, consts = attention_fwd_launch(_attention_inputs(shape, dtype), target,
+                                        CAUSAL=int(causal))
     bq, bn = 64 * consts["WG"], consts["BN"]
     blocks = -(-n // bq)
     per_block = [-(-(min(n, (q + 1) * bq) if causal else n) // bn) for q in range(blocks)]
@@ -223,15 +230,12 @@ def _attention_bwd_plan(target, shape, dtype, causal=False):
     """attention_bwd's main pass as pykittens.ops.attention's backward launches it: each
     workgroup (a 128-key block of one KV head) walks the 64-row query blocks of its group's
     query heads that see its keys; and the bytes its passes before and after stream."""
-    import numpy as np
-
     from .analysis.model import Launch
     from .ir.types import dtype_of
     from .kernels.attention_bwd import attention_bwd, attention_bwd_launch
     b, hq, hkv, n, d = shape
-    np_dt = dtype_of(dtype).np
-    i = {"q": np.empty((b, hq, n, d), np_dt), "k": np.empty((b, hkv, n, d), np_dt)}
-    _, (grid, consts), _ = attention_bwd_launch(i, target, CAUSAL=int(causal))
+    _, (grid, consts), _ = attention_bwd_launch(_attention_inputs(shape, dtype), target,
+                                                CAUSAL=int(causal))
     bm, bn, group = consts["BM"], 128, hq // hkv
     per_block = [group * -(-(n - (j * bn if causal else 0)) // bm) for j in range(-(-n // bn))]
     esz, rows = dtype_of(dtype).bytes, b * hq * n
@@ -258,33 +262,33 @@ def _rows_plan(kernel_name, target, shape, dtype):
     if kernel_name == "column_sum":               # shape: (partial rows, columns)
         grid, consts = R.column_sum_launch(n, m)
         return Launch(K.column_sum, grid, consts, 0, 0, 0, tensor_bytes=4 * m * n + vec)
-    launches = {
-        "layernorm": (lambda: K.stats_launch({"x": x}, target, launch=K.ln_launch),
-                      2 * row + 2 * vec + 2 * stat),
-        "rmsnorm": (lambda: K.stats_launch({"x": x}, target), 2 * row + vec + stat),
-        "add_rmsnorm": (lambda: K.stats_launch({"x": x}, target), 4 * row + vec + stat),
-        "softmax": (lambda: K.exact_row_launch({"x": x}, target), 2 * row),
-        "softmax_bwd": (lambda: K.softmax_grad_launch({"y": x}, target), 3 * row),
-        "rope": (lambda: K.rope_launch((1, m, n // 128, 128), 64, False, target),
-                 2 * row + 2 * m * 64 * 4),               # x in, out; f32 cos and sin
-        "rmsnorm_bwd": (lambda: K.rms_grad_launch({"x": x, "dy": x, "ds": None}, target,
-                                                  False, True), 3 * row + vec + stat),
+    # kernel, its launch rule, the bytes of its tensors, the per-column sums it adds up
+    plans = {
+        "layernorm": (K.layernorm, lambda: K.stats_launch({"x": x}, target, launch=K.ln_launch),
+                      2 * row + 2 * vec + 2 * stat, 0),
+        "rmsnorm": (K.rmsnorm, lambda: K.stats_launch({"x": x}, target), 2 * row + vec + stat,
+                    0),
+        "add_rmsnorm": (K.add_rmsnorm, lambda: K.stats_launch({"x": x}, target),
+                        4 * row + vec + stat, 0),
+        "softmax": (K.softmax, lambda: K.exact_row_launch({"x": x}, target), 2 * row, 0),
+        "softmax_bwd": (K.softmax_bwd, lambda: K.softmax_grad_launch({"y": x}, target),
+                        3 * row, 0),
+        "rope": (K.rope, lambda: K.rope_launch((1, m, n // 128, 128), 64, False, target),
+                 2 * row + 2 * m * 64 * 4, 0),             # x in, out; f32 cos and sin
+        "rmsnorm_bwd": (K.rmsnorm_bwd, lambda: K.rms_grad_launch(
+            {"x": x, "dy": x, "ds": None}, target, False, True), 3 * row + vec + stat, 1),
         # rmsnorm_bwd as add_rms_norm's backward launches it: the sum's gradient ds added
-        "add_rmsnorm_bwd": (lambda: K.rms_grad_launch({"x": x, "dy": x, "ds": x}, target,
-                                                      True, True), 4 * row + vec + stat),
-        "layernorm_bwd": (lambda: K.ln_grad_launch({"x": x, "dy": x}, target),
-                          3 * row + vec + 2 * stat),
+        "add_rmsnorm_bwd": (K.rmsnorm_bwd, lambda: K.rms_grad_launch(
+            {"x": x, "dy": x, "ds": x}, target, True, True), 4 * row + vec + stat, 1),
+        "layernorm_bwd": (K.layernorm_bwd, lambda: K.ln_grad_launch({"x": x, "dy": x}, target),
+                          3 * row + vec + 2 * stat, 2),
     }
-    grid, consts = launches[kernel_name][0]()
-    nbytes = launches[kernel_name][1]
-    sums = {"rmsnorm_bwd": 1, "add_rmsnorm_bwd": 1, "layernorm_bwd": 2}.get(kernel_name, 0)
-    if sums:                                        # the partial column sums it writes
-        nbytes += 4 * sums * n * R.ColumnSums.partial_rows(grid[0], consts)
-    kernel = {"layernorm_bwd": K.layernorm_bwd, "rmsnorm_bwd": K.rmsnorm_bwd,
-              "add_rmsnorm_bwd": K.rmsnorm_bwd,
-              "softmax_bwd": K.softmax_bwd, "add_rmsnorm": K.add_rmsnorm}.get(
-        kernel_name) or getattr(K, kernel_name)
-    return Launch(kernel, grid, consts, 0, 0, 0, tensor_bytes=nbytes)
+    kernel, launch, nbytes, sums = plans[kernel_name]
+    grid, consts = launch()
+    partial = (R.ColumnSums.partial_rows(grid[0], consts), sums * n) if sums else ()
+    if partial:                                     # the partial column sums it writes
+        nbytes += 4 * partial[0] * partial[1]
+    return Launch(kernel, grid, consts, 0, 0, 0, tensor_bytes=nbytes, partial_sums=partial)
 
 
 def _gemm_plan(kernel_name, target, m, n, k, dtype, out_dtype):

@@ -65,6 +65,8 @@ class Launch:
     # row kernels: the bytes of the launch's tensors (each read or written once); attention's
     # backward: its passes before and after the main one, which stream this many bytes
     tensor_bytes: int = 0
+    # a norm's backward: (rows, columns) of the partial column sums it leaves for column_sum
+    partial_sums: tuple = ()
 
 
 def _itemsize(dtype: str) -> int:
@@ -299,6 +301,24 @@ def _operand_type(t, dtype):
     return dtype
 
 
+def _chip(t, chip: str | None) -> str:
+    """The chip of the target a model is for (default its newest), or an error naming them."""
+    chip = chip or t.chips[-1]
+    if chip not in t.chips:
+        raise ValueError(f"{t.name} is {' or '.join(t.chips)}, not {chip}")
+    return chip
+
+
+def _clocks(t, chip: str, used: dict) -> tuple[float, float]:
+    """(peak clock, the clock the kernel runs at): the chip's measured clock under a
+    tensor-bound load where there is one (an H200 holds its power cap lower), else the peak
+    clock; both noted in `used` (the peak as clock_hz)."""
+    clock = _fact(t, f"clock_hz/{chip}", used)
+    used["clock_hz"] = used.pop(f"clock_hz/{chip}")
+    load = f"load_clock_hz/{chip}"
+    return clock, _fact(t, load, used) if t.has_fact(load) else clock
+
+
 def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
           chip: str | None = None, out_dtype: str | None = None, **overrides) -> dict:
     """Modeled time (and TFLOP/s) of one library launch (module docstring). `shape` is
@@ -327,9 +347,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     m, n, k = (int(x) for x in shape)
     if min(m, n, k) < 1:
         raise ValueError(f"shape sizes must be >= 1, got {m} {n} {k}")
-    chip = chip or t.chips[-1]
-    if chip not in t.chips:
-        raise ValueError(f"{t.name} is {' or '.join(t.chips)}, not {chip}")
+    chip = _chip(t, chip)
     dtype = _operand_type(t, dtype)
     if dtype not in t.dtypes or dtype in ("f32", "i32", "e8m0", "e2m1x2", "e2m3p", "e3m2p"):
         raise ValueError(f"{kernel_name} on {t.name} takes bf16, f16 or fp8 operands, "
@@ -338,13 +356,8 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     if kernel_name == "gemm_basic":
         out = out_dtype or "f32"                  # its library spec's output
     used: dict = {}
-    clock = _fact(t, f"clock_hz/{chip}", used)
-    used["clock_hz"] = used.pop(f"clock_hz/{chip}")
-    # the clock the kernel runs at: the chip's measured clock under a tensor-bound load
-    # where there is one (an H200 holds its power cap lower), else the peak clock
-    load = f"load_clock_hz/{chip}"
-    measured_load = t.has_fact(load)
-    run_clock = _fact(t, load, used) if measured_load else clock
+    clock, run_clock = _clocks(t, chip, used)
+    measured_load = t.has_fact(f"load_clock_hz/{chip}")
     lp = plan(kernel_name, t.name, m, n, k, dtype, out)
     kernel, grid, consts = lp.kernel, lp.grid, lp.consts
     bm, bn, bk, persistent = lp.bm, lp.bn, lp.bk, lp.persistent
@@ -455,9 +468,7 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     if t.name != "sm_90a":
         raise ValueError(f"{kernel_name} is modelled on sm_90a, not {t.name}; pick --target "
                          "sm_90a")
-    chip = chip or t.chips[-1]
-    if chip not in t.chips:
-        raise ValueError(f"{t.name} is {' or '.join(t.chips)}, not {chip}")
+    chip = _chip(t, chip)
     shape = tuple(int(x) for x in shape)
     want = 2 if kernel_name in ROWS else 5
     if len(shape) != want or min(shape) < 1:
@@ -475,16 +486,14 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
                 "dtype": dtype, "time_s": time_s, "bound": "dram",
                 "dram_bytes": lp.tensor_bytes, "grid": list(lp.grid),
                 "modeled_bytes_per_s": lp.tensor_bytes / time_s,
+                "partial_sums": list(lp.partial_sums),
                 "assumptions": ["streaming: every tensor of the launch read or written once, "
                                 "at the device-to-device copy bandwidth measured on the chip",
                                 "instruction issue, barriers, latency and the launch itself "
                                 "are not counted"],
                 "constants": used}
     b, hq, hkv, n, d = shape
-    clock = _fact(t, f"clock_hz/{chip}", used)
-    used["clock_hz"] = used.pop(f"clock_hz/{chip}")
-    load = f"load_clock_hz/{chip}"
-    run_clock = _fact(t, load, used) if t.has_fact(load) else clock
+    clock, run_clock = _clocks(t, chip, used)
     rep, loops = _hopper_loops(lp.kernel, t, {**lp.consts, "DT": dtype})
     # one producer warpgroup, the rest consumers; where a consumer has a loop of its own for
     # the masked blocks (the backward's causal walk), an interior iteration takes the other,
@@ -529,7 +538,8 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
             "products): time = the busiest resource's cycles per iteration x the busiest "
             "SM's iterations / clock",
             f"the kernel runs at {run_clock / 1e9:.2f} GHz throughout ({chip}'s "
-            + ("measured clock under a tensor-bound load" if run_clock != clock else
+            + ("measured clock under a tensor-bound load"
+               if t.has_fact(f"load_clock_hz/{chip}") else
                "peak clock: none measured under load") + "); per-clock rates are the "
             f"hardware's at {clock / 1e9:.2f} GHz",
             "an iteration is the wgmma loop's shortest path (no mask, no rescale of O); "
