@@ -8,7 +8,8 @@ Then the tensor cores' rate per clock with nothing else to do: `wgmma_loop`, one
 an SM, two warpgroups issuing bf16 wgmma m64n256k16 back to back (A from registers, B from
 shared memory, one group in flight behind the one issuing), no memory traffic in the loop;
 its FLOP/s over the clock sampled meanwhile and the 132 SMs is the dense bf16 FLOPs an SM
-does per clock (targets/sm90a.py, wgmma_bf16_flops_per_clk).
+does per clock (targets/sm90a.py, wgmma_flops_per_clk); the other forms the library issues,
+and attention's with one warpgroup issuing alone (WGMMA_FORMS).
 
     PYTHONPATH=. python3 bench/gpu_clock.py          # on the GPU
 
@@ -82,22 +83,30 @@ def wgmma_loop(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
 
 
 # the wgmma forms the library kernels issue (gemm_ws: n256 from registers; attention: n128
-# from shared memory and from registers; its backward also n64), bf16, and fp8's gemm form
-WGMMA_FORMS = (("bf16", 256, 0), ("bf16", 128, 0), ("bf16", 128, 1), ("bf16", 64, 0),
-               ("bf16", 64, 1), ("e4m3", 256, 0))
+# from shared memory and from registers; its backward also n64), bf16, and fp8's gemm form;
+# (dtype, N, A in shared memory, warpgroups issuing): attention's forms also with one
+# warpgroup issuing alone, as one consumer's products run while the other does its softmax
+WGMMA_FORMS = (("bf16", 256, 0, 2), ("bf16", 128, 0, 2), ("bf16", 128, 1, 2),
+               ("bf16", 64, 0, 2), ("bf16", 64, 1, 2), ("e4m3", 256, 0, 2),
+               ("bf16", 128, 0, 1), ("bf16", 128, 1, 1), ("bf16", 256, 0, 1))
 
 
-def wgmma_rate(dtype: str = "bf16", n: int = 256, a_smem: int = 0) -> dict:
-    """wgmma_loop on every SM for a few seconds: its FLOP/s, clock and FLOPs an SM a clock."""
+def wgmma_rate(dtype: str = "bf16", n: int = 256, a_smem: int = 0,
+               warpgroups: int = 2) -> dict:
+    """wgmma_loop on every SM for a few seconds (`warpgroups` of them issuing, one
+    workgroup an SM): its FLOP/s, clock and FLOPs an SM a clock."""
     kt = 128 // pk.dtype_of(dtype).bytes
     tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
     a = torch.randn(128, kt, device="cuda").to(tdt)
     b = torch.randn(n, kt, device="cuda").to(tdt)
     c = torch.empty(128 * SMS, n, device="cuda", dtype=torch.float32)
-    form = f"m64n{n} {dtype}, A from {'shared memory' if a_smem else 'registers'}"
+    form = f"m64n{n} {dtype}, A from {'shared memory' if a_smem else 'registers'}" + \
+        ("" if warpgroups == 2 else f", {warpgroups} warpgroup{'s' * (warpgroups > 1)}")
     r = {"shape": form, "contender": "wgmma loop", "dtype": dtype, "n": n, "a_smem": a_smem,
-         **sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS, N=n, A_SMEM=a_smem))}
-    flops = SMS * 8 * 16 * n * kt * 2 * WGMMA_STEPS      # 8 waves of 16 rows
+         "warpgroups": warpgroups,
+         **sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS, N=n, A_SMEM=a_smem,
+                                    num_waves=4 * warpgroups))}
+    flops = SMS * 4 * warpgroups * 16 * n * kt * 2 * WGMMA_STEPS   # waves of 16 rows
     r["tflops"] = flops * r["calls_per_s"] / 1e12
     r["flops_per_clk_per_sm"] = r["tflops"] * 1e12 / (r["clock_mhz_median"] * 1e6 * SMS)
     sheet = 4096 * (2 if dtype == "e4m3" else 1)

@@ -52,8 +52,8 @@ def builds():
     from pykittens.kernels.attention_bwd import attention_bwd_launch
     from pykittens.kernels.gemm import gemm_ws
     from gpu_clock import WGMMA_FORMS
-    for dt, n, a_smem in WGMMA_FORMS:
-        yield wgmma_loop, {"DT": dt, "N": n, "A_SMEM": a_smem}
+    for dt, n, a_smem, warpgroups in WGMMA_FORMS:
+        yield wgmma_loop, {"DT": dt, "N": n, "A_SMEM": a_smem, "num_waves": 4 * warpgroups}
     for m, n, k, dt in GEMMS:
         yield gemm_ws, _gemm_plan(m, n, k, dt)[1]
     for b, hq, hkv, n, d, causal in ATTENTION:

@@ -218,3 +218,94 @@ def test_attention_backward_reads_its_five_products_and_the_interior_loop():
     causal = model("attention_bwd", "sm_90a", (4, 16, 16, 4096, 128), causal=True)
     assert causal["cycles"]["matrix"] == res["cycles"]["matrix"]
     assert causal["iterations_per_cu"] < 0.6 * res["iterations_per_cu"]
+
+
+# ---- the consumers' waits (Hopper): their events read from SASS, then stepped through
+
+def _sass(opcode, operands=""):
+    from pykittens.analysis.cubin import Instr
+    return Instr(0, "", opcode, operands)
+
+
+def test_loop_events_split_at_groups_and_waits():
+    """A group ends at the HGMMA marked gsb0 (two 64x128x16: one group of 2 x 2 x 64 x 128 x
+    16 FLOPs); every instruction, the HGMMAs and waits too, takes an issue slot; MUFUs are
+    counted apart."""
+    from pykittens.analysis.model import _loop_events
+    path = [_sass("WARPGROUP.ARRIVE"),
+            _sass("HGMMA.64x128x16.F32.BF16", "R24, gdesc[UR8], RZ, !UPT"),
+            _sass("HGMMA.64x128x16.F32.BF16", "R24, gdesc[UR12], R24, gsb0"),
+            _sass("WARPGROUP.DEPBAR.LE", "gsb0, 0x1"),
+            _sass("FADD", "R1, R2, R3"), _sass("MUFU.EX2", "R4, R4"),
+            _sass("WARPGROUP.DEPBAR.LE", "gsb0, 0x0"),
+            _sass("F2FP.BF16.F32.PACK_AB", "R5, R6, R7")]
+    assert _loop_events(path) == [("alu", 3, 0), ("mma", 2 * 2 * 64 * 128 * 16),
+                                  ("alu", 1, 0), ("wait", 1), ("alu", 3, 1), ("wait", 0),
+                                  ("alu", 1, 0)]
+
+
+RATE = 1000.0                       # FLOPs a clock: a group of F FLOPs takes F / 1000 clocks
+
+
+def _wait_loop(product_clocks, instructions, mufu=0):
+    return [("mma", product_clocks * RATE), ("wait", 0), ("alu", instructions, mufu)]
+
+
+def test_one_consumer_does_in_turn_what_it_waits_for():
+    """Alone, a consumer that waits for its product before its instructions takes their sum
+    (1000 + 500); 100 MUFU instructions at 8 clocks each take 800 however few the other
+    instructions; with two groups and `wait 1`, the 300 instructions after it run under the
+    second group: 500 + 500 + 200."""
+    from pykittens.analysis.model import _overlap_cycles
+    assert _overlap_cycles([_wait_loop(1000, 500)], RATE, 1, 8, False) == \
+        pytest.approx(1500, abs=4)
+    assert _overlap_cycles([_wait_loop(1000, 10, 100)], RATE, 1, 8, False) == \
+        pytest.approx(1800, abs=4)
+    two = [("mma", 500 * RATE), ("alu", 10, 0), ("mma", 500 * RATE), ("wait", 1),
+           ("alu", 300, 0), ("wait", 0), ("alu", 200, 0)]
+    assert _overlap_cycles([two], RATE, 1, 8, False) == pytest.approx(1200, abs=4)
+
+
+def test_two_consumers_in_step_or_apart():
+    """Two such consumers started together share the tensor cores (both products done at
+    2000) and then the issue slots (500 instructions each at half a slot: 1000): 3000 an
+    iteration, and they stay in step. Started 750-1000 clocks apart, one issues under the
+    other's product: the tensor cores' 2000. The waits' figure is the mean over starts,
+    between the two."""
+    from pykittens.analysis.model import PHASES, _overlap_cycles, _waits_cycles
+    loops = [_wait_loop(1000, 500)] * 2
+    assert _overlap_cycles(loops, RATE, 1, 8, False) == pytest.approx(3000, rel=0.01)
+    for apart in (750, 1000):
+        assert _overlap_cycles(loops, RATE, 1, 8, False, stagger=apart) == \
+            pytest.approx(2000, rel=0.01)
+    mean, per_phase = _waits_cycles(loops, RATE, 1, 8, False)
+    assert len(per_phase) == PHASES and mean == pytest.approx(sum(per_phase) / PHASES)
+    assert 2000 * 0.99 <= min(per_phase) and max(per_phase) <= 3000 * 1.01
+    assert 2000 < mean < 3000
+
+
+def test_pingpong_turns_keep_consumers_from_committing_together():
+    """Groups A and B with 300 instructions between them, then the wait and 100 more. Two
+    consumers started together without turns: both A's and both B's share the tensor cores
+    (2000), then both 100s share the issue slots (200): 2200. With ping-pong's turns the
+    second commits its A only after the first's B, and the products keep the tensor cores
+    busy: 2000."""
+    from pykittens.analysis.model import _overlap_cycles
+    loop = [("mma", 500 * RATE), ("alu", 300, 0), ("mma", 500 * RATE), ("wait", 0),
+            ("alu", 100, 0)]
+    assert _overlap_cycles([loop] * 2, RATE, 1, 8, False) == pytest.approx(2200, rel=0.01)
+    assert _overlap_cycles([loop] * 2, RATE, 1, 8, True) == pytest.approx(2000, rel=0.01)
+
+
+@needs_sass
+def test_attention_waits_for_its_products():
+    """attention_fwd (D = 128): each consumer waits for Q K^T before its softmax and for P V
+    before its exponentials, so two consumers in step leave the tensor cores idle while
+    both compute (at least 1.3x the matrix cycles) and half an iteration apart keep them
+    busy (the matrix cycles); the model is bound by the waits' mean over starts."""
+    res = model("attention_fwd", "sm_90a", (4, 16, 16, 4096, 128))
+    matrix, phases = res["cycles"]["matrix"], res["code_object"]["waits_cycles_per_phase"]
+    assert phases[0] >= 1.3 * matrix
+    assert min(phases) == pytest.approx(matrix, rel=0.01)
+    assert res["bound"] == "waits"
+    assert res["cycles"]["waits"] == pytest.approx(sum(phases) / len(phases), abs=1)

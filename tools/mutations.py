@@ -90,6 +90,7 @@ NVPTX_PY = "pykittens/codegen/nvptx.py"
 LANE_PY = "pykittens/lower/lane.py"
 EMULATOR_PY = "pykittens/emulator/machine.py"
 LOWER_PY = "pykittens/lower/lower.py"
+MODEL_PY = "pykittens/analysis/model.py"
 LIB = "tests/isa/test_isa_kernels.py"          # library kernels from their code objects
 HAZ = "tests/test_cdna_hazards.py"
 PINNED_WAITS = "tests/isa/test_isa_hazards.py::test_pinned_mfma_accumulator_read_waits"
@@ -377,6 +378,23 @@ MUTATIONS: list[Mutation] = [
        [WGMMA_DESC],
        "the start addresses of the K16 steps against the 128B-swizzle atom layout "
        "(`test_hopper_static::test_wgmma_descriptors_follow_the_ptx_isa`)"),
+    # -- the performance model's consumers stepped through their waits ----------------------
+    _m("model-waits-ignored", MODEL_PY,
+       "                    if len(queue[c]) > arg[0]:",
+       "                    if False:",
+       "a consumer's WARPGROUP.DEPBAR never holds it: its instructions run under the products "
+       "they wait for",
+       ["tests/test_model.py::test_one_consumer_does_in_turn_what_it_waits_for"],
+       "hand-derived cycles of one consumer doing in turn what it waits for "
+       "(`test_model::test_one_consumer_does_in_turn_what_it_waits_for`)"),
+    _m("model-tensor-first-come", MODEL_PY,
+       "            queue[c][0] -= rate / len(busy) * step",
+       "            queue[c][0] -= (rate if c == busy[0] else 0) * step",
+       "the tensor cores serve the lowest-numbered consumer with groups first instead of "
+       "sharing their rate",
+       ["tests/test_model.py::test_two_consumers_in_step_or_apart"],
+       "hand-derived cycles of two consumers started together "
+       "(`test_model::test_two_consumers_in_step_or_apart`)"),
 ]
 
 

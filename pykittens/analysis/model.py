@@ -12,13 +12,16 @@ loops), and counts, per compute unit (CU / SM) and per main-loop iteration (one 
 every workgroup resident on it), the cycles each resource needs:
 
 - matrix: MFMA passes x cycles per pass (CDNA) / wgmma FLOPs over the tensor cores' FLOPs
-  per SM per clock, from NVIDIA's published dense peak (Hopper);
+  per SM per clock, as back-to-back wgmma reach on the H200 (Hopper);
 - issue: instructions a wave / warp issues per iteration at the target's issue rate;
 - lds: bytes read and written in LDS / shared memory over its bytes per clock;
 - vmem, l2 (CDNA): bytes of the vector memory instructions over the vL1D and the CU's
   share of its XCD's L2;
 - dram: the launch's HBM bytes from the cache simulator for the launch's grid mapping, over
-  the data-sheet bandwidth, spread over the busiest CU's iterations.
+  the data-sheet bandwidth, spread over the busiest CU's iterations;
+- waits (Hopper): the consumer warpgroups stepped through their loops' waits for their own
+  wgmma groups, sharing the tensor cores, issue slots and special-function units
+  (_overlap_cycles): what the others, each summed alone, leave out.
 
 Time = the largest of them x the busiest CU's iterations / clock: the resources are assumed
 to overlap completely (CDNA: the 8-wave ping-pong runs one group's MFMA cluster beside the
@@ -176,11 +179,13 @@ def _cdna_cycles(t, rep, path, consts_used):
 # ---------------------------------------------------------------------------- Hopper
 
 _SHAPE = re.compile(r"^[HQIB]GMMA\.(\d+)x(\d+)x(\d+)")
+_WGMMA = frozenset({"HGMMA", "QGMMA", "IGMMA", "BGMMA"})
 
 
 def _hopper_loops(kernel, t, consts):
-    """(report, [(instructions, [(m, n, k, a_in_smem)], MUFU instructions)] of the executed
-    path of each innermost wgmma loop): an interior iteration takes the loop's shortest path
+    """(report, [(instructions, [(m, n, k, a_in_smem)], MUFU instructions, events)] of the
+    executed path of each innermost wgmma loop; events: _loop_events'): an interior
+    iteration takes the loop's shortest path
     from its header back to it (the fewest instructions), which leaves out what only some
     iterations run (attention's masked blocks and O's rescale)."""
     from . import cubin
@@ -210,10 +215,124 @@ def _hopper_loops(kernel, t, consts):
             ops = [o.strip() for o in ins.operands.split(",")]
             shapes.append((*map(int, mm.groups()), len(ops) > 1 and ops[1].startswith("gdesc")))
         mufu = sum(instrs[i].op == "MUFU" for b in path for i in blocks[b])
-        out.append((sum(len(blocks[b]) for b in path), shapes, mufu))
+        out.append((sum(len(blocks[b]) for b in path), shapes, mufu,
+                    _loop_events([instrs[i] for b in path for i in blocks[b]])))
     if not out:
         raise ValueError(f"{rep['kernel']} has no wgmma loop to model")
     return rep, out
+
+
+def _loop_events(path) -> list[tuple]:
+    """One iteration of a consumer's loop (its SASS path, in program order) as what it waits
+    on: ("alu", instructions, MUFU instructions) runs it issues, ("mma", FLOPs) each wgmma
+    group it commits (the HGMMAs up to the one marked gsb0), ("wait", n) each
+    WARPGROUP.DEPBAR.LE gsb0, n (until at most n of its groups are unfinished)."""
+    events, issued, mufu, flops = [], 0, 0, 0
+    for ins in path:
+        issued += 1
+        mufu += ins.op == "MUFU"
+        if ins.op in _WGMMA:
+            m, n, k = map(int, _SHAPE.match(ins.opcode).groups())
+            flops += 2 * m * n * k
+            if "gsb0" in ins.operands:
+                events += [("alu", issued, mufu), ("mma", flops)]
+                issued = mufu = flops = 0
+        elif ins.opcode.startswith("WARPGROUP.DEPBAR"):
+            events += [("alu", issued, mufu), ("wait", int(ins.operands.split(",")[-1], 0))]
+            issued = mufu = 0
+    events.append(("alu", issued, mufu))
+    return [e for e in events if e[0] != "alu" or e[1]]
+
+
+PHASES = 8          # starting offsets of the consumers the waits' model averages over
+WAITS = ("waits: each consumer steps through its loop's SASS, committing its wgmma groups "
+         "and waiting for them where it does (WARPGROUP.DEPBAR); the tensor cores share their "
+         "rate evenly among the warpgroups with groups unfinished (how a sub-partition's "
+         "tensor core picks between two warpgroups' instructions is not documented; "
+         "first-come-first-served matched the H200's attention far worse, docs/PERF.md); "
+         "a consumer's instructions and MUFU share the issue slots and special-function "
+         "units with the others'; the mean over the consumers' relative starts "
+         "(_waits_cycles)")
+
+
+def _waits_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
+                  pingpong: bool) -> tuple[float, list[float]]:
+    """(mean, per phase) of _overlap_cycles over PHASES relative starts of the consumers:
+    consumer c starting c x s cycles after the first, s = k / PHASES of an iteration's
+    tensor-core time over (consumers - 1), k = 0 .. PHASES - 1. Nothing in a schedule
+    without ping-pong fixes how the consumers' iterations line up (in phase, their
+    products and softmaxes coincide; half an iteration apart, one's products run under the
+    other's softmax), and the stepping keeps whichever alignment it starts from, so the
+    model takes the mean over starts: a tile's time is its iterations at the period of
+    the alignment it falls into."""
+    tensor = sum(f for ev in loops for kind, *arg in ev if kind == "mma" for f in arg) / rate
+    spread = tensor / max(1, len(loops) - 1)
+    per = [_overlap_cycles(loops, rate, issue, mufu_clocks, pingpong,
+                           stagger=spread * k / PHASES) for k in range(PHASES)]
+    return sum(per) / len(per), per
+
+
+def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
+                    pingpong: bool, iterations: int = 24, stagger: float = 0.0) -> float:
+    """Cycles an SM takes per iteration of every consumer (`loops`: each consumer's
+    _loop_events, all resident at once), stepping the consumers through their waits. The
+    tensor cores run the groups committed and not finished at `rate` FLOPs a clock, shared
+    out evenly among the warpgroups that have any (each warpgroup's in order; one alone
+    reaches the same rate as several, bench/gpu_clock.py). A consumer's "alu" run issues
+    its instructions at `issue` a clock and its MUFU instructions at `mufu_clocks` each,
+    both shared with the other consumers' runs (a consumer puts one warp on each
+    sub-partition). Ping-pong: a consumer commits the first group of round r only after the
+    one before it has committed all of its round r (the first: the last's round r - 1).
+    Consumer c starts `c x stagger` cycles after the first. The steady state's cycles per
+    iteration, from the second half of `iterations`."""
+    consumers = len(loops)
+    first = [next(i for i, e in enumerate(ev) if e[0] == "mma") for ev in loops]
+    last = [max(i for i, e in enumerate(ev) if e[0] == "mma") for ev in loops]
+    pc = [0] * consumers
+    left = [None] * consumers          # (instructions, MUFU) left of the run a consumer is in
+    queue = [[] for _ in range(consumers)]
+    rounds = [0] * consumers           # iterations whose groups a consumer has committed
+    done = [[] for _ in range(consumers)]
+    clock, step = 0.0, 2.0
+    while min(len(d) for d in done) < iterations:
+        busy = [c for c in range(consumers) if queue[c]]
+        for c in busy:                 # the tensor cores
+            queue[c][0] -= rate / len(busy) * step
+            if queue[c][0] <= 0:
+                queue[c].pop(0)
+        issuing = [c for c in range(consumers) if left[c] is not None]
+        exp = sum(1 for c in issuing if left[c][1] > 0)
+        for c in issuing:
+            n, f = left[c]
+            left[c] = (n - issue * step / len(issuing),
+                       f - step / (mufu_clocks * exp) if f > 0 else f)
+        clock += step
+        for c in range(consumers):     # each consumer as far as its waits let it go
+            if clock < c * stagger:
+                continue
+            while True:
+                kind, *arg = loops[c][pc[c]]
+                if kind == "alu":
+                    if left[c] is None:
+                        left[c] = (arg[0], arg[1])
+                    if left[c][0] > 0 or left[c][1] > 0:
+                        break
+                    left[c] = None
+                elif kind == "wait":
+                    if len(queue[c]) > arg[0]:
+                        break
+                else:
+                    if pingpong and pc[c] == first[c] and \
+                            rounds[(c - 1) % consumers] < rounds[c] + (c > 0):
+                        break
+                    queue[c].append(arg[0])
+                    rounds[c] += pc[c] == last[c]
+                pc[c] = (pc[c] + 1) % len(loops[c])
+                if pc[c] == 0:
+                    done[c].append(clock)
+                    break
+    half = iterations // 2
+    return sum((d[-1] - d[half - 1]) / (len(d) - half) for d in done) / consumers
 
 
 def _shortest_cycle(header, body, blocks, succs) -> list[int]:
@@ -238,11 +357,13 @@ def _shortest_cycle(header, body, blocks, succs) -> list[int]:
     return path[::-1]
 
 
-def _hopper_cycles(t, dtype, loops, fills, consts_used):
+def _hopper_cycles(t, dtype, loops, fills, consts_used, pingpong=False):
     """Cycles per main-loop iteration on one SM of the consumer warpgroups' loops (one copy
     each, all running at once): the tensor cores, each sub-partition's issue slot and
-    special-function unit (a consumer warpgroup puts one warp on every sub-partition), and
-    shared memory (wgmma's operand reads plus `fills`, the TMA copies of an iteration)."""
+    special-function unit (a consumer warpgroup puts one warp on every sub-partition),
+    shared memory (wgmma's operand reads plus `fills`, the TMA copies of an iteration), and
+    "waits": the consumers stepped through their waits for their own products
+    (_waits_cycles), which the other resources take as overlapping completely."""
     esz = _itemsize(dtype)
     measured = f"wgmma_flops_per_clk/{'e4m3' if dtype in _FP8 else 'bf16'}"
     if t.has_fact(measured):          # what back-to-back wgmma reach, measured on the chip
@@ -257,17 +378,20 @@ def _hopper_cycles(t, dtype, loops, fills, consts_used):
     smem_bw = _fact(t, "smem_bytes_per_clk", consts_used)
     issue = _fact(t, "issue_per_clk_per_subpartition", consts_used)
     mufu_rate = _fact(t, "mufu_per_clk_per_sm", consts_used) / 4      # per sub-partition
-    flops = sum(2 * m * n * k for _, shapes, _ in loops for m, n, k, _ in shapes)
+    flops = sum(2 * m * n * k for _, shapes, _, _ in loops for m, n, k, _ in shapes)
     reads = sum(((m * k) if a_smem else 0) * esz + n * k * esz
-                for _, shapes, _ in loops for m, n, k, a_smem in shapes)
+                for _, shapes, _, _ in loops for m, n, k, a_smem in shapes)
     cycles = {"matrix": flops / per_sm,
-              "issue": sum(n for n, _, _ in loops) / issue,
-              "mufu": sum(32 * f for _, _, f in loops) / mufu_rate,
+              "issue": sum(n for n, _, _, _ in loops) / issue,
+              "mufu": sum(32 * f for _, _, f, _ in loops) / mufu_rate,
               "lds": (reads + fills) / smem_bw}
-    detail = {"wgmma_loops": len(loops), "wgmma_per_loop": [len(s) for _, s, _ in loops],
+    cycles["waits"], per_phase = _waits_cycles([ev for _, _, _, ev in loops], per_sm, issue,
+                                               32 / mufu_rate, pingpong)
+    detail = {"wgmma_loops": len(loops), "wgmma_per_loop": [len(s) for _, s, _, _ in loops],
               "wgmma_shape": "x".join(map(str, loops[0][1][0][:3])),
-              "instructions_per_loop": [n for n, _, _ in loops],
-              "mufu_per_loop": [f for _, _, f in loops],
+              "instructions_per_loop": [n for n, _, _, _ in loops],
+              "mufu_per_loop": [f for _, _, f, _ in loops],
+              "waits_cycles_per_phase": [round(c, 1) for c in per_phase],
               "smem_bytes_per_iteration": reads + fills}
     return cycles, detail
 
@@ -408,7 +532,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
         rep, loops = _hopper_loops(kernel, t, consts)
         # one K step's TMA copies into shared memory
         cycles, detail = _hopper_cycles(t, dtype, loops, (bm + bn) * bk * _itemsize(dtype),
-                                        used)
+                                        used, pingpong=bool(consts.get("PINGPONG")))
         tiles = consts["TM"] * consts["TN"]
         slots = persistent or t.num_cus
         iters = math.ceil(tiles / slots) * math.ceil(k / bk)
@@ -420,7 +544,9 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
             "issue: each consumer warpgroup puts one warp on every SM sub-partition; a warp "
             "issues its loop's SASS one instruction per clock (the loop's shortest path: an "
             "interior iteration); the producer warp's loop is not counted",
-            "tensor FLOPs per SM per clock = the published dense peak / (SMs x clock)",
+            "tensor FLOPs per SM per clock: back-to-back wgmma as measured on the chip "
+            "(wgmma_flops_per_clk), else the published dense peak / (SMs x clock)",
+            WAITS,
         ]
     dram_bytes = _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, consts["MAP"], persistent)
     hbm = dict(t.hbm_bytes_per_s_by_chip).get(chip, t.hbm_bytes_per_s)
@@ -503,7 +629,8 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     bwd = kernel_name == "attention_bwd"
     # an iteration's TMA copies: a K and a V block (forward); a Q and a dO block (backward)
     fills = 2 * (lp.bm if bwd else lp.bn) * d * _itemsize(dtype)
-    cycles, detail = _hopper_cycles(t, dtype, loops, fills, used)
+    cycles, detail = _hopper_cycles(t, dtype, loops, fills, used,
+                                    pingpong=bool(lp.consts.get("PINGPONG")))
     # workgroups to the SMs as they free up (one resident an SM: registers), in launch order
     import heapq
     sms = [0] * t.num_cus
@@ -534,9 +661,10 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
         "code_object": {**detail, "registers": rep.get("registers"),
                         "lds_bytes": rep.get("smem_bytes")},
         "assumptions": [
-            "resources overlap completely (the consumers' softmax runs under each other's "
-            "products): time = the busiest resource's cycles per iteration x the busiest "
-            "SM's iterations / clock",
+            "the resources (tensor cores, issue, MUFU, shared memory, DRAM, waits) overlap "
+            "completely: time = the busiest one's cycles per iteration x the busiest SM's "
+            "iterations / clock",
+            WAITS,
             f"the kernel runs at {run_clock / 1e9:.2f} GHz throughout ({chip}'s "
             + ("measured clock under a tensor-bound load"
                if t.has_fact(f"load_clock_hz/{chip}") else

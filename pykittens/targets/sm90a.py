@@ -85,7 +85,9 @@ PERF_FACTS = (
      "device copy, median of twelve runs, 4.27-4.30 TB/s"),
     ("wgmma_flops_per_clk/bf16", WGMMA_BF16_FLOPS_PER_CLK,
      "measured on an H200 (bench/gpu_clock.py's wgmma loop, docs/PERF.md run MA): back-to-"
-     "back bf16 wgmma m64n256k16, 853 TFLOP/s at 1770 MHz over 132 SMs"),
+     "back bf16 wgmma m64n256k16, 853 TFLOP/s at 1770 MHz over 132 SMs; n128 and n64, A "
+     "from registers or shared memory, and one warpgroup issuing alone: 3572-3663 (runs "
+     "MC, NB)"),
     ("wgmma_flops_per_clk/e4m3", WGMMA_FP8_FLOPS_PER_CLK,
      "measured on an H200 (bench/gpu_clock.py's wgmma loop, docs/PERF.md run MA): back-to-"
      "back e4m3 wgmma m64n256k32, 1669 TFLOP/s at 1725 MHz over 132 SMs"),
