@@ -9,7 +9,10 @@ an SM, two warpgroups issuing bf16 wgmma m64n256k16 back to back (A from registe
 shared memory, one group in flight behind the one issuing), no memory traffic in the loop;
 its FLOP/s over the clock sampled meanwhile and the 132 SMs is the dense bf16 FLOPs an SM
 does per clock (targets/sm90a.py, wgmma_flops_per_clk); the other forms the library issues,
-and attention's with one warpgroup issuing alone (WGMMA_FORMS).
+and attention's with one warpgroup issuing alone (WGMMA_FORMS). And the TMA unit's
+reductions into L2 (`tma_reduce_loop`: one wave an SM adding f32 tiles one after another, as
+attention_bwd's dQ writer does), by how many workgroups add into the same tile
+(targets/sm90a.py, tma_reduce_bytes_per_s).
 
     PYTHONPATH=. python3 bench/gpu_clock.py          # on the GPU
 
@@ -117,6 +120,43 @@ def wgmma_rate(dtype: str = "bf16", n: int = 256, a_smem: int = 0,
     return r
 
 
+TMA_REDUCE_STEPS = 4096        # 64 x 64 f32 tiles a workgroup adds: 64 MiB a launch over the SMs
+
+
+@pk.kernel(num_waves=4)
+def tma_reduce_loop(c: pk.gl[pk.f32, 2], SHARE: pk.const = 1,
+                    STEPS: pk.const = TMA_REDUCE_STEPS):
+    """STEPS times, c[64 rows] += a 64 x 64 f32 tile of ones in shared memory, by the TMA
+    unit's reduction at L2, one wave issuing each after the last has read the tile (as
+    attention_bwd's dQ writer does: pk.tma_store(add=True)); SHARE consecutive workgroups add
+    into the same 64 rows (attention_bwd: the key blocks of a head into one dQ sum)."""
+    st = pk.empty(pk.st((64, 64), pk.f32))
+    pk.store(st, pk.full(pk.rt((16, 64), pk.f32), 1.0), (16 * pk.wave_id(), 0))
+    pk.barrier()
+    with pk.if_(pk.wave_id() == 0):
+        for _ in pk.range(STEPS):
+            pk.tma_store(c, st, (64 * (pk.program_id(0) // SHARE), 0), add=True)
+
+
+TMA_REDUCE_SHARES = (1, 32)
+
+
+def tma_reduce_rate(share: int = 1) -> dict:
+    """tma_reduce_loop, one workgroup an SM, for a few seconds: the bytes it adds a second,
+    and per SM and clock."""
+    c = torch.zeros(64 * -(-SMS // share), 64, device="cuda", dtype=torch.float32)
+    form = f"TMA reduce-add, 64 x 64 f32 tiles, {share} workgroup{'s' * (share > 1)} a tile"
+    r = {"shape": form, "contender": "tma reduce loop", "share": share,
+         **sample(lambda: pk.launch(tma_reduce_loop, c, grid=SMS, SHARE=share))}
+    nbytes = SMS * TMA_REDUCE_STEPS * 64 * 64 * 4
+    r["bytes_per_s"] = nbytes * r["calls_per_s"]
+    r["bytes_per_clk_per_sm"] = r["bytes_per_s"] / (r["clock_mhz_median"] * 1e6 * SMS)
+    print(f"{form}: {r['bytes_per_s'] / 1e12:.2f} TB/s at a median SM clock of "
+          f"{r['clock_mhz_median']:.0f} MHz: {r['bytes_per_clk_per_sm']:.1f} bytes an SM a "
+          "clock", flush=True)
+    return r
+
+
 def main() -> int:
     out = []
     for m in (4096, 8192):
@@ -131,6 +171,7 @@ def main() -> int:
                   f"{r['power_w_median']:.0f} W, throttle {','.join(r['throttle_reasons'])}, "
                   f"{r['tflops']:.0f} TFLOP/s (host loop)", flush=True)
     out += [wgmma_rate(*form) for form in WGMMA_FORMS]
+    out += [tma_reduce_rate(share) for share in TMA_REDUCE_SHARES]
     idle = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.limit",
                            "--format=csv,noheader"], capture_output=True, text=True).stdout
     print(f"idle: {idle.strip()}  (SM clock, max SM clock, power limit)")

@@ -51,9 +51,11 @@ def builds():
     from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
     from pykittens.kernels.attention_bwd import attention_bwd_launch
     from pykittens.kernels.gemm import gemm_ws
-    from gpu_clock import WGMMA_FORMS
+    from gpu_clock import TMA_REDUCE_SHARES, WGMMA_FORMS, tma_reduce_loop
     for dt, n, a_smem, warpgroups in WGMMA_FORMS:
         yield wgmma_loop, {"DT": dt, "N": n, "A_SMEM": a_smem, "num_waves": 4 * warpgroups}
+    for share in TMA_REDUCE_SHARES:
+        yield tma_reduce_loop, {"SHARE": share}
     for m, n, k, dt in GEMMS:
         yield gemm_ws, _gemm_plan(m, n, k, dt)[1]
     for b, hq, hkv, n, d, causal in ATTENTION:
@@ -98,6 +100,8 @@ def measure(families=("rate", "gemm", "attention", "attention_bwd", "rows")) -> 
     from pykittens.tune import graph_time
     out = [{"family": "wgmma loop", **gpu_clock.wgmma_rate(*form)}
            for form in gpu_clock.WGMMA_FORMS if "rate" in families]
+    out += [{"family": "tma reduce", **gpu_clock.tma_reduce_rate(share)}
+            for share in gpu_clock.TMA_REDUCE_SHARES if "rate" in families]
     for m, n, k, dt in GEMMS if "gemm" in families else ():
         grid, consts = _gemm_plan(m, n, k, dt)
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
@@ -236,6 +240,10 @@ def table(results) -> str:
         foot.append(f"wgmma loop {rate['shape']}: {rate['tflops']:.0f} TFLOP/s at "
                     f"{rate['clock_mhz_median']:.0f} MHz = {rate['flops_per_clk_per_sm']:.0f} "
                     "FLOPs an SM a clock")
+    for rate in (r for r in results if r["family"] == "tma reduce"):
+        foot.append(f"{rate['shape']}: {rate['bytes_per_s'] / 1e12:.2f} TB/s at "
+                    f"{rate['clock_mhz_median']:.0f} MHz = {rate['bytes_per_clk_per_sm']:.1f} "
+                    "bytes an SM a clock")
     return text_table(rows, ["kernel", "measured", "modeled", "unit", "bound", "error"]) + \
         "\n" + "\n".join(foot)
 

@@ -241,8 +241,12 @@ def _attention_bwd_plan(target, shape, dtype, causal=False):
     esz, rows = dtype_of(dtype).bytes, b * hq * n
     # before: o and do read, delta written; dQ's f32 sum zeroed; after: the sum read, dQ written
     around = rows * d * (2 * esz + 4 + 4 + esz) + 4 * rows
+    # atomic dQ: each step adds the query block's dQ over the workgroup's keys (f32) into L2,
+    # as the other key blocks of its head do to the same rows at about the same time
+    reduce = bm * d * 4 if consts.get("DQ_ATOMIC") else 0
     return Launch(attention_bwd, grid, consts, bm, bn, d,
-                  iterations=tuple(per_block * (b * hkv)), tensor_bytes=around)
+                  iterations=tuple(per_block * (b * hkv)), tensor_bytes=around,
+                  reduce_bytes=reduce, reduce_share=-(-n // bn))
 
 
 def _rows_plan(kernel_name, target, shape, dtype):

@@ -309,3 +309,42 @@ def test_attention_waits_for_its_products():
     assert min(phases) == pytest.approx(matrix, rel=0.01)
     assert res["bound"] == "waits"
     assert res["cycles"]["waits"] == pytest.approx(sum(phases) / len(phases), abs=1)
+
+
+@needs_sass
+def test_attention_backward_adds_dq_at_the_measured_reduce_rate():
+    """With the atomic dQ schedule each iteration adds its 64-row query block's dQ over the
+    workgroup's keys (64 x D f32) into L2 by the TMA unit, as every key block of the head
+    does into the same rows (N / 128 of them): the SMs' bytes at the rate measured for that
+    many workgroups a tile (the nearest measured), in cycles at the kernel's clock."""
+    from pykittens.analysis.model import _nearest_share
+    from pykittens.targets import get
+    t = get("sm_90a")
+    assert [_nearest_share(t, s) for s in (1, 2, 5, 12, 32, 60, 128, 1024)] == \
+        [1, 1, 8, 8, 32, 32, 132, 132]
+    for d, n, share in ((64, 4096, 32), (128, 4096, 32), (128, 16384, 132)):
+        res = model("attention_bwd", "sm_90a", (1, 4, 4, n, d))
+        rate, src = t.fact(f"tma_reduce_bytes_per_s/{share}")
+        clock = res["constants"]["load_clock_hz/H200"][0]
+        assert "measured" in src
+        assert res["cycles"]["reduce"] == pytest.approx(64 * d * 4 * 132 / rate * clock,
+                                                        abs=0.1)
+    lp = library_plan("attention_bwd", "sm_90a", (2, 4, 4, 2048, 128), "bf16")
+    assert lp.reduce_bytes == 64 * 128 * 4 and lp.consts["DQ_ATOMIC"] == 1
+
+
+def test_the_reduce_benchmark_adds_each_tile_once_per_step():
+    """bench/gpu_clock.py's tma_reduce_loop (what the reduce rate was measured with), in the
+    emulator: 4 workgroups, 2 a tile, 3 steps: every element of both tiles gets 2 x 3 ones,
+    nothing else is written."""
+    import os
+    import sys
+
+    import numpy as np
+
+    import pykittens as pk
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+    from gpu_clock import tma_reduce_loop
+    c = np.zeros((3 * 64, 64), np.float32)
+    out = pk.emulate(tma_reduce_loop, c, grid=4, SHARE=2, STEPS=3, target="sm_90a")["c"]
+    assert (out[:128] == 6).all() and (out[128:] == 0).all()

@@ -21,7 +21,9 @@ every workgroup resident on it), the cycles each resource needs:
   the data-sheet bandwidth, spread over the busiest CU's iterations;
 - waits (Hopper): the consumer warpgroups stepped through their loops' waits for their own
   wgmma groups, sharing the tensor cores, issue slots and special-function units
-  (_overlap_cycles): what the others, each summed alone, leave out.
+  (_overlap_cycles): what the others, each summed alone, leave out;
+- reduce (Hopper attention backward): dQ's additions into its f32 sum by the TMA unit, at
+  the rate measured on the H200 for as many workgroups adding into the same rows.
 
 Time = the largest of them x the busiest CU's iterations / clock: the resources are assumed
 to overlap completely (CDNA: the 8-wave ping-pong runs one group's MFMA cluster beside the
@@ -70,6 +72,10 @@ class Launch:
     tensor_bytes: int = 0
     # a norm's backward: (rows, columns) of the partial column sums it leaves for column_sum
     partial_sums: tuple = ()
+    # attention's backward: the bytes the TMA unit adds into L2 each iteration (dQ's f32 sum),
+    # and how many workgroups add into the same rows at once
+    reduce_bytes: int = 0
+    reduce_share: int = 1
 
 
 def _itemsize(dtype: str) -> int:
@@ -425,6 +431,14 @@ def _operand_type(t, dtype):
     return dtype
 
 
+def _nearest_share(t, share: int) -> int:
+    """Of the sharings the TMA reduction's rate was measured at (tma_reduce_bytes_per_s/N),
+    the nearest to `share` workgroups adding into the same tile (by ratio)."""
+    measured = [int(name.rsplit("/", 1)[1]) for name, _, _ in t.perf_facts
+                if name.startswith("tma_reduce_bytes_per_s/")]
+    return min(measured, key=lambda m: abs(math.log(m / share)))
+
+
 def _chip(t, chip: str | None) -> str:
     """The chip of the target a model is for (default its newest), or an error naming them."""
     chip = chip or t.chips[-1]
@@ -644,6 +658,9 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     hbm = dict(t.hbm_bytes_per_s_by_chip).get(chip, t.hbm_bytes_per_s)
     used["hbm_bytes_per_s"] = (hbm, f"targets/{t.name}: {chip} data sheet peak memory bandwidth")
     cycles["dram"] = dram_bytes / hbm * run_clock / iters
+    if lp.reduce_bytes:              # one wave adds each dQ tile after the last has been read
+        rate = _fact(t, f"tma_reduce_bytes_per_s/{_nearest_share(t, lp.reduce_share)}", used)
+        cycles["reduce"] = lp.reduce_bytes * t.num_cus / rate * run_clock
     bound = max(cycles, key=cycles.get)
     time_s = cycles[bound] * iters / run_clock
     flops = 4.0 * b * hq * n * n * d * (0.5 if causal else 1.0) * (2.5 if bwd else 1.0)
@@ -676,9 +693,10 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
             "FLOP/s count 4 B Hq N^2 D (halved for causal), 2.5 times that for the backward",
         ] + ([
             "backward: its main pass's DRAM is the forward's order's (K and V once, Q and "
-            "dO streamed); the atomic additions of dQ into its f32 sum are not counted; the "
-            "passes before (delta) and after (dQ's rounding) stream their tensors at the "
-            "measured copy bandwidth"] if bwd else []),
+            "dO streamed); dQ's additions into its f32 sum (reduce) at the rate one wave "
+            "adding tile after tile by the TMA unit reaches (measured); the passes before "
+            "(delta) and after (dQ's rounding) stream their tensors at the measured copy "
+            "bandwidth"] if bwd else []),
         "constants": used,
     }
 

@@ -65,6 +65,10 @@ H200_COPY_BYTES_PER_S = 4.288e12
 # per-clock rates (4096 / 8192).
 WGMMA_BF16_FLOPS_PER_CLK = 3650
 WGMMA_FP8_FLOPS_PER_CLK = 7328
+# What the TMA unit's reductions into L2 reach with one wave an SM adding 64 x 64 f32 tiles
+# one after another (bench/gpu_clock.py's tma_reduce_loop, docs/PERF.md run NC), by how many
+# workgroups add into the same tile: TB/s over the chip.
+TMA_REDUCE_BYTES_PER_S = {1: 3.12e12, 8: 2.31e12, 32: 1.75e12, 132: 1.38e12}
 _WP = "NVIDIA H100 Tensor Core GPU Architecture white paper"
 PERF_FACTS = (
     ("clock_hz/H100", TENSOR_CLOCK_HZ, f"{_WP}: the boost clock of its dense tensor peaks"),
@@ -91,6 +95,10 @@ PERF_FACTS = (
     ("wgmma_flops_per_clk/e4m3", WGMMA_FP8_FLOPS_PER_CLK,
      "measured on an H200 (bench/gpu_clock.py's wgmma loop, docs/PERF.md run MA): back-to-"
      "back e4m3 wgmma m64n256k32, 1669 TFLOP/s at 1725 MHz over 132 SMs"),
+    *((f"tma_reduce_bytes_per_s/{share}", rate,
+       "measured on an H200 (bench/gpu_clock.py's tma_reduce_loop, docs/PERF.md run NC): one "
+       f"wave an SM adding 64 x 64 f32 tiles by the TMA unit, {share} workgroup"
+       f"{'s' * (share > 1)} into each tile") for share, rate in TMA_REDUCE_BYTES_PER_S.items()),
     ("mufu_per_clk_per_sm", MUFU_PER_CLK, "FlashAttention-3 (Shah et al. 2024): 3.9 TFLOPS "
                                           "of special functions on H100 SXM5, 16 per SM "
                                           "and clock at 1.83 GHz"),
