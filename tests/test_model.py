@@ -348,3 +348,10 @@ def test_the_reduce_benchmark_adds_each_tile_once_per_step():
     c = np.zeros((3 * 64, 64), np.float32)
     out = pk.emulate(tma_reduce_loop, c, grid=4, SHARE=2, STEPS=3, target="sm_90a")["c"]
     assert (out[:128] == 6).all() and (out[128:] == 0).all()
+
+
+def test_a_loop_without_its_own_groups_is_not_stepped():
+    """A consumer loop whose wgmma groups are committed outside it has nothing to wait for
+    in the loop: no waits figure (rather than a stall or an error)."""
+    from pykittens.analysis.model import _waits_cycles
+    assert _waits_cycles([[("alu", 10, 0), ("wait", 0)]] * 2, RATE, 1, 8, False) == (0.0, [])

@@ -185,15 +185,13 @@ def _cdna_cycles(t, rep, path, consts_used):
 # ---------------------------------------------------------------------------- Hopper
 
 _SHAPE = re.compile(r"^[HQIB]GMMA\.(\d+)x(\d+)x(\d+)")
-_WGMMA = frozenset({"HGMMA", "QGMMA", "IGMMA", "BGMMA"})
 
 
 def _hopper_loops(kernel, t, consts):
-    """(report, [(instructions, [(m, n, k, a_in_smem)], MUFU instructions, events)] of the
-    executed path of each innermost wgmma loop; events: _loop_events'): an interior
-    iteration takes the loop's shortest path
-    from its header back to it (the fewest instructions), which leaves out what only some
-    iterations run (attention's masked blocks and O's rescale)."""
+    """(report, [(instructions, [(m, n, k, a_in_smem)], MUFU instructions, _loop_events)]
+    of the executed path of each innermost wgmma loop): an interior iteration takes the
+    loop's shortest path from its header back to it (the fewest instructions), which leaves
+    out what only some iterations run (attention's masked blocks and O's rescale)."""
     from . import cubin
     from .cfg import natural_loops
     prog, res = _compile(kernel, t, consts)
@@ -233,11 +231,12 @@ def _loop_events(path) -> list[tuple]:
     on: ("alu", instructions, MUFU instructions) runs it issues, ("mma", FLOPs) each wgmma
     group it commits (the HGMMAs up to the one marked gsb0), ("wait", n) each
     WARPGROUP.DEPBAR.LE gsb0, n (until at most n of its groups are unfinished)."""
+    from .cubin import WGMMA_OPS
     events, issued, mufu, flops = [], 0, 0, 0
     for ins in path:
         issued += 1
         mufu += ins.op == "MUFU"
-        if ins.op in _WGMMA:
+        if ins.op in WGMMA_OPS:
             m, n, k = map(int, _SHAPE.match(ins.opcode).groups())
             flops += 2 * m * n * k
             if "gsb0" in ins.operands:
@@ -270,7 +269,10 @@ def _waits_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
     products and softmaxes coincide; half an iteration apart, one's products run under the
     other's softmax), and the stepping keeps whichever alignment it starts from, so the
     model takes the mean over starts: a tile's time is its iterations at the period of
-    the alignment it falls into."""
+    the alignment it falls into. A loop that commits no group in itself (none marked
+    gsb0) is not stepped: (0, [])."""
+    if not all(any(kind == "mma" for kind, *_ in ev) for ev in loops):
+        return 0.0, []
     tensor = sum(f for ev in loops for kind, *arg in ev if kind == "mma" for f in arg) / rate
     spread = tensor / max(1, len(loops) - 1)
     per = [_overlap_cycles(loops, rate, issue, mufu_clocks, pingpong,
