@@ -125,7 +125,7 @@ TMA_REDUCE_STEPS = 4096        # 64 x 64 f32 tiles a workgroup adds: 64 MiB a la
 
 @pk.kernel(num_waves=4)
 def tma_reduce_loop(c: pk.gl[pk.f32, 2], SHARE: pk.const = 1,
-                    STEPS: pk.const = TMA_REDUCE_STEPS):
+                    STEPS: pk.const = TMA_REDUCE_STEPS, IN_FLIGHT: pk.const = 0):
     """STEPS times, c[64 rows] += a 64 x 64 f32 tile of ones in shared memory, by the TMA
     unit's reduction at L2, one wave issuing each after the last has read the tile (as
     attention_bwd's dQ writer does: pk.tma_store(add=True)); SHARE consecutive workgroups add
@@ -135,19 +135,26 @@ def tma_reduce_loop(c: pk.gl[pk.f32, 2], SHARE: pk.const = 1,
     pk.barrier()
     with pk.if_(pk.wave_id() == 0):
         for _ in pk.range(STEPS):
-            pk.tma_store(c, st, (64 * (pk.program_id(0) // SHARE), 0), add=True)
+            pk.tma_store(c, st, (64 * (pk.program_id(0) // SHARE), 0), add=True,
+                         wait=not IN_FLIGHT)
+            if IN_FLIGHT:
+                pk.tma_store_wait(IN_FLIGHT)
+        if IN_FLIGHT:
+            pk.tma_store_wait()
 
 
 TMA_REDUCE_SHARES = (1, 8, 32, 132)      # what targets/sm90a.py takes (run NC)
 
 
-def tma_reduce_rate(share: int = 1) -> dict:
+def tma_reduce_rate(share: int = 1, in_flight: int = 0) -> dict:
     """tma_reduce_loop, one workgroup an SM, for a few seconds: the bytes it adds a second,
     and per SM and clock."""
     c = torch.zeros(64 * -(-SMS // share), 64, device="cuda", dtype=torch.float32)
     form = f"TMA reduce-add, 64 x 64 f32 tiles, {share} workgroup{'s' * (share > 1)} a tile"
-    r = {"shape": form, "contender": "tma reduce loop", "share": share,
-         **sample(lambda: pk.launch(tma_reduce_loop, c, grid=SMS, SHARE=share))}
+    form += f", {in_flight} more in flight" if in_flight else ""
+    r = {"shape": form, "contender": "tma reduce loop", "share": share, "in_flight": in_flight,
+         **sample(lambda: pk.launch(tma_reduce_loop, c, grid=SMS, SHARE=share,
+                                    IN_FLIGHT=in_flight))}
     nbytes = SMS * TMA_REDUCE_STEPS * 64 * 64 * 4
     r["bytes_per_s"] = nbytes * r["calls_per_s"]
     r["bytes_per_clk_per_sm"] = r["bytes_per_s"] / (r["clock_mhz_median"] * 1e6 * SMS)
