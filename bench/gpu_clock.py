@@ -128,8 +128,9 @@ def tma_reduce_loop(c: pk.gl[pk.f32, 2], SHARE: pk.const = 1,
                     STEPS: pk.const = TMA_REDUCE_STEPS, IN_FLIGHT: pk.const = 0):
     """STEPS times, c[64 rows] += a 64 x 64 f32 tile of ones in shared memory, by the TMA
     unit's reduction at L2, one wave issuing each after the last has read the tile (as
-    attention_bwd's dQ writer does: pk.tma_store(add=True)); SHARE consecutive workgroups add
-    into the same 64 rows (attention_bwd: the key blocks of a head into one dQ sum)."""
+    attention_bwd's dQ writer does: pk.tma_store(add=True)), or with IN_FLIGHT more issued
+    before it waits; SHARE consecutive workgroups add into the same 64 rows (attention_bwd:
+    the key blocks of a head into one dQ sum)."""
     st = pk.empty(pk.st((64, 64), pk.f32))
     pk.store(st, pk.full(pk.rt((16, 64), pk.f32), 1.0), (16 * pk.wave_id(), 0))
     pk.barrier()
