@@ -23,7 +23,12 @@ every workgroup resident on it), the cycles each resource needs:
   wgmma groups, sharing the tensor cores, issue slots and special-function units
   (_overlap_cycles): what the others, each summed alone, leave out;
 - reduce (Hopper attention backward): dQ's additions into its f32 sum by the TMA unit, at
-  the rate measured on the H200 for as many workgroups adding into the same rows.
+  the rate measured on the H200 for as many workgroups adding into the same rows. Not a
+  cause: with each key block adding into rows of its own (a rotated walk, docs/PERF.md run
+  OA) the main pass took the same time where this model predicted 22-46% faster. What
+  bounds it is the consumers' own dQ work (dS staged for each other, a fully waited
+  product, f32 blocks stored and fenced), which the waits stepping does not see; this
+  resource's figure stands beside it, not for it.
 
 Time = the largest of them x the busiest CU's iterations / clock: the resources are assumed
 to overlap completely (CDNA: the 8-wave ping-pong runs one group's MFMA cluster beside the
@@ -696,7 +701,9 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
         ] + ([
             "backward: its main pass's DRAM is the forward's order's (K and V once, Q and "
             "dO streamed); dQ's additions into its f32 sum (reduce) at the rate one wave "
-            "adding tile after tile by the TMA unit reaches (measured); the passes before "
+            "adding tile after tile by the TMA unit reaches (measured) - not the pass's "
+            "cause: adding into rows of its own per key block, it took the same time "
+            "(docs/PERF.md run OA); the passes before "
             "(delta) and after (dQ's rounding) stream their tensors at the measured copy "
             "bandwidth"] if bwd else []),
         "constants": used,
