@@ -16,8 +16,9 @@ Model (docs/chiplet.md has the full story):
 - Hit rates are byte-weighted (a hit on a 32 KiB block counts 32 KiB). HBM bytes = LLC-miss
   bytes + compulsory output writes (writes are not cached in the model).
 - Partitioned L2 (Hopper, `Target.l2_partitions` > 1): no XCDs and no LLC; the L2 is split
-  into partitions of equal size, each caching the data its SMs request (SM slot s is attached
-  to partition s % P) and homing 1/P of the address space (a hash of the unit). A request
+  into partitions of equal size, each caching the data its SMs request (launch slot s on
+  the partition beside the SM the dispatcher gives the s-th workgroup, as measured on the
+  H200: targets/sm90a.py; s % P where the target does not say) and homing 1/P of the address space (a hash of the unit). A request
   looks up its SM's partition; a miss on a line homed elsewhere looks up the home partition
   too, and only a miss there reads DRAM. Both partitions are LRUs over everything they
   hold (home lines and copies). The hit rate counts every lookup, as Nsight Compute's
@@ -67,6 +68,9 @@ class Machine:
     # matrix peak (16-bit operands; 8-bit ones twice that) and of the DRAM bandwidth
     slot_flops_per_s: float = 0.0
     slot_dram_bytes_per_s: float = 0.0
+    # partitioned L2: the partition beside each resident slot's SM (launch slot w: the SM
+    # the w-th workgroup of a launch lands on); () takes slot % l2_partitions
+    slot_partition: tuple = ()
 
     @classmethod
     def of(cls, target, *, wgs_per_cu: int = 1, l2_bytes: int | None = None,
@@ -88,9 +92,15 @@ class Machine:
         chip = t.chips[-1]               # the clock under a tensor-bound load, measured
         if t.has_fact(f"load_clock_hz/{chip}"):
             peak *= t.fact(f"load_clock_hz/{chip}")[0] / t.fact(f"clock_hz/{chip}")[0]
+        side = ()
+        if parts == t.l2_partitions > 1 and t.dispatch_sms and t.sm_l2_partition:
+            # slot w: the w-th workgroup of a launch, on the SM the dispatcher gives it
+            # (the same order again for a second workgroup per SM)
+            side = tuple(t.sm_l2_partition[t.dispatch_sms[w % len(t.dispatch_sms)]]
+                         for w in range(slots))
         return cls(t.name, t.num_xcds, t.cus_per_xcd, l2, llc, t.cache_line_bytes,
                    t.dispatch_round_robin, wgs_per_cu, parts, peak / slots,
-                   t.hbm_bytes_per_s / slots)
+                   t.hbm_bytes_per_s / slots, side)
 
     @property
     def resident(self) -> int:
@@ -209,7 +219,11 @@ def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
             start[i], slot[i] = t, w
             heapq.heappush(heap, (t + length[i], w))
     parts = machine.l2_partitions
-    place = slot % parts if parts > 1 else dispatch_xcd(slot, machine.num_xcds, False)
+    if parts > 1:
+        place = np.asarray(machine.slot_partition)[slot] if machine.slot_partition else \
+            slot % parts
+    else:
+        place = dispatch_xcd(slot, machine.num_xcds, False)
     return np.floor(start).astype(np.int64), place
 
 

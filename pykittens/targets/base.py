@@ -138,6 +138,10 @@ class Target:
     # L2 partitions of one die, each caching data for the SMs attached to it and homing half
     # the address space (Hopper: two); 1 where the L2 is not split this way
     l2_partitions: int = 1
+    # Where the dispatcher puts the workgroups of a launch of one per SM: the SM of the
+    # w-th (measured; () where unknown), and the L2 partition beside each SM by its id
+    dispatch_sms: tuple[int, ...] = ()
+    sm_l2_partition: tuple[int, ...] = ()
     # Bytes per lane of a direct global -> LDS load (CDNA buffer_load ... lds); 0 = none.
     lds_dma_bytes: int = 0
     # LDS transpose reads of 16-bit data (gfx950 ds_read_b64_tr_b16)

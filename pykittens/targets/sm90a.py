@@ -27,6 +27,35 @@ WGMMA_SWIZZLE_128B = 1            # matrix-descriptor layout type (PTX ISA 8.x, 
 # in [0, 2 * t] ns): a pykittens choice, short against a cross-GPU round trip (microseconds)
 FLAG_POLL_SLEEP_NS = 64
 
+# ---- where workgroups land, and which L2 partition each SM sits beside (chiplet/sim.py) ----
+# Measured on an H200 (bench/l2_topology.py, docs/perf/l2-topology-2026-12-03.json): a
+# launch of one workgroup per SM puts workgroups 0-7 on SMs 124-131 every time and the
+# rest on the SMs of DISPATCH_SM_CYCLE in order, starting at a point that moves from launch
+# to launch (three launches started 0, 64 and 90 places into it); the SMs pair up (the two
+# of a TPC) and GPCs take turns. SM_L2_PARTITION: the partition beside each SM (by %smid),
+# from the latency of L2 hits: 66 SMs on each, an SM finding near every line another SM of
+# its side brought in (copies are kept beside the SM that asked, as the model assumes) and
+# about half of those another side brought in (the half homed beside it).
+DISPATCH_FIRST_SMS = (124, 125, 126, 127, 128, 129, 130, 131)
+DISPATCH_SM_CYCLE = (
+    10, 11, 26, 27, 42, 43, 58, 59, 72, 73, 86, 87, 100, 101, 114, 115,
+    12, 13, 28, 29, 44, 45, 60, 61, 74, 75, 88, 89, 102, 103, 116, 117,
+    120, 121, 14, 15, 30, 31, 46, 47, 62, 63, 76, 77, 90, 91, 104, 105,
+    118, 119, 122, 123, 0, 1, 16, 17, 32, 33, 48, 49, 2, 3, 18, 19,
+    34, 35, 50, 51, 64, 65, 78, 79, 92, 93, 106, 107, 4, 5, 20, 21,
+    36, 37, 52, 53, 66, 67, 80, 81, 94, 95, 108, 109, 6, 7, 22, 23,
+    38, 39, 54, 55, 68, 69, 82, 83, 96, 97, 110, 111, 8, 9, 24, 25,
+    40, 41, 56, 57, 70, 71, 84, 85, 98, 99, 112, 113,
+)
+SM_L2_PARTITION = (
+    0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1,
+    1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
+    0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
+    1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
+    0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1,
+    1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+)
+
 # ---- throughput facts for the performance model (analysis/model.py) ----
 # Dense tensor-core peaks of H100 SXM5 and H200 SXM (NVIDIA H100 Tensor Core GPU
 # Architecture white paper, table "NVIDIA H100 vs A100": 989.4 BF16 / 1978.9 FP8 dense
@@ -181,6 +210,7 @@ TARGET = Target(
     mma=(_mma("bf16", 16, "bf16"), _mma("f16", 16, "f16"),
          _mma("e4m3", 32, "e4m3"), _mma("e5m2", 32, "e5m2")),
     dispatch_round_robin=False, l2_partitions=2,
+    dispatch_sms=DISPATCH_FIRST_SMS + DISPATCH_SM_CYCLE, sm_l2_partition=SM_L2_PARTITION,
     param_bank_base=PARAM_BANK_BASE,
     perf_facts=PERF_FACTS,
 )

@@ -34,6 +34,40 @@ def test_machine_of_hopper_reads_the_partitions_from_the_target():
         simulate(chiplet.Gemm(512, 512, 512), M.gemm_row_major(2, 2), "sm_90a", persistent=0)
 
 
+def test_slots_sit_beside_the_partition_of_the_sm_the_dispatcher_gives_them():
+    """The H200's measured placement (targets/sm90a.py): workgroups 0-7 on SMs 124-131, the
+    rest in the dispatcher's cycle; 66 SMs beside each partition, in pairs; consecutive
+    slots on the same side in runs, not alternating."""
+    from pykittens.targets import get
+    t, m = get("sm_90a"), Machine.of("sm_90a")
+    assert sorted(t.dispatch_sms) == list(range(132)) and t.dispatch_sms[:8] == tuple(
+        range(124, 132))
+    assert sorted(t.sm_l2_partition) == [0] * 66 + [1] * 66
+    assert all(t.sm_l2_partition[2 * i] == t.sm_l2_partition[2 * i + 1] for i in range(66))
+    assert m.slot_partition == tuple(t.sm_l2_partition[s] for s in t.dispatch_sms)
+    assert len(set(m.slot_partition[:8])) == 1
+    assert Machine.of("sm_90a", wgs_per_cu=2).slot_partition == m.slot_partition * 2
+    changes = sum(a != b for a, b in zip(m.slot_partition, m.slot_partition[1:]))
+    assert changes < 20                      # runs (alternating would change 131 times)
+
+
+def test_the_slots_sides_decide_where_requests_look_first():
+    """Every slot beside partition 0: partition 1 gets no request of its own (its hit rate
+    is None) and every DRAM read is of a unit partition 0 missed; the measured sides spread
+    requests over both (32 tiles would not: the first 32 slots are all on one side)."""
+    import dataclasses
+    op = chiplet.Gemm(4096, 4096, 256, bm=128, bn=256, bk=64)
+    mp = M.gemm_row_major(*op.grid)
+    one_side = dataclasses.replace(hopper(), slot_partition=(0,) * 132)
+    r = simulate(op, mp, machine=one_side)
+    assert r.xcd_l2_hit_rates[0] is not None and r.xcd_l2_hit_rates[1] is None
+    both = simulate(op, mp, machine=hopper())
+    assert all(h is not None for h in both.xcd_l2_hit_rates)
+    few = simulate(chiplet.Gemm(1024, 1024, 256, bm=128, bn=256, bk=64),
+                   M.gemm_row_major(8, 4), machine=hopper())
+    assert sum(h is None for h in few.xcd_l2_hit_rates) == 1
+
+
 def test_replay_counts_both_lookups_of_a_far_miss():
     # unit 7 homed on partition 1, requested from partition 0 twice, then from partition 1
     lookups, hits, dram, near, req = partitioned_replay(
