@@ -15,6 +15,7 @@ attention_bwd's dQ writer does), by how many workgroups add into the same tile
 (targets/sm90a.py, tma_reduce_bytes_per_s).
 
     PYTHONPATH=. python3 bench/gpu_clock.py          # on the GPU
+    PYTHONPATH=. python3 bench/gpu_clock.py --latency   # only the wgmma latencies
 
 Prints one row per (shape, contender) and the idle clocks; writes $OUT/gpu_clock.json."""
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -64,11 +66,12 @@ SMS = 132
 @pk.kernel(num_waves=8)
 def wgmma_loop(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
                DT: pk.const = None, N: pk.const = 256, A_SMEM: pk.const = 0,
-               STEPS: pk.const = WGMMA_STEPS):
+               STEPS: pk.const = WGMMA_STEPS, IN_FLIGHT: pk.const = 1):
     """c[rows of this workgroup] = STEPS x (a @ b.T) by wgmma m64nN (N = 64, 128 or 256) a
     step (4 of K16 for bf16, 4 of K32 for fp8): each wave's 16 rows of a (16 x K, one
     128-byte row: K = 64 bf16 or 128 fp8) held in registers, or (A_SMEM=1) all 64 rows of
-    a warpgroup read from shared memory; b (N x K) in shared memory."""
+    a warpgroup read from shared memory; b (N x K) in shared memory. IN_FLIGHT=0: each
+    step's group waited for before the next is issued (wgmma_latency)."""
     kt = 128 // pk.dtype_of(DT).bytes
     sb = pk.empty(pk.st((N, kt), DT, swizzle=8))
     pk.load(sb, b, (0, 0))
@@ -80,7 +83,7 @@ def wgmma_loop(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl[pk.f32, 2],
         ta = pk.load(pk.rt((16, kt), DT, role="a"), a, (16 * pk.wave_id(), 0))
     acc = pk.zeros(pk.rt((16, N), pk.f32, role="acc"))
     for _ in pk.range(STEPS):
-        pk.mma_ABt(acc, ta, sb, in_flight=1)
+        pk.mma_ABt(acc, ta, sb, in_flight=IN_FLIGHT)
     pk.mma_wait(acc)
     pk.store(c, acc, (128 * pk.program_id(0) + 16 * pk.wave_id(), 0))
 
@@ -116,6 +119,37 @@ def wgmma_rate(dtype: str = "bf16", n: int = 256, a_smem: int = 0,
     print(f"wgmma loop {form}: {r['tflops']:.0f} TFLOP/s at a median SM clock of "
           f"{r['clock_mhz_median']:.0f} MHz ({r['power_w_median']:.0f} W): "
           f"{r['flops_per_clk_per_sm']:.0f} FLOPs an SM a clock (the data sheet's: {sheet})",
+          flush=True)
+    return r
+
+
+# the forms whose latency is timed: (dtype, N, A in shared memory)
+LATENCY_FORMS = (("bf16", 64, 0), ("bf16", 64, 1), ("bf16", 128, 0), ("bf16", 128, 1),
+                 ("bf16", 256, 0), ("e4m3", 128, 1), ("e4m3", 256, 0))
+
+
+def wgmma_latency(dtype: str = "bf16", n: int = 256, a_smem: int = 0) -> dict:
+    """One warpgroup an SM issuing wgmma_loop's groups (4 wgmmas of one K step) and waiting
+    for each before the next (IN_FLIGHT=0): clocks a group takes from its issue to its
+    results, against the same loop with one group in flight (the tensor cores' rate).
+    latency_clk = the waited group's clocks less the pipelined one's: what a wait for a
+    group costs beyond its share of the tensor cores' time."""
+    kt = 128 // pk.dtype_of(dtype).bytes
+    tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
+    a = torch.randn(128, kt, device="cuda").to(tdt)
+    b = torch.randn(n, kt, device="cuda").to(tdt)
+    c = torch.empty(128 * SMS, n, device="cuda", dtype=torch.float32)
+    form = f"m64n{n} {dtype}, A from {'shared memory' if a_smem else 'registers'}"
+    r = {"shape": form, "contender": "wgmma latency", "dtype": dtype, "n": n,
+         "a_smem": a_smem}
+    for key, in_flight in (("waited", 0), ("pipelined", 1)):
+        got = sample(lambda: pk.launch(wgmma_loop, a, b, c, grid=SMS, N=n, A_SMEM=a_smem,
+                                       IN_FLIGHT=in_flight, num_waves=4), seconds=2.0)
+        clk = got["clock_mhz_median"] * 1e6 / (got["calls_per_s"] * WGMMA_STEPS)
+        r[key] = {**got, "clk_per_group": clk}
+    r["latency_clk"] = r["waited"]["clk_per_group"] - r["pipelined"]["clk_per_group"]
+    print(f"wgmma latency {form}: {r['waited']['clk_per_group']:.0f} clocks a group waited "
+          f"for, {r['pipelined']['clk_per_group']:.0f} pipelined: {r['latency_clk']:.0f} more",
           flush=True)
     return r
 
@@ -166,6 +200,11 @@ def tma_reduce_rate(share: int = 1, in_flight: int = 0) -> dict:
 
 
 def main() -> int:
+    if "--latency" in sys.argv:               # only the wgmma latencies
+        out = [wgmma_latency(*form) for form in LATENCY_FORMS]
+        with open(os.path.join(os.environ.get("OUT", "."), "gpu_clock_latency.json"), "w") as f:
+            json.dump({"runs": out}, f, indent=1)
+        return 0
     out = []
     for m in (4096, 8192):
         a, b = (torch.randn(m, m, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -179,6 +218,7 @@ def main() -> int:
                   f"{r['power_w_median']:.0f} W, throttle {','.join(r['throttle_reasons'])}, "
                   f"{r['tflops']:.0f} TFLOP/s (host loop)", flush=True)
     out += [wgmma_rate(*form) for form in WGMMA_FORMS]
+    out += [wgmma_latency(*form) for form in LATENCY_FORMS]
     out += [tma_reduce_rate(share) for share in TMA_REDUCE_SHARES]
     idle = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.limit",
                            "--format=csv,noheader"], capture_output=True, text=True).stdout

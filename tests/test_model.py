@@ -266,6 +266,20 @@ def test_one_consumer_does_in_turn_what_it_waits_for():
     assert _overlap_cycles([two], RATE, 1, 8, False) == pytest.approx(1200, abs=4)
 
 
+def test_a_waited_group_adds_its_latency_and_a_pipelined_one_does_not():
+    """With a 60-clock latency, a consumer that waits for its one group before 500
+    instructions takes 1000 + 60 + 500; with two groups and `wait 1`, the first group's
+    latency passes under the second's products (500 + 500 + 60 + 200 where the 300
+    instructions after `wait 1` run under the second group: 1260, not 1320)."""
+    from pykittens.analysis.model import _overlap_cycles
+    assert _overlap_cycles([_wait_loop(1000, 500)], RATE, 1, 8, False, latency=60) == \
+        pytest.approx(1560, abs=4)
+    two = [("mma", 500 * RATE), ("alu", 10, 0), ("mma", 500 * RATE), ("wait", 1),
+           ("alu", 300, 0), ("wait", 0), ("alu", 200, 0)]
+    assert _overlap_cycles([two], RATE, 1, 8, False, latency=60) == \
+        pytest.approx(1260, abs=4)
+
+
 def test_two_consumers_in_step_or_apart():
     """Two such consumers started together share the tensor cores (both products done at
     2000) and then the issue slots (500 instructions each at half a slot: 1000): 3000 an

@@ -261,12 +261,13 @@ WAITS = ("waits: each consumer steps through its loop's SASS, committing its wgm
          "tensor core picks between two warpgroups' instructions is not documented; "
          "first-come-first-served matched the H200's attention far worse, docs/PERF.md); "
          "a consumer's instructions and MUFU share the issue slots and special-function "
-         "units with the others'; the mean over the consumers' relative starts "
-         "(_waits_cycles)")
+         "units with the others'; a group's results are there a measured latency after "
+         "its products are done (wgmma_latency_clk; the next group's products run "
+         "meanwhile); the mean over the consumers' relative starts (_waits_cycles)")
 
 
 def _waits_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
-                  pingpong: bool) -> tuple[float, list[float]]:
+                  pingpong: bool, latency: float = 0.0) -> tuple[float, list[float]]:
     """(mean, per phase) of _overlap_cycles over PHASES relative starts of the consumers:
     consumer c starting c x s cycles after the first, s = k / PHASES of an iteration's
     tensor-core time over (consumers - 1), k = 0 .. PHASES - 1. Nothing in a schedule
@@ -281,12 +282,14 @@ def _waits_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
     tensor = sum(f for ev in loops for kind, *arg in ev if kind == "mma" for f in arg) / rate
     spread = tensor / max(1, len(loops) - 1)
     per = [_overlap_cycles(loops, rate, issue, mufu_clocks, pingpong,
-                           stagger=spread * k / PHASES) for k in range(PHASES)]
+                           stagger=spread * k / PHASES, latency=latency)
+           for k in range(PHASES)]
     return sum(per) / len(per), per
 
 
 def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
-                    pingpong: bool, iterations: int = 24, stagger: float = 0.0) -> float:
+                    pingpong: bool, iterations: int = 24, stagger: float = 0.0,
+                    latency: float = 0.0) -> float:
     """Cycles an SM takes per iteration of every consumer (`loops`: each consumer's
     _loop_events, all resident at once), stepping the consumers through their waits. The
     tensor cores run the groups committed and not finished at `rate` FLOPs a clock, shared
@@ -296,6 +299,8 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
     both shared with the other consumers' runs (a consumer puts one warp on each
     sub-partition). Ping-pong: a consumer commits the first group of round r only after the
     one before it has committed all of its round r (the first: the last's round r - 1).
+    A group's results are there `latency` cycles after its products are done (a wait
+    holds until then; the tensor cores go on with the next group meanwhile).
     Consumer c starts `c x stagger` cycles after the first. The steady state's cycles per
     iteration, from the second half of `iterations`."""
     consumers = len(loops)
@@ -306,6 +311,7 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
     queue = [[] for _ in range(consumers)]
     rounds = [0] * consumers           # iterations whose groups a consumer has committed
     done = [[] for _ in range(consumers)]
+    draining = [[] for _ in range(consumers)]   # when done groups' results are there
     clock, step = 0.0, 2.0
     while min(len(d) for d in done) < iterations:
         busy = [c for c in range(consumers) if queue[c]]
@@ -313,6 +319,8 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
             queue[c][0] -= rate / len(busy) * step
             if queue[c][0] <= 0:
                 queue[c].pop(0)
+                if latency:
+                    draining[c].append(clock + step + latency)
         issuing = [c for c in range(consumers) if left[c] is not None]
         exp = sum(1 for c in issuing if left[c][1] > 0)
         for c in issuing:
@@ -332,7 +340,8 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
                         break
                     left[c] = None
                 elif kind == "wait":
-                    if len(queue[c]) > arg[0]:
+                    draining[c] = [t for t in draining[c] if t > clock]
+                    if len(queue[c]) + len(draining[c]) > arg[0]:
                         break
                 else:
                     if pingpong and pc[c] == first[c] and \
@@ -399,7 +408,8 @@ def _hopper_cycles(t, dtype, loops, fills, consts_used, pingpong=False):
               "mufu": sum(32 * f for _, _, f, _ in loops) / mufu_rate,
               "lds": (reads + fills) / smem_bw}
     cycles["waits"], per_phase = _waits_cycles([ev for _, _, _, ev in loops], per_sm, issue,
-                                               32 / mufu_rate, pingpong)
+                                               32 / mufu_rate, pingpong,
+                                               _fact(t, "wgmma_latency_clk", consts_used))
     detail = {"wgmma_loops": len(loops), "wgmma_per_loop": [len(s) for _, s, _, _ in loops],
               "wgmma_shape": "x".join(map(str, loops[0][1][0][:3])),
               "instructions_per_loop": [n for n, _, _, _ in loops],

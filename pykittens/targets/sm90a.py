@@ -97,6 +97,11 @@ WGMMA_FP8_FLOPS_PER_CLK = 7328
 # What the TMA unit's reductions into L2 reach with one wave an SM adding 64 x 64 f32 tiles
 # one after another (bench/gpu_clock.py's tma_reduce_loop, docs/PERF.md run NC), by how many
 # workgroups add into the same tile: TB/s over the chip.
+# clocks a waited wgmma group's results take beyond its tensor-core time: one warpgroup an
+# SM waiting for each K step's group before the next, against the same loop with one in
+# flight (bench/gpu_clock.py wgmma_latency, docs/PERF.md run OC): 48-66 over seven forms
+# (bf16 n64 / n128 / n256, e4m3 n128 / n256, A from registers or shared memory), median 61
+WGMMA_LATENCY_CLK = 61
 TMA_REDUCE_BYTES_PER_S = {1: 3.12e12, 8: 2.31e12, 32: 1.75e12, 132: 1.38e12}
 _WP = "NVIDIA H100 Tensor Core GPU Architecture white paper"
 PERF_FACTS = (
@@ -124,6 +129,10 @@ PERF_FACTS = (
     ("wgmma_flops_per_clk/e4m3", WGMMA_FP8_FLOPS_PER_CLK,
      "measured on an H200 (bench/gpu_clock.py's wgmma loop, docs/PERF.md run MA): back-to-"
      "back e4m3 wgmma m64n256k32, 1669 TFLOP/s at 1725 MHz over 132 SMs"),
+    ("wgmma_latency_clk", WGMMA_LATENCY_CLK,
+     "measured on an H200 (bench/gpu_clock.py's wgmma_latency, docs/PERF.md run OC): the "
+     "clocks a group waited for takes beyond the same group pipelined, 48-66 over seven "
+     "forms, median 61"),
     *((f"tma_reduce_bytes_per_s/{share}", rate,
        "measured on an H200 (bench/gpu_clock.py's tma_reduce_loop, docs/PERF.md run NC): one "
        f"wave an SM adding 64 x 64 f32 tiles by the TMA unit, {share} workgroup"
