@@ -380,7 +380,7 @@ MUTATIONS: list[Mutation] = [
        "(`test_hopper_static::test_wgmma_descriptors_follow_the_ptx_isa`)"),
     # -- the performance model's consumers stepped through their waits ----------------------
     _m("model-waits-ignored", MODEL_PY,
-       "                    if len(queue[c]) > arg[0]:",
+       "                    if len(queue[c]) + len(draining[c]) > arg[0]:",
        "                    if False:",
        "a consumer's WARPGROUP.DEPBAR never holds it: its instructions run under the products "
        "they wait for",
@@ -395,6 +395,14 @@ MUTATIONS: list[Mutation] = [
        ["tests/test_model.py::test_two_consumers_in_step_or_apart"],
        "hand-derived cycles of two consumers started together "
        "(`test_model::test_two_consumers_in_step_or_apart`)"),
+    _m("model-latency-ignored", MODEL_PY,
+       "                    draining[c].append(clock + step + latency)",
+       "                    draining[c].append(clock)",
+       "a waited wgmma group's results are taken to be there as soon as its products are "
+       "done (the measured latency dropped)",
+       ["tests/test_model.py::test_a_waited_group_adds_its_latency_and_a_pipelined_one_does_not"],
+       "hand-derived cycles with a 60-clock latency "
+       "(`test_model::test_a_waited_group_adds_its_latency_and_a_pipelined_one_does_not`)"),
 ]
 
 
