@@ -18,12 +18,13 @@ Model (docs/chiplet.md has the full story):
 - Partitioned L2 (Hopper, `Target.l2_partitions` > 1): no XCDs and no LLC; the L2 is split
   into partitions of equal size, each caching the data its SMs request (launch slot s on
   the partition beside the SM the dispatcher gives the s-th workgroup, as measured on the
-  H200: targets/sm90a.py; s % P where the target does not say) and homing 1/P of the address space (a hash of the unit). A request
-  looks up its SM's partition; a miss on a line homed elsewhere looks up the home partition
-  too, and only a miss there reads DRAM. Both partitions are LRUs over everything they
-  hold (home lines and copies). The hit rate counts every lookup, as Nsight Compute's
-  lts__t_sector_hit_rate does. This replay is sequential (the partitions feed each other),
-  so it runs as a Python loop over units, slower than the C-level LRU.
+  H200: targets/sm90a.py; s % P where the target does not say) and homing 1/P of the
+  address space (a hash of the unit). A request looks up its SM's partition; a miss on a
+  line homed elsewhere looks up the home partition too, and only a miss there reads DRAM.
+  Both partitions are LRUs over everything they hold (home lines and copies). The hit
+  rate counts every lookup, as Nsight Compute's lts__t_sector_hit_rate does. This replay
+  is sequential (the partitions feed each other), so it runs as a Python loop over units,
+  slower than the C-level LRU.
 - Dispatch where it is not round robin (Hopper): a one-workgroup-per-tile launch hands each
   tile, in launch order, to the slot that frees first; a persistent launch of R workgroups
   gives workgroup w the tiles w, w + R, w + 2R, ... (pk.tile_walk). Each tile takes
