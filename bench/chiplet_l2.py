@@ -7,6 +7,8 @@ and DRAM bytes read beside the simulator's, and the kernel's time under each ord
     PYTHONPATH=. python3 bench/chiplet_l2.py --inner  # every case launched once (what ncu sees)
     PYTHONPATH=. python3 bench/chiplet_l2.py --retime # times only, interleaved rounds, and
                                                       # where auto_mapping's pick stands
+    PYTHONPATH=. python3 bench/chiplet_l2.py --counters  # the L2's lookups by source and
+                                                      # outcome (what the hit rate is made of)
     PYTHONPATH=. python3 bench/chiplet_l2.py --table docs/perf/chiplet-l2-2026-12-01.json
                                    # a saved run against the models, no GPU needed
 
@@ -28,7 +30,8 @@ SIZES = tuple(int(x) for x in os.environ.get("CHIPLET_L2_SIZES", "").split(",") 
     (4096, 8192, 12288, 16384)
 ORDERS = ("row-major", "grouped:W=4", "grouped:W=8", "grouped:W=16")
 METRICS = ("lts__t_sector_hit_rate.pct", "dram__bytes_read.sum")
-UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "%": 1}
+UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "%": 1, "sector": 1,
+         "Ksector": 1e3, "Msector": 1e6, "Gsector": 1e9}
 
 
 def cases():
@@ -150,6 +153,37 @@ def ncu_profile(script: str, kernel_name: str, expected: int) -> list[dict]:
     return got
 
 
+# the L2's lookups by where they come from (the SMs, "tex"; the other partition,
+# "ltcfabric") and how they end: what lts__t_sector_hit_rate is made of (--counters)
+COUNTERS = tuple(f"lts__t_sectors_{src}lookup_{end}" for src in
+                 ("", "srcunit_tex_", "srcunit_ltcfabric_", "srcunit_tex_op_read_",
+                  "srcunit_tex_op_write_") for end in ("hit", "miss")) + (
+    "lts__t_sectors_srcunit_tex", "lts__t_sectors_srcunit_ltcfabric", "lts__t_sectors",
+    "lts__t_sector_hit_rate", "dram__bytes_read")
+
+
+def counters() -> int:
+    """ncu's breakdown of the L2's lookups (COUNTERS, those this GPU's ncu has) for every
+    case, beside the model's near and far lookups; $OUT/chiplet_l2_counters.json."""
+    ncu = os.environ.get("NCU", "/usr/local/cuda/bin/ncu")
+    listed = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True).stdout
+    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    print("ncu's lts__t_sectors* lookup metrics:", sorted(
+        n for n in names if n.startswith("lts__t_sectors") and "lookup" in n))
+    have = [m for m in COUNTERS if m in names]
+    metrics = [m + (".pct" if m.endswith("rate") else ".sum") for m in have]
+    global METRICS
+    METRICS = tuple(metrics)
+    measured = profile()
+    details = [{"size": size, "order": order, "persistent": persistent, "ncu": m}
+               for (size, order, persistent), m in zip(cases(), measured)]
+    write_results("chiplet_l2_counters", details)
+    for d in details:
+        print(d["size"], d["order"], d["persistent"],
+              {k.removeprefix("lts__t_sectors_"): round(v) for k, v in d["ncu"].items()})
+    return 0
+
+
 def retime() -> int:
     """The warm time of every case again, the cases of one size timed in turn over three
     rounds (the H200's clock drifts by several percent over a run, which a back-to-back
@@ -191,6 +225,8 @@ def retime() -> int:
 def main() -> int:
     if "--retime" in sys.argv:
         return retime()
+    if "--counters" in sys.argv:
+        return counters()
     done = offline(inner, table)
     if done is not None:
         return done
