@@ -133,12 +133,13 @@ def profile() -> list[dict]:
     return ncu_profile(os.path.abspath(__file__), "gemm_ws", len(cases()))
 
 
-def ncu_profile(script: str, kernel_name: str, expected: int) -> list[dict]:
-    """ncu's METRICS for every launch of `kernel_name` that `script --inner` makes, in
+def ncu_profile(script: str, kernel_name: str, expected: int,
+                metrics=METRICS) -> list[dict]:
+    """ncu's `metrics` for every launch of `kernel_name` that `script --inner` makes, in
     launch order (a dict of metric -> value in bytes or percent per launch)."""
     ncu = os.environ.get("NCU", "/usr/local/cuda/bin/ncu")
     p = subprocess.run([ncu, "--csv", "--kernel-name", kernel_name, "--metrics",
-                        ",".join(METRICS), sys.executable, script, "--inner"],
+                        ",".join(metrics), sys.executable, script, "--inner"],
                        capture_output=True, text=True, timeout=540)
     rows = [r for r in csv.DictReader(io.StringIO(
         "\n".join(line for line in p.stdout.splitlines() if line.startswith('"'))))]
@@ -170,11 +171,8 @@ def counters() -> int:
     names = {line.split()[0] for line in listed.splitlines() if line.strip()}
     print("ncu's lts__t_sectors* lookup metrics:", sorted(
         n for n in names if n.startswith("lts__t_sectors") and "lookup" in n))
-    have = [m for m in COUNTERS if m in names]
-    metrics = [m + (".pct" if m.endswith("rate") else ".sum") for m in have]
-    global METRICS
-    METRICS = tuple(metrics)
-    measured = profile()
+    metrics = [m + (".pct" if m.endswith("rate") else ".sum") for m in COUNTERS if m in names]
+    measured = ncu_profile(os.path.abspath(__file__), "gemm_ws", len(cases()), metrics)
     details = [{"size": size, "order": order, "persistent": persistent, "ncu": m}
                for (size, order, persistent), m in zip(cases(), measured)]
     write_results("chiplet_l2_counters", details)

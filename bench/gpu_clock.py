@@ -97,15 +97,21 @@ WGMMA_FORMS = (("bf16", 256, 0, 2), ("bf16", 128, 0, 2), ("bf16", 128, 1, 2),
                ("bf16", 128, 0, 1), ("bf16", 128, 1, 1), ("bf16", 256, 0, 1))
 
 
+def _wgmma_operands(dtype: str, n: int):
+    """wgmma_loop's a (128 x K), b (N x K) and c, K one 128-byte row of `dtype`."""
+    kt = 128 // pk.dtype_of(dtype).bytes
+    tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
+    a = torch.randn(128, kt, device="cuda").to(tdt)
+    b = torch.randn(n, kt, device="cuda").to(tdt)
+    return a, b, torch.empty(128 * SMS, n, device="cuda", dtype=torch.float32)
+
+
 def wgmma_rate(dtype: str = "bf16", n: int = 256, a_smem: int = 0,
                warpgroups: int = 2) -> dict:
     """wgmma_loop on every SM for a few seconds (`warpgroups` of them issuing, one
     workgroup an SM): its FLOP/s, clock and FLOPs an SM a clock."""
     kt = 128 // pk.dtype_of(dtype).bytes
-    tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
-    a = torch.randn(128, kt, device="cuda").to(tdt)
-    b = torch.randn(n, kt, device="cuda").to(tdt)
-    c = torch.empty(128 * SMS, n, device="cuda", dtype=torch.float32)
+    a, b, c = _wgmma_operands(dtype, n)
     form = f"m64n{n} {dtype}, A from {'shared memory' if a_smem else 'registers'}" + \
         ("" if warpgroups == 2 else f", {warpgroups} warpgroup{'s' * (warpgroups > 1)}")
     r = {"shape": form, "contender": "wgmma loop", "dtype": dtype, "n": n, "a_smem": a_smem,
@@ -134,11 +140,7 @@ def wgmma_latency(dtype: str = "bf16", n: int = 256, a_smem: int = 0) -> dict:
     results, against the same loop with one group in flight (the tensor cores' rate).
     latency_clk = the waited group's clocks less the pipelined one's: what a wait for a
     group costs beyond its share of the tensor cores' time."""
-    kt = 128 // pk.dtype_of(dtype).bytes
-    tdt = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[dtype]
-    a = torch.randn(128, kt, device="cuda").to(tdt)
-    b = torch.randn(n, kt, device="cuda").to(tdt)
-    c = torch.empty(128 * SMS, n, device="cuda", dtype=torch.float32)
+    a, b, c = _wgmma_operands(dtype, n)
     form = f"m64n{n} {dtype}, A from {'shared memory' if a_smem else 'registers'}"
     r = {"shape": form, "contender": "wgmma latency", "dtype": dtype, "n": n,
          "a_smem": a_smem}

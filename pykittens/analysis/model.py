@@ -340,7 +340,8 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
                         break
                     left[c] = None
                 elif kind == "wait":
-                    draining[c] = [t for t in draining[c] if t > clock]
+                    while draining[c] and draining[c][0] <= clock:   # in time order
+                        draining[c].pop(0)
                     if len(queue[c]) + len(draining[c]) > arg[0]:
                         break
                 else:
