@@ -27,8 +27,8 @@ Steps (name some on the command line to run only those): copy, ops, host, graph,
           captured in one CUDA graph, replayed on new inputs, compared with eager
   variants  ops under the launch rule and under other schedules (VARIANTS: forward row
           ops; ROPE_VARIANTS: rope's grid order; BWD_VARIANTS: the norms' backward walks,
-          and each asked for its inputs' gradients only),
-          as fractions of the copy
+          and each asked for its inputs' gradients only; every op launched without early
+          launch), as fractions of the copy; OPS_VARIANTS="name|..." times only those
   report  $OUT/ops_bandwidth.md and $OUT/ops_bandwidth.png (the JSON is written in any case)
 A short table is printed last; the exit status is 1 when a result disagrees with torch or a
 step fails. It stops timing after BUDGET_S seconds (the rows say what was skipped).
@@ -245,10 +245,12 @@ def step_ops(rows, details):
 # forward row ops at the shapes of VARIANTS (none now), rope at every shape, and the norms'
 # backward passes (timed as forward+backward less forward) under other choices of the
 # staged walk
-VARIANTS = {}
+# (every op under "launched as usual": without early launch, runtime.cuda.EARLY_LAUNCH)
+USUAL_LAUNCH = {"launched as usual": {"cuda.EARLY_LAUNCH": False}}
+VARIANTS = {shape: USUAL_LAUNCH for shape in SHAPES}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
-ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}}
-BWD_VARIANTS = {"3 stages": {"rows.STAGED_STAGES": 3},
+ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}, **USUAL_LAUNCH}
+BWD_VARIANTS = {**USUAL_LAUNCH, "3 stages": {"rows.STAGED_STAGES": 3},
                 "2 stages alone on an SM": {"rows.STAGED_STAGES_ALONE": 2},
                 **{f"{c} columns a wave, {w} warps an SM": {
                     "rows.STAGED_SHARES": {s: ((c, w),) for s in (0, 1, 2)}}
@@ -267,6 +269,8 @@ def _variant_calls():
     import importlib
     from pykittens.ops import replay
     mods = {n: importlib.import_module(f"pykittens.kernels.{n}") for n in ("rows", "rope")}
+    mods["cuda"] = importlib.import_module("pykittens.runtime.cuda")
+    only = [v for v in os.environ.get("OPS_VARIANTS", "").split("|") if v]
     ops = {op.name: op for op in _ops()}
 
     def under(settings, fn, inputs):
@@ -293,16 +297,21 @@ def _variant_calls():
     cases += [(shape, "rope", ROPE_VARIANTS, "fwd") for shape in SHAPES]
     cases += [(shape, name, BWD_VARIANTS, "bwd") for shape in SHAPES
               for name in BWD_VARIANT_OPS]
+    cases += [(shape, "linear", USUAL_LAUNCH, "bwd") for shape in SHAPES]
     for shape, name, variants, mode in cases:
         op = ops[name]
         inputs = op.make(shape)
-        if mode == "bwd":
-            variants = {**variants, INPUT_GRADS_ONLY: {}}
+        if mode == "bwd" and name in INPUT_GRADS:
+            variants = {**variants, INPUT_GRADS_ONLY: {},
+                        f"{INPUT_GRADS_ONLY}, {next(iter(USUAL_LAUNCH))}":
+                            next(iter(USUAL_LAUNCH.values()))}
         for variant, setting in {"launch rule": {}, **variants}.items():
+            if only and variant != "launch rule" and variant not in only:
+                continue
             if mode == "fwd":
                 yield shape, variant, op, mode, [under(setting, op.pykittens, inputs)]
                 continue
-            grads = INPUT_GRADS[name] if variant == INPUT_GRADS_ONLY else op.grads
+            grads = INPUT_GRADS[name] if variant.startswith(INPUT_GRADS_ONLY) else op.grads
             fwd, both = _fwd_bwd(op, op.pykittens, inputs, grads)
             yield shape, variant, op, mode, [under(setting, fwd, ()),
                                              under(setting, both, ())]
@@ -317,16 +326,24 @@ def step_variants(rows, details):
         step_copy(rows, details)
     calls = list(_variant_calls())
     times = {i: [] for i in range(len(calls))}
+    graphs = {i: [] for i in range(len(calls))}       # each graph's time (fwd; fwd+bwd)
     for _ in range(3):
         for i, (shape, variant, op, mode, fns) in enumerate(calls):
             t = [graph_time(fn, 20) for fn in fns]
+            graphs[i].append(t)
             times[i].append(t[0] if mode == "fwd" else t[1] - t[0])
     for i, (shape, variant, op, mode, fns) in enumerate(calls):
-        frac = op.moved[mode == "bwd"](shape) / sorted(times[i])[1] / _state["copy"]
+        t = sorted(times[i])[1]
+        if op.flops:                                   # linear: TFLOP/s
+            rate = op.flops[mode == "bwd"](shape) / t / 1e12
+            value, text = {"tflops": rate}, f"{rate:.0f} TFLOP/s"
+        else:
+            frac = op.moved[mode == "bwd"](shape) / t / _state["copy"]
+            value, text = {"of_copy": frac}, f"{100 * frac:.1f}% of copy"
         details.append({"step": "variants", "op": op.name, "mode": mode, "shape": shape,
-                        "variant": variant, "s": times[i], "of_copy": frac})
+                        "variant": variant, "s": times[i], "graphs_s": graphs[i], **value})
         rows.append(["variants", f"{op.name} {mode}", "x".join(map(str, shape)), variant,
-                     f"{100 * frac:.1f}% of copy"])
+                     text])
 
 
 def _cell(by, op, shape, mode):

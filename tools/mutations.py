@@ -403,6 +403,22 @@ MUTATIONS: list[Mutation] = [
        ["tests/test_model.py::test_a_waited_group_adds_its_latency_and_a_pipelined_one_does_not"],
        "hand-derived cycles with a 60-clock latency "
        "(`test_model::test_a_waited_group_adds_its_latency_and_a_pipelined_one_does_not`)"),
+    _m("early-launch-no-wait", NVPTX_PY,
+       'EARLY_LAUNCH_PROLOGUE = ("griddepcontrol.launch_dependents;", "griddepcontrol.wait;")',
+       'EARLY_LAUNCH_PROLOGUE = ("griddepcontrol.launch_dependents;",)',
+       "Hopper kernels let the next grid launch but do not wait for the previous one: an "
+       "early-launched kernel would read and write memory beside the kernel before it",
+       ["tests/runtime/test_launch_fast.py"],
+       "the prologue before any memory access in the PTX, and such code launched as usual "
+       "(`test_launch_fast::test_code_launches_early_only_where_every_kernel_waits_first`)"),
+    _m("early-launch-persistent", "pykittens/runtime/cuda.py",
+       "        return math.prod(grid) > per_sm * self.sms",
+       "        return True",
+       "grids the GPU holds at once (persistent walks) are launched early too, and placed on "
+       "SMs as the previous grid leaves them",
+       ["tests/runtime/test_launch_fast.py"],
+       "a fake driver's SM count either side of the grid "
+       "(`test_launch_fast::test_grids_the_gpu_holds_at_once_are_launched_as_usual`)"),
 ]
 
 

@@ -6,6 +6,12 @@ from ..ir import types as T
 from .llvm import Renderer, Value, literal, llty
 
 DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
+# every kernel's first instructions (PTX ISA 7.8, sm_90): let the stream's next grid launch,
+# then wait for the grids before this one (see NVPTXRenderer.prologue); the launcher gives
+# the early-launch attribute only to code whose PTX has the wait (runtime.cuda). Leaving
+# the first to the workgroups' exit instead (measured, docs/PERF.md 2026-12-04) kept a
+# third of what it gains for the row ops' forward passes
+EARLY_LAUNCH_PROLOGUE = ("griddepcontrol.launch_dependents;", "griddepcontrol.wait;")
 
 
 def _asm_operands(lo: int, n: int) -> str:
@@ -43,6 +49,13 @@ class NVPTXRenderer(Renderer):
         return {"ptr": "ptr addrspace(1)", "i32": "i32", "f32": "float"}[a.dtype]
 
     def prologue(self):
+        # Early launch (programmatic dependent launch, runtime.cuda.EARLY_LAUNCH): once every
+        # workgroup of this grid has started, the stream's next kernel may be launched, its
+        # workgroups taking SMs as this grid's leave; each of its threads first waits until
+        # the grids before it have completed and their writes are visible. The wait comes
+        # before anything else, so kernels still see each other's memory in stream order.
+        for ins in EARLY_LAUNCH_PROLOGUE:
+            self.ins(f'call void asm sideeffect "{ins}", "~{{memory}}"()')
         tid = self.call("i32", "llvm.nvvm.read.ptx.sreg.tid.x", [])
         self.tid = Value(tid, "i32", 0)
         self.lane = self.op(f"and i32 {tid}, {self.p.wave_size - 1}", "i32", 0)

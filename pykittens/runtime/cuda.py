@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 import struct
 import threading
 
@@ -30,6 +31,14 @@ from . import args as args_check
 
 class CudaError(RuntimeError):
     pass
+
+
+# Early launch (CUDA's programmatic dependent launch): a pykittens kernel is launched with
+# the attribute that lets the driver start it while the stream's previous kernel finishes;
+# its code waits for that kernel first (codegen.nvptx.EARLY_LAUNCH_PROLOGUE), so what each
+# kernel reads and writes is ordered as in any stream, and the launch and the workgroups'
+# start overlap the previous kernel's tail. PYKITTENS_EARLY_LAUNCH=0 launches as usual.
+EARLY_LAUNCH = os.environ.get("PYKITTENS_EARLY_LAUNCH", "1") != "0"
 
 
 class CudaUnavailable(CudaError):
@@ -142,6 +151,10 @@ class _RawDriver:
         # the same entry point without argtypes, for callers that hand it C values they
         # converted once (Launcher): no conversion of eleven arguments per call
         self.launch_c_values = lib["cuLaunchKernel"]
+        try:                            # CUDA 12: launches with attributes (early launch)
+            self.launch_ex = lib["cuLaunchKernelEx"]
+        except AttributeError:
+            self.launch_ex = None
         try:                                       # (the same way: TensorMap.encode)
             self.encode_tiled = lib["cuTensorMapEncodeTiled"]
         except AttributeError:                     # a driver older than Hopper's
@@ -227,10 +240,13 @@ def image_kind(image: bytes | str) -> str:
 
 
 class Module:
-    """One loaded code object on one device."""
+    """One loaded code object on one device. early_launch=True: each of its kernels waits
+    for the stream's previous grids itself (EARLY_LAUNCH), so it may be launched early."""
 
-    def __init__(self, image: bytes | str, *, device: int | None = None):
+    def __init__(self, image: bytes | str, *, device: int | None = None,
+                 early_launch: bool = False):
         self.kind = image_kind(image)
+        self.early_launch = bool(early_launch)
         self.device = _current_device() if device is None else int(device)
         data = image.encode() if isinstance(image, str) else bytes(image)
         if self.kind == "ptx" and not data.endswith(b"\0"):
@@ -248,7 +264,8 @@ class Module:
         if prefer not in ("cubin", "ptx"):
             raise ValueError(f"prefer must be 'cubin' or 'ptx', not {prefer!r}")
         image = result.get("cubin") if prefer == "cubin" else None
-        return cls(image if image is not None else result["ptx"], device=device)
+        return cls(image if image is not None else result["ptx"], device=device,
+                   early_launch=waits_for_previous_grid(result.get("ptx")))
 
     def context_address(self) -> int:
         """The address of the primary context the module is loaded in."""
@@ -281,6 +298,7 @@ class Function:
 
     def __init__(self, module: Module, name: str, kargs: list[KernArg] | None = None):
         self.module, self.name, self.kargs = module, name, kargs
+        self.early_launch = module.early_launch
         with _OnDevice(module.device) as d:
             self.handle = check(d.cuModuleGetFunction(module.handle, name.encode()),
                                 f"cuModuleGetFunction({name!r})")
@@ -293,7 +311,31 @@ class Function:
             self._optin = check(d.cuDeviceGetAttribute(
                 d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
                 "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
+            self.sms = check(d.cuDeviceGetAttribute(
+                d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)")
         self._layout, self._abi_checked = _UNKNOWN, None
+        self._resident: dict = {}          # (threads, shared bytes) -> workgroups an SM holds
+
+    def launches_early(self, grid, block, shared_bytes: int) -> bool:
+        """Whether a launch of this grid may be an early one (EARLY_LAUNCH, which the callers
+        check): only code that waits for the previous grids itself, and only grids of more
+        workgroups than the GPU holds at once. A grid that fits at once (a persistent walk
+        sized to the SMs) is placed, launched early, on SMs as the previous grid leaves
+        them, where room for two puts two on the first SMs to free and leaves others idle:
+        such walks ran up to a quarter slower on the H200 (docs/PERF.md). Launched as usual
+        it finds every SM free; grids larger than that are balanced as they run."""
+        if not self.early_launch:
+            return False
+        threads = math.prod(block)
+        per_sm = self._resident.get((threads, shared_bytes))
+        if per_sm is None:
+            with _OnDevice(self.module.device) as d:
+                per_sm = check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    self.handle, threads, shared_bytes),
+                    f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name!r})")
+            self._resident[(threads, shared_bytes)] = per_sm
+        return math.prod(grid) > per_sm * self.sms
 
     def _attr(self, d, attr):
         return check(d.cuFuncGetAttribute(attr, self.handle),
@@ -363,21 +405,31 @@ class Function:
         3-tuples, the packed buffer or an ArgBuffer, a stream handle): the part of a launch
         that repeats. Straight through libcuda by ctypes where the module's context is
         already current (a few microseconds less than the bindings' argument conversion
-        and context check), else through the bindings under _OnDevice."""
+        and context check; cuLaunchKernelEx for an early launch, EARLY_LAUNCH), else
+        through the bindings under _OnDevice."""
         args = buf if type(buf) is ArgBuffer else ArgBuffer(buf)
         raw = _raw_driver()
+        early = False
         if raw is not None and raw.current() == self.module.context_address():
-            err = raw.cuLaunchKernel(int(self.handle), *grid, *block, shared_bytes, stream,
-                                     None, args.extra)
+            early = EARLY_LAUNCH and bool(raw.launch_ex) and \
+                self.launches_early(grid, block, shared_bytes)
+            if early:
+                config = LaunchConfig(grid, block, shared_bytes)
+                config.stream(stream)
+                err = raw.launch_ex(config.pointer, ctypes.c_void_p(int(self.handle)), None,
+                                    args.extra)
+            else:
+                err = raw.cuLaunchKernel(int(self.handle), *grid, *block, shared_bytes,
+                                         stream, None, args.extra)
             err = _DRIVER.CUresult(err) if err else 0
-        else:
+        else:            # (an ordinary launch: early launch is only ever a saving)
             with _OnDevice(self.module.device) as d:
                 err = d.cuLaunchKernel(self.handle, *grid, *block, shared_bytes,
                                        d.CUstream(stream), None,
                                        ctypes.addressof(args.extra) if args.extra else 0)
         if int(err[0] if isinstance(err, tuple) else err):
-            check(err, f"cuLaunchKernel({self.name!r}, grid={grid}, block={block}, "
-                  f"shared={shared_bytes})")
+            check(err, f"cuLaunchKernel{'Ex' if early else ''}({self.name!r}, grid={grid}, "
+                  f"block={block}, shared={shared_bytes})")
 
 
 class ArgBuffer:
@@ -397,18 +449,25 @@ class ArgBuffer:
 class Launcher:
     """One kernel launched again and again with the same grid, block, shared memory and
     ArgBuffer (rewritten in place between launches): the call pk.launch's plans and replayed
-    op calls make. Its constant arguments are converted to C values once, and it does not
-    ask the driver which context is current: a launch made while another context is
-    current (or none) fails without running, and then goes through launch_checked, which
-    makes the module's context current or names the error."""
+    op calls make, early where the function allows it (EARLY_LAUNCH: cuLaunchKernelEx with
+    a LaunchConfig made once). Its constant arguments are converted to C values once, and
+    it does not ask the driver which context is current: a launch made while another
+    context is current (or none) fails without running, and then goes through
+    launch_checked, which makes the module's context current or names the error."""
 
     def __init__(self, function: "Function", grid, block, shared: int, args: ArgBuffer):
         self.function, self.grid, self.block, self.shared = function, grid, block, shared
         self.args = args
         raw = _raw_driver()
-        self._call = None if raw is None else functools.partial(
-            raw.launch_c_values, ctypes.c_void_p(int(function.handle)),
-            *(ctypes.c_uint(v) for v in (*grid, *block, shared)))
+        self._call = self._early = self.config = None
+        if raw is not None:
+            self._call = functools.partial(
+                raw.launch_c_values, ctypes.c_void_p(int(function.handle)),
+                *(ctypes.c_uint(v) for v in (*grid, *block, shared)))
+            if raw.launch_ex and function.launches_early(grid, block, shared):
+                self.config = LaunchConfig(grid, block, shared)      # its stream set per call
+                self._early = functools.partial(raw.launch_ex, self.config.pointer,
+                                                ctypes.c_void_p(int(function.handle)))
         self._extra = ctypes.cast(args.extra, ctypes.c_void_p) if args.extra else None
         device = function.module.device
         self.stream_handle = functools.partial(stream_handle, device=device)
@@ -418,9 +477,62 @@ class Launcher:
 
     def __call__(self, stream: int) -> None:
         """Launch on the stream with this handle (an int; 0 is the legacy default)."""
-        if self._call is None or self._call(ctypes.c_void_p(stream), None, self._extra):
+        if self._early is not None and EARLY_LAUNCH:    # the stream goes in the config
+            self.config.stream(stream)
+            failed = self._early(None, self._extra)
+        else:
+            failed = self._call is None or self._call(ctypes.c_void_p(stream), None,
+                                                      self._extra)
+        if failed:
             self.function.launch_checked(self.grid, self.block, self.args, self.shared,
                                          stream)
+
+
+# ---- early launch: cuLaunchKernelEx's configuration -----------------------------------------
+
+# CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h, CUDA 12)
+PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: the attribute's id, padding to 8 bytes, a 64-byte value union."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", ctypes.c_uint64 * 8)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig: grid and block dims, dynamic shared memory, stream, attributes."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+class LaunchConfig:
+    """cuLaunchKernelEx's configuration of an early launch (EARLY_LAUNCH): the grid, block,
+    shared memory and the programmatic-stream-serialisation attribute, made once; `stream`
+    sets the stream before each call (the driver reads the configuration during it)."""
+
+    def __init__(self, grid, block, shared: int):
+        self.attribute = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+        self.attribute.value[0] = 1                 # programmaticStreamSerializationAllowed
+        self.config = _LaunchConfig(*grid, *block, shared, None,
+                                    ctypes.pointer(self.attribute), 1)
+        self.pointer = ctypes.byref(self.config)
+
+    def stream(self, handle: int) -> None:
+        self.config.hStream = handle or None
+
+
+def waits_for_previous_grid(ptx) -> bool:
+    """Whether every kernel of this PTX waits for the stream's previous grids before it does
+    anything (codegen.nvptx.EARLY_LAUNCH_PROLOGUE): only such code may be launched early."""
+    if not ptx:
+        return False
+    text = ptx.decode() if isinstance(ptx, bytes) else ptx
+    entries = text.count(".entry ")
+    return entries > 0 and text.count("griddepcontrol.wait;") >= entries
 
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------

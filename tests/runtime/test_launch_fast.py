@@ -3,6 +3,7 @@ and CPU tensors that report cuda:0 — real kernels, cubins, argument checks and
 the driver is stubbed. The fast path must hand the driver exactly what the checked path
 does (pointers, scalars, re-encoded TMA maps), and cost less host time."""
 import ctypes
+import math
 import struct
 from types import SimpleNamespace
 
@@ -54,7 +55,14 @@ class FakeDriver:
     def cuCtxGetCurrent(self): return (0, 1234)
     def cuModuleLoadData(self, data): return (0, 1)
     def cuModuleGetFunction(self, module, name): return (0, 7)
-    def cuDeviceGetAttribute(self, attr, dev): return (0, 232448)
+    sms, resident = 132, 8     # SMs, and workgroups an SM holds (any kernel)
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        return (0, self.sms if attr.name == "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT" else
+                232448)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f, threads, shared):
+        return (0, self.resident)
     def cuFuncSetAttribute(self, f, attr, value): return (0,)
 
     def cuFuncGetAttribute(self, attr, f):
@@ -230,9 +238,25 @@ class FakeLibcuda:
 
     def __init__(self, current=1234, refuse=0):
         self.current_ctx, self.refuse, self.launches = current, refuse, []
+        self.early = []                 # per launch: whether it came through cuLaunchKernelEx
 
     def current(self):
         return self.current_ctx
+
+    def launch_ex(self, config, f, params, extra):
+        """cuLaunchKernelEx: the configuration read back as the driver reads it (the one
+        attribute must allow programmatic stream serialisation)."""
+        assert params is None
+        if self.refuse:
+            return self.refuse
+        cfg = config._obj                                # what ctypes.byref points at
+        assert cfg.numAttrs == 1
+        attr = cfg.attrs[0]
+        assert (attr.id, attr.value[0]) == (rc.PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        self.early.append(True)
+        return self._record(f.value, (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ),
+                            (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ), cfg.sharedMemBytes,
+                            cfg.hStream or 0, extra)
 
     def launch_c_values(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         assert params is None
@@ -244,11 +268,17 @@ class FakeLibcuda:
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         """(the typed call: ints, and `extra` as its array)"""
-        address = extra if type(extra) is int else ctypes.addressof(extra)
+        self.early.append(False)
+        return self._record(f, (gx, gy, gz), (bx, by, bz), shared, stream, extra)
+
+    def _record(self, f, grid, block, shared, stream, extra):
+        if type(extra) is ctypes.c_void_p:
+            address = extra.value
+        else:
+            address = extra if type(extra) is int else ctypes.addressof(extra)
         words = (ctypes.c_void_p * 5).from_address(address)
         size = ctypes.c_size_t.from_address(words[3]).value
-        self.launches.append(((gx, gy, gz), (bx, by, bz), shared, stream,
-                              ctypes.string_at(words[1], size)))
+        self.launches.append((grid, block, shared, stream, ctypes.string_at(words[1], size)))
         return 0
 
 
@@ -267,6 +297,88 @@ def test_plans_launch_through_libcuda_with_c_values(driver, monkeypatch, make):
         assert len(driver.launches) == n                       # not through the bindings
         got.append(lib.launches[-1])
     assert got == [want[0], want[1], want[0]]
+
+
+@pytest.mark.parametrize("make", [rms_call, gemm_call])
+@pytest.mark.parametrize("early", [True, False])
+def test_early_launches_carry_the_attribute_and_launch_what_the_bindings_get(
+        driver, monkeypatch, make, early):
+    """pykittens' own Hopper code waits for the grids before it (its PTX says so), so its
+    launches through libcuda, checked and planned alike, are early ones (cuLaunchKernelEx
+    allowing programmatic stream serialisation) with the arguments an ordinary launch
+    gets; PYKITTENS_EARLY_LAUNCH=0 (EARLY_LAUNCH False) launches them as usual."""
+    calls = [make(seed=s) for s in (0, 1)]
+    want = [run(c, driver, fast=False) for c in calls]
+    monkeypatch.setattr(rc, "EARLY_LAUNCH", early)
+    monkeypatch.setattr(FakeDriver, "sms", 1)      # every grid here: more than one at once
+    monkeypatch.setattr(FakeDriver, "resident", 1)
+    launch_mod._plans.clear()
+    launch_mod._modules.clear()
+    lib = FakeLibcuda()
+    monkeypatch.setattr(rc, "_RAW", [lib])
+    got = [run(c, driver, fast=True) and lib.launches[-1] for c in (calls[0], calls[1],
+                                                                   calls[0])]
+    assert got == [want[0], want[1], want[0]]
+    assert lib.early == [early] * 3                  # checked, then planned launches
+    monkeypatch.setattr(rc, "EARLY_LAUNCH", not early)         # read at every launch
+    run(calls[1], driver, fast=True)
+    assert lib.early[-1] == (not early)
+
+
+def test_grids_the_gpu_holds_at_once_are_launched_as_usual(driver, monkeypatch):
+    """A grid of no more workgroups than the SMs hold at once (a persistent walk) is not
+    launched early, whatever the code allows: launched early it would be placed on SMs as
+    they free up, unevenly."""
+    kernel, args, grid, consts = gemm_call()
+    blocks = grid if isinstance(grid, int) else math.prod(grid)
+    lib = FakeLibcuda()
+    monkeypatch.setattr(rc, "_RAW", [lib])
+    for sms, early in ((blocks, False), (blocks - 1, True)):
+        monkeypatch.setattr(FakeDriver, "sms", sms)
+        monkeypatch.setattr(FakeDriver, "resident", 1)
+        launch_mod._plans.clear()
+        launch_mod._modules.clear()
+        for _ in range(2):                 # checked, then the plan's launcher: alike
+            pk.launch(kernel, *args, grid=grid, stream=5, **consts)
+        assert lib.early[-2:] == [early, early]
+
+
+def test_code_launches_early_only_where_every_kernel_waits_first():
+    """A module loaded from pykittens' compile result launches early; code whose kernels
+    do not all wait for the previous grids (a hand-written PTX, a cubin alone) does not."""
+    from pykittens import compiler
+    from pykittens.codegen.nvptx import EARLY_LAUNCH_PROLOGUE
+    spec = KERNELS["column_sum"]
+    ptx = compiler.code_object(spec.kernel, compiler.get_target("sm_90a"),
+                               PT="f32", DT="bf16")["ptx"]
+    entry = ptx[ptx.index(".entry"):]
+    first = [line.strip() for line in entry.splitlines()
+             if line.strip().startswith(("griddepcontrol", "ld.", "st.", "cp.", "red.",
+                                         "atom.")) and not line.strip().startswith("ld.param")]
+    assert tuple(first[:2]) == EARLY_LAUNCH_PROLOGUE    # before any access to memory
+    assert rc.waits_for_previous_grid(ptx)
+    assert not rc.waits_for_previous_grid(ptx.replace("griddepcontrol.wait;", ""))
+    two = ptx + "\n.visible .entry other()\n{\n\tret;\n}\n"
+    assert not rc.waits_for_previous_grid(two)              # one kernel does not wait
+    assert not rc.waits_for_previous_grid(None)
+
+
+def test_launch_config_has_cuda_h_layout():
+    """CUlaunchConfig and CUlaunchAttribute as cuda.h lays them out (64-bit): the driver
+    reads the stream at byte 32, the attributes' pointer at 40 and their count at 48; an
+    attribute's value at byte 8 of its 72."""
+    C, A = rc._LaunchConfig, rc._LaunchAttribute
+    assert (ctypes.sizeof(C), C.hStream.offset, C.attrs.offset, C.numAttrs.offset) == \
+        (56, 32, 40, 48)
+    assert (ctypes.sizeof(A), A.value.offset) == (72, 8)
+    cfg = rc.LaunchConfig((3, 2, 1), (384, 1, 1), 1000)
+    raw = bytes(cfg.config)
+    assert struct.unpack_from("<7I", raw) == (3, 2, 1, 384, 1, 1, 1000)
+    cfg.stream(0xABC0)
+    assert struct.unpack_from("<Q", bytes(cfg.config), 32) == (0xABC0,)
+    attr = bytes(cfg.attribute)
+    assert struct.unpack_from("<ii", attr, 0)[0] == 6 and struct.unpack_from("<i", attr, 8) \
+        == (1,)
 
 
 def test_a_launch_refused_for_another_context_goes_through_the_bindings(driver, monkeypatch):
