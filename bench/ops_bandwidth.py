@@ -240,13 +240,13 @@ def step_ops(rows, details):
     rows.extend(_summary_rows(_state["results"]))
 
 
-# ops under schedules other than their launch rules', as settings of kernel modules
+# ops under schedules other than their launch rules', as settings of modules
 # ("rows.STAGED_STAGES": pykittens.kernels.rows.STAGED_STAGES, ...), patched for the call:
-# forward row ops at the shapes of VARIANTS (none now), rope at every shape, and the norms'
-# backward passes (timed as forward+backward less forward) under other choices of the
-# staged walk
-# (every op under "launched as usual": without early launch, runtime.cuda.EARLY_LAUNCH)
-USUAL_LAUNCH = {"launched as usual": {"cuda.EARLY_LAUNCH": False}}
+# forward row ops at the shapes of VARIANTS, rope at every shape, the norms' backward
+# passes (timed as forward+backward less forward) under other choices of the staged walk,
+# and linear's backward; each also "launched as usual" (runtime.cuda.EARLY_LAUNCH off)
+USUAL = "launched as usual"
+USUAL_LAUNCH = {USUAL: {"cuda.EARLY_LAUNCH": False}}
 VARIANTS = {shape: USUAL_LAUNCH for shape in SHAPES}
 VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "softmax")
 ROPE_VARIANTS = {"token groups first": {"rope.HEADS_FIRST": 0}, **USUAL_LAUNCH}
@@ -303,8 +303,7 @@ def _variant_calls():
         inputs = op.make(shape)
         if mode == "bwd" and name in INPUT_GRADS:
             variants = {**variants, INPUT_GRADS_ONLY: {},
-                        f"{INPUT_GRADS_ONLY}, {next(iter(USUAL_LAUNCH))}":
-                            next(iter(USUAL_LAUNCH.values()))}
+                        f"{INPUT_GRADS_ONLY}, {USUAL}": USUAL_LAUNCH[USUAL]}
         for variant, setting in {"launch rule": {}, **variants}.items():
             if only and variant != "launch rule" and variant not in only:
                 continue
