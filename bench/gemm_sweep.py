@@ -10,11 +10,11 @@ and the op replaying the tuned choice; then gemm_ws reading MN-major operands as
                                             # (--prebuild store: that step's builds only)
     PYKITTENS_CACHE=$PWD/.pkc_gemm PYTHONPATH=. python3 bench/gemm_sweep.py   # on the GPU
     ... bench/gemm_sweep.py layouts fp8     # only those steps (candidates, layouts, sweep,
-                                            # fp8, store, cluster)
+                                            # fp8, store, cluster, early)
 
-`store` and `cluster` time the launch rule against one other launch of each shape: C stored
-another way; the same launch in clusters of two workgroups that share B's blocks (TMA
-multicast). `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
+`store`, `cluster` and `early` time the launch rule against one other launch of each shape:
+C stored another way; the same launch in clusters of two workgroups that share B's blocks
+(TMA multicast); the same launch as usual instead of early (runtime.cuda.EARLY_LAUNCH). `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
 child process with a time limit, so a build that faults or hangs the GPU is named before the
 tuner times it.
 
@@ -53,7 +53,7 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
                           layout=layout, **rule)
 
 
-STEPS = ("candidates", "sweep", "store", "cluster", "layouts", "fp8")   # the GPU run's
+STEPS = ("candidates", "sweep", "store", "cluster", "early", "layouts", "fp8")  # GPU run's
 
 
 def builds(steps=STEPS):
@@ -63,11 +63,13 @@ def builds(steps=STEPS):
         for m, n, k in sweep_shapes():
             for c in gemm_ws_candidates(TARGET, m, k, n, 2):
                 yield {**c, "DT": "bf16", "OUT": "bf16"}
-    for step, plans in (("store", _store_plans), ("cluster", _cluster_plans)):
+    for step, plans in (("store", _store_plans), ("cluster", _cluster_plans),
+                        ("early", _early_plans)):
         if step in steps:
             for m, n, k in sweep_shapes():
                 for consts in plans(m, n, k).values():
-                    yield {**consts, "DT": "bf16", "OUT": "bf16"}
+                    yield {**{k: v for k, v in consts.items() if k != EARLY},
+                           "DT": "bf16", "OUT": "bf16"}
     if "layouts" in steps:
         for layout in ("nt", "nn", "tn"):
             for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
@@ -177,6 +179,22 @@ def _cluster_plans(m, n, k) -> dict:
     return {"rule": rule, "other": other}
 
 
+# a plan's key for how it is launched: EARLY False launches it as usual (runtime.cuda's
+# EARLY_LAUNCH off for the call), not early
+EARLY = "early launch"
+
+
+def _early_plans(m, n, k) -> dict:
+    """The launch rule's constants, launched early where pk.launch would ("rule") and as
+    usual ("other")."""
+    _, rule = _plan("nt", m, n, k)
+    return {"rule": rule, "other": {**rule, EARLY: False}}
+
+
+def _describe_early(plans) -> str:
+    return f"{plans['rule']['BN']} early / as usual"
+
+
 def _describe_store(plans) -> str:
     how = {0: "registers", 1: "whole", 2: "pieces"}
     return " / ".join(f"{plans[p]['BN']} {how[plans[p].get('TMA_STORE', 0)]}"
@@ -202,6 +220,12 @@ def step_cluster(rows, details):
     _step_pair("cluster", _cluster_plans, _describe_cluster, rows, details)
 
 
+def step_early(rows, details):
+    """The launch rule launched early (as pk.launch does where the grid allows it) against
+    the same launches as usual, and cuBLAS, on the sweep's shapes."""
+    _step_pair("early", _early_plans, _describe_early, rows, details)
+
+
 def _max_clusters() -> int:
     """cuOccupancyMaxActiveClusters of gemm_ws in clusters of two (4096³'s build)."""
     import ctypes
@@ -215,13 +239,9 @@ def _max_clusters() -> int:
     fn, prog = next(e for k, (kern, e) in L._modules.items()
                     if kern is gemm_ws and e[1].cluster == 2)
 
-    class Config(ctypes.Structure):
-        _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                    ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                    ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
-    cfg = Config((ctypes.c_uint * 3)(132, 1, 1),
-                 (ctypes.c_uint * 3)(prog.num_waves * prog.wave_size, 1, 1),
-                 prog.lds_bytes, None, None, 0)
+    from pykittens.runtime.cuda import _LaunchConfig        # CUlaunchConfig, no attributes
+    cfg = _LaunchConfig(132, 1, 1, prog.num_waves * prog.wave_size, 1, 1, prog.lds_bytes,
+                        None, None, 0)
     out = ctypes.c_int(0)
     lib = ctypes.CDLL("libcuda.so.1")
     err = lib.cuOccupancyMaxActiveClusters(ctypes.byref(out), ctypes.c_void_p(int(fn.handle)),
@@ -236,6 +256,7 @@ def _step_pair(step, plans_of, describe, rows, details):
     import torch.nn.functional as F
     from pykittens.kernels import gemm_ws_grid
     from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime import cuda as rc
     from pykittens.runtime.launch import launch
     ratios = {"rule": [], "other": []}
     for m, n, k in sweep_shapes():
@@ -244,9 +265,15 @@ def _step_pair(step, plans_of, describe, rows, details):
         ref = F.linear(x, w)
         plans = plans_of(m, n, k)
         ys = {name: torch.full_like(ref, float("nan")) for name in plans}
-        calls = {name: (lambda c=c, y=ys[name]: launch(gemm_ws, grid=gemm_ws_grid(c, TARGET),
-                                                       a=x, b=w, c=y, **c))
-                 for name, c in plans.items()}
+        def run_plan(c, y):
+            c = dict(c)
+            early = c.pop(EARLY, True)
+            saved, rc.EARLY_LAUNCH = rc.EARLY_LAUNCH, rc.EARLY_LAUNCH and early
+            try:
+                launch(gemm_ws, grid=gemm_ws_grid(c, TARGET), a=x, b=w, c=y, **c)
+            finally:
+                rc.EARLY_LAUNCH = saved
+        calls = {name: (lambda c=c, y=ys[name]: run_plan(c, y)) for name, c in plans.items()}
         err = 0.0
         for name, call in calls.items():
             call()
@@ -441,7 +468,8 @@ def main() -> int:
               "check"]
     return run_steps("gemm_sweep", {"candidates": step_candidates, "layouts": step_layouts,
                                     "sweep": step_sweep, "fp8": step_fp8,
-                                    "store": step_store, "cluster": step_cluster}, env,
+                                    "store": step_store, "cluster": step_cluster,
+                                    "early": step_early}, env,
                      header=header)
 
 

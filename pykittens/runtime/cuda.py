@@ -324,7 +324,9 @@ class Function:
         sized to the SMs) is placed, launched early, on SMs as the previous grid leaves
         them, where room for two puts two on the first SMs to free and leaves others idle:
         such walks ran up to a quarter slower on the H200 (docs/PERF.md). Launched as usual
-        it finds every SM free; grids larger than that are balanced as they run."""
+        it finds every SM free; grids larger than that are balanced as they run. (Grids of
+        one workgroup an SM cannot pile up, but launched early they ran no faster: the
+        GEMM sweep's geometric mean 0.986 against 0.983x cuBLAS, shapes -1.9 to +4.5%.)"""
         if not self.early_launch:
             return False
         threads = math.prod(block)

@@ -331,11 +331,13 @@ def test_grids_the_gpu_holds_at_once_are_launched_as_usual(driver, monkeypatch):
     they free up, unevenly."""
     kernel, args, grid, consts = gemm_call()
     blocks = grid if isinstance(grid, int) else math.prod(grid)
+    assert blocks % 2 == 0 and blocks > 2
     lib = FakeLibcuda()
     monkeypatch.setattr(rc, "_RAW", [lib])
-    for sms, early in ((blocks, False), (blocks - 1, True)):
+    for sms, resident, early in ((blocks // 2, 2, False), (blocks // 2 - 1, 2, True),
+                                 (blocks, 1, False), (blocks - 1, 1, True)):
         monkeypatch.setattr(FakeDriver, "sms", sms)
-        monkeypatch.setattr(FakeDriver, "resident", 1)
+        monkeypatch.setattr(FakeDriver, "resident", resident)
         launch_mod._plans.clear()
         launch_mod._modules.clear()
         for _ in range(2):                 # checked, then the plan's launcher: alike
