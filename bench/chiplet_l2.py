@@ -182,11 +182,17 @@ def counters() -> int:
     return 0
 
 
+# rounds of --retime (CHIPLET_RETIME_ROUNDS: more where the orders' times lie closer than
+# one round's spread)
+RETIME_ROUNDS = int(os.environ.get("CHIPLET_RETIME_ROUNDS", "3"))
+
+
 def retime() -> int:
-    """The warm time of every case again, the cases of one size timed in turn over three
-    rounds (the H200's clock drifts by several percent over a run, which a back-to-back
-    order would credit to the orders timed first), with auto_mapping's pick launched as the
-    library launches it (persistent); how far the pick is from the fastest case."""
+    """The warm time of every case again, the cases of one size timed in turn over
+    RETIME_ROUNDS rounds (the H200's clock drifts by several percent over a run, which a
+    back-to-back order would credit to the orders timed first), with auto_mapping's pick
+    launched as the library launches it (persistent); how far the pick is from the
+    fastest case."""
     import statistics
     from pykittens import chiplet
     from pykittens.bench.gpu import graph_time
@@ -200,7 +206,7 @@ def retime() -> int:
         t = _tensors(size)
         fns = [_launcher(*case, *t) for case in group]
         times = [[] for _ in fns]
-        for _ in range(3):
+        for _ in range(RETIME_ROUNDS):
             for ts, fn in zip(times, fns):
                 ts.append(graph_time(fn, reps=10 if size < 16384 else 3))
         ms = [statistics.median(ts) * 1e3 for ts in times]
