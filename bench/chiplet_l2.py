@@ -128,9 +128,9 @@ def inner() -> int:
     return 0
 
 
-def profile() -> list[dict]:
-    """ncu's metrics per case, in launch order."""
-    return ncu_profile(os.path.abspath(__file__), "gemm_ws", len(cases()))
+def profile(metrics=METRICS) -> list[dict]:
+    """ncu's `metrics` per case, in launch order."""
+    return ncu_profile(os.path.abspath(__file__), "gemm_ws", len(cases()), metrics)
 
 
 def ncu_profile(script: str, kernel_name: str, expected: int,
@@ -172,7 +172,7 @@ def counters() -> int:
     print("ncu's lts__t_sectors* lookup metrics:", sorted(
         n for n in names if n.startswith("lts__t_sectors") and "lookup" in n))
     metrics = [m + (".pct" if m.endswith("rate") else ".sum") for m in COUNTERS if m in names]
-    measured = ncu_profile(os.path.abspath(__file__), "gemm_ws", len(cases()), metrics)
+    measured = profile(metrics)
     details = [{"size": size, "order": order, "persistent": persistent, "ncu": m}
                for (size, order, persistent), m in zip(cases(), measured)]
     write_results("chiplet_l2_counters", details)

@@ -67,9 +67,8 @@ def builds(steps=STEPS):
                         ("early", _early_plans)):
         if step in steps:
             for m, n, k in sweep_shapes():
-                for consts in plans(m, n, k).values():
-                    yield {**{k: v for k, v in consts.items() if k != EARLY},
-                           "DT": "bf16", "OUT": "bf16"}
+                for plan in plans(m, n, k).values():
+                    yield {**_launch_of(plan)[0], "DT": "bf16", "OUT": "bf16"}
     if "layouts" in steps:
         for layout in ("nt", "nn", "tn"):
             for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
@@ -184,6 +183,12 @@ def _cluster_plans(m, n, k) -> dict:
 EARLY = "early launch"
 
 
+def _launch_of(plan) -> tuple[dict, bool]:
+    """(gemm_ws's constants, launched early where pk.launch would) of a plan."""
+    consts = {k: v for k, v in plan.items() if k != EARLY}
+    return consts, plan.get(EARLY, True)
+
+
 def _early_plans(m, n, k) -> dict:
     """The launch rule's constants, launched early where pk.launch would ("rule") and as
     usual ("other")."""
@@ -265,15 +270,14 @@ def _step_pair(step, plans_of, describe, rows, details):
         ref = F.linear(x, w)
         plans = plans_of(m, n, k)
         ys = {name: torch.full_like(ref, float("nan")) for name in plans}
-        def run_plan(c, y):
-            c = dict(c)
-            early = c.pop(EARLY, True)
+        def run_plan(plan, y):
+            c, early = _launch_of(plan)
             saved, rc.EARLY_LAUNCH = rc.EARLY_LAUNCH, rc.EARLY_LAUNCH and early
             try:
                 launch(gemm_ws, grid=gemm_ws_grid(c, TARGET), a=x, b=w, c=y, **c)
             finally:
                 rc.EARLY_LAUNCH = saved
-        calls = {name: (lambda c=c, y=ys[name]: run_plan(c, y)) for name, c in plans.items()}
+        calls = {name: (lambda p=p, y=ys[name]: run_plan(p, y)) for name, p in plans.items()}
         err = 0.0
         for name, call in calls.items():
             call()

@@ -532,9 +532,10 @@ def waits_for_previous_grid(ptx) -> bool:
     anything (codegen.nvptx.EARLY_LAUNCH_PROLOGUE): only such code may be launched early."""
     if not ptx:
         return False
+    from ..codegen.nvptx import EARLY_LAUNCH_PROLOGUE
     text = ptx.decode() if isinstance(ptx, bytes) else ptx
     entries = text.count(".entry ")
-    return entries > 0 and text.count("griddepcontrol.wait;") >= entries
+    return entries > 0 and text.count(EARLY_LAUNCH_PROLOGUE[-1]) >= entries
 
 
 # ---- pure helpers (tested on the CPU) -------------------------------------------------------
