@@ -1,0 +1,101 @@
+"""What the norms' per-column sums (dweight, dbias) cost inside the backward walk: the
+backward kernels alone, launched with pk.launch CALLS times and timed with CUDA events,
+under one schedule (the launch rule's with the sums) and every combination of the sums,
+bf16. ROWS_SUMS_NO_FINISH=1 leaves out the partial rows' writes (wrong sums: timing only;
+run it in a process of its own with its own PYKITTENS_CACHE, the builds share keys).
+
+    PYTHONPATH=. python3 bench/rows_sums.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import pykittens as pk
+from pykittens.kernels import ln_grad_launch, rms_grad_launch, rows
+from pykittens.kernels.layernorm import layernorm_bwd
+from pykittens.kernels.rmsnorm import rmsnorm_bwd
+from pykittens.kernels.rows import ColumnSums
+
+SHAPES = ((16384, 4096), (4096, 12288), (16384, 8192))
+CALLS = 30
+LN_WAVES = [int(w) for w in os.environ.get("LN_WAVES", "").split(",") if w]
+RMS_WAVES = [int(w) for w in os.environ.get("RMS_WAVES", "").split(",") if w]
+
+
+def _time(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = []
+    for _ in range(3):
+        start.record()
+        for _ in range(CALLS):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return sorted(best)[1]
+
+
+def main() -> int:
+    if os.environ.get("ROWS_SUMS_NO_FINISH") == "1":
+        ColumnSums.finish = lambda self: None
+    results = []
+    for m, n in SHAPES:
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        dy, ds, dx = torch.randn_like(x), torch.randn_like(x), torch.empty_like(x)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        stats = torch.rand(2, m, device="cuda") + 0.5
+        grid, consts = ln_grad_launch({"x": x, "dy": dy}, "sm_90a", True, True)
+        plans = [((1, 1), grid, consts), ((1, 0), grid, consts), ((0, 1), grid, consts),
+                 ((0, 0), grid, consts)]
+        for waves in LN_WAVES:                  # other shares of a row, both sums
+            if n % (waves * rows.STAGE_COLS) or waves == consts["num_waves"]:
+                continue                        # ragged, or the rule's own share
+            (g,), c = rows.staged_plan(m, n, "sm_90a", 2, 2, 2, waves=waves)
+            plans.append(((1, 1), (g,), {**c, "EXACT": int(rows.exact(n, c))}))
+        for (dw, db), grid, consts in plans:
+            part = torch.empty(grid[0], 2 * n, device="cuda")
+            us = _time(lambda: pk.launch(layernorm_bwd, grid=grid, x=x, dy=dy, w=w,
+                                         stats=stats, dx=dx, part=part, **consts, DW=dw,
+                                         DB=db))
+            results.append({"op": "layernorm_bwd", "shape": [m, n], "DW": dw, "DB": db,
+                         "consts": consts, "us": us, "of_bytes": 3 * m * n * 2 / us / 1e6})
+            print(f"layernorm_bwd {m}x{n} DW={dw} DB={db} {us:7.1f} µs "
+                  f"{results[-1]['of_bytes']:.2f} TB/s {consts}", flush=True)
+        for residual in (0, 1):
+            grid, consts = rms_grad_launch({"x": x, "dy": dy, "ds": ds if residual else None},
+                                           "sm_90a", bool(residual), True)
+            plans = [(dw, grid, consts) for dw in (1, 0)]
+            for waves in RMS_WAVES:              # other shares of a row, with dweight
+                if n % (waves * rows.STAGE_COLS) or waves == consts["num_waves"]:
+                    continue
+                (g,), c = rows.staged_plan(m, n, "sm_90a", 2, 2 + residual, 1, waves=waves)
+                plans.append((1, (g,), {**c, "EXACT": int(rows.exact(n, c)),
+                                        "RESIDUAL": residual}))
+            for dw, grid, consts in plans:
+                part = torch.empty(grid[0], n, device="cuda")
+                us = _time(lambda: pk.launch(rmsnorm_bwd, grid=grid, x=x, dy=dy, w=w,
+                                             rstd=stats[1], ds=ds, dx=dx, dw_part=part,
+                                             **consts, DW=dw))
+                moved = (3 + residual) * m * n * 2
+                results.append({"op": "rmsnorm_bwd", "shape": [m, n], "RESIDUAL": residual,
+                             "DW": dw, "consts": consts, "us": us,
+                             "of_bytes": moved / us / 1e6})
+                print(f"rmsnorm_bwd   {m}x{n} RES={residual} DW={dw} {us:7.1f} µs "
+                      f"{results[-1]['of_bytes']:.2f} TB/s {consts}", flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        name = "rows_sums_no_finish.json" if os.environ.get("ROWS_SUMS_NO_FINISH") == "1" \
+            else "rows_sums.json"
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
