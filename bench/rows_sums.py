@@ -1,8 +1,11 @@
 """What the norms' per-column sums (dweight, dbias) cost inside the backward walk: the
 backward kernels alone, launched with pk.launch CALLS times and timed with CUDA events,
 under one schedule (the launch rule's with the sums) and every combination of the sums,
-bf16. ROWS_SUMS_NO_FINISH=1 leaves out the partial rows' writes (wrong sums: timing only;
-run it in a process of its own with its own PYKITTENS_CACHE, the builds share keys).
+bf16. ROWS_SUMS_NO_FINISH=1 leaves out the partial rows' writes (and with them, the
+compiler's dead-code pass, the sums); ROWS_SUMS_FINISH_NEVER=1 keeps the sums and skips
+their writes by a test that fails at run time (wrong sums: timing only; run either in a
+process of its own with its own PYKITTENS_CACHE, the builds share keys).
+ROWS_SUMS_PAD=k: the partial rows k elements apart beyond their width.
 
     PYTHONPATH=. python3 bench/rows_sums.py
 """
@@ -26,6 +29,14 @@ LN_WAVES = [int(w) for w in os.environ.get("LN_WAVES", "").split(",") if w]
 RMS_WAVES = [int(w) for w in os.environ.get("RMS_WAVES", "").split(",") if w]
 
 
+PAD = int(os.environ.get("ROWS_SUMS_PAD", "0"))    # elements between partial rows
+
+
+def _part(rows, cols):
+    """The partial rows' buffer: (rows, cols) f32, each row PAD elements longer."""
+    return torch.empty(rows, cols + PAD, device="cuda")[:, :cols]
+
+
 def _time(fn) -> float:
     fn()
     torch.cuda.synchronize()
@@ -44,6 +55,13 @@ def _time(fn) -> float:
 def main() -> int:
     if os.environ.get("ROWS_SUMS_NO_FINISH") == "1":
         ColumnSums.finish = lambda self: None
+    if os.environ.get("ROWS_SUMS_FINISH_NEVER") == "1":      # sums kept, never stored
+        finish = ColumnSums.finish
+
+        def never(self):
+            with pk.if_(self.rows.m < 0):
+                finish(self)
+        ColumnSums.finish = never
     results = []
     for m, n in SHAPES:
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -59,7 +77,7 @@ def main() -> int:
             (g,), c = rows.staged_plan(m, n, "sm_90a", 2, 2, 2, waves=waves)
             plans.append(((1, 1), (g,), {**c, "EXACT": int(rows.exact(n, c))}))
         for (dw, db), grid, consts in plans:
-            part = torch.empty(grid[0], 2 * n, device="cuda")
+            part = _part(grid[0], 2 * n)
             us = _time(lambda: pk.launch(layernorm_bwd, grid=grid, x=x, dy=dy, w=w,
                                          stats=stats, dx=dx, part=part, **consts, DW=dw,
                                          DB=db))
@@ -78,7 +96,7 @@ def main() -> int:
                 plans.append((1, (g,), {**c, "EXACT": int(rows.exact(n, c)),
                                         "RESIDUAL": residual}))
             for dw, grid, consts in plans:
-                part = torch.empty(grid[0], n, device="cuda")
+                part = _part(grid[0], n)
                 us = _time(lambda: pk.launch(rmsnorm_bwd, grid=grid, x=x, dy=dy, w=w,
                                              rstd=stats[1], ds=ds, dx=dx, dw_part=part,
                                              **consts, DW=dw))
@@ -91,7 +109,8 @@ def main() -> int:
     out = os.environ.get("OUT")
     if out:
         name = "rows_sums_no_finish.json" if os.environ.get("ROWS_SUMS_NO_FINISH") == "1" \
-            else "rows_sums.json"
+            else "rows_sums_finish_never.json" if os.environ.get("ROWS_SUMS_FINISH_NEVER") \
+            == "1" else "rows_sums.json"
         with open(os.path.join(out, name), "w") as f:
             json.dump(results, f, indent=1)
     return 0
