@@ -3,6 +3,8 @@ float64, beyond the library's default launch that tests/test_kernels.py runs: ev
 schedule (held by one wave, split across waves, looped) on sm_90a and gfx950, rows from 256
 to 65536 columns, workgroups walking many rows into partial column sums, LayerNorm without
 weight or bias, RoPE's layouts; the launch rule; pk.xor_cols."""
+import re
+
 import numpy as np
 import pytest
 
@@ -402,3 +404,24 @@ def test_exact_backward_walks(name, shape, dtype, target, schedule):
     spec, errs = run_spec(name, shape, dtype, target)
     for out, e in errs.items():
         assert e["rel_err"] <= spec.tolerance(dtype), (out, e)
+
+
+def _global_stores(ptx: str) -> dict:
+    """{'vector': n, 'scalar': n} of the PTX's 32-bit-element global stores."""
+    found = re.findall(r"st\.global\.(v[24]\.)?b32", ptx)
+    return {"vector": sum(1 for v in found if v), "scalar": sum(1 for v in found if not v)}
+
+
+def test_exact_rows_store_both_partial_sums_as_vectors():
+    """LayerNorm's backward writes two partial column sums side by side in `part`, dbias's
+    from column n on. Rows the launch rule holds exactly take n as a constant, so that
+    offset is provably aligned and every partial row leaves in 16-byte stores (4-byte
+    ones cost the H200 9-20 µs at 4096x12288, docs/PERF.md); rows of another width keep
+    n a run-time value, whose stores stay scalar (which this check sees)."""
+    _, consts = rows.staged_plan(4096, 12288, "sm_90a", 2, 2, sums=2)
+    assert rows.exact(12288, consts)
+    kernel = KERNELS["layernorm_bwd"].kernel
+    exact = _global_stores(compiler.assembly(kernel, "sm_90a", DT="bf16", **consts, EXACT=1))
+    assert exact["scalar"] == 0 and exact["vector"] >= 2 * 2 * 4, exact
+    ragged = _global_stores(compiler.assembly(kernel, "sm_90a", DT="bf16", **consts))
+    assert ragged["scalar"] > 0, ragged
