@@ -73,7 +73,7 @@ def _backwards(m, n):
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     r = torch.randn_like(x)
     w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    dy = torch.randn_like(x)
+    dy, ds = torch.randn_like(x), torch.randn_like(x)
     cases = []
     for weights in (True, False):
         xs, rs = x.detach().requires_grad_(), r.detach().requires_grad_()
@@ -84,7 +84,7 @@ def _backwards(m, n):
         cases.append(("rms_norm", weights, 3, y, [xs] + [ws] * weights, [dy]))
         y, s = pko.add_rms_norm(xs, rs, ws, 1e-5)
         cases.append(("add_rms_norm", weights, 4, (y, s), [xs, rs] + [ws] * weights,
-                      [dy, dy]))
+                      [dy, ds]))
     return [(op, weights, tensors, lambda y=y, leaves=leaves, g=g:
              torch.autograd.grad(y, leaves, g, retain_graph=True))
             for op, weights, tensors, y, leaves, g in cases]

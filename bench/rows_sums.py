@@ -5,7 +5,8 @@ bf16. ROWS_SUMS_NO_FINISH=1 leaves out the partial rows' writes (and with them, 
 compiler's dead-code pass, the sums); ROWS_SUMS_FINISH_NEVER=1 keeps the sums and skips
 their writes by a test that fails at run time (wrong sums: timing only; run either in a
 process of its own with its own PYKITTENS_CACHE, the builds share keys).
-ROWS_SUMS_PAD=k: the partial rows k elements apart beyond their width.
+ROWS_SUMS_PAD=k: the partial rows k elements apart beyond their width. LN_WAVES / RMS_WAVES
+="w,...": LayerNorm's / RMSNorm's backward also over rows shared by w waves (staged_plan).
 
     PYTHONPATH=. python3 bench/rows_sums.py
 """
@@ -27,8 +28,6 @@ SHAPES = ((16384, 4096), (4096, 12288), (16384, 8192))
 CALLS = 30
 LN_WAVES = [int(w) for w in os.environ.get("LN_WAVES", "").split(",") if w]
 RMS_WAVES = [int(w) for w in os.environ.get("RMS_WAVES", "").split(",") if w]
-
-
 PAD = int(os.environ.get("ROWS_SUMS_PAD", "0"))    # elements between partial rows
 
 
@@ -82,7 +81,7 @@ def main() -> int:
                                          stats=stats, dx=dx, part=part, **consts, DW=dw,
                                          DB=db))
             results.append({"op": "layernorm_bwd", "shape": [m, n], "DW": dw, "DB": db,
-                         "consts": consts, "us": us, "of_bytes": 3 * m * n * 2 / us / 1e6})
+                            "consts": consts, "us": us, "of_bytes": 3 * m * n * 2 / us / 1e6})
             print(f"layernorm_bwd {m}x{n} DW={dw} DB={db} {us:7.1f} µs "
                   f"{results[-1]['of_bytes']:.2f} TB/s {consts}", flush=True)
         for residual in (0, 1):
@@ -102,8 +101,8 @@ def main() -> int:
                                              **consts, DW=dw))
                 moved = (3 + residual) * m * n * 2
                 results.append({"op": "rmsnorm_bwd", "shape": [m, n], "RESIDUAL": residual,
-                             "DW": dw, "consts": consts, "us": us,
-                             "of_bytes": moved / us / 1e6})
+                                "DW": dw, "consts": consts, "us": us,
+                                "of_bytes": moved / us / 1e6})
                 print(f"rmsnorm_bwd   {m}x{n} RES={residual} DW={dw} {us:7.1f} µs "
                       f"{results[-1]['of_bytes']:.2f} TB/s {consts}", flush=True)
     out = os.environ.get("OUT")

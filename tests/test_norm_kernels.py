@@ -416,7 +416,7 @@ def test_exact_rows_store_both_partial_sums_as_vectors():
     """LayerNorm's backward writes two partial column sums side by side in `part`, dbias's
     from column n on. Rows the launch rule holds exactly take n as a constant, so that
     offset is provably aligned and every partial row leaves in 16-byte stores (4-byte
-    ones cost the H200 9-20 µs at 4096x12288, docs/PERF.md); rows of another width keep
+    ones cost the H200 10 µs at 4096x12288, docs/PERF.md); rows of another width keep
     n a run-time value, whose stores stay scalar (which this check sees)."""
     _, consts = rows.staged_plan(4096, 12288, "sm_90a", 2, 2, sums=2)
     assert rows.exact(12288, consts)
