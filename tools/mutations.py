@@ -419,14 +419,14 @@ MUTATIONS: list[Mutation] = [
        ["tests/runtime/test_launch_fast.py"],
        "a fake driver's SM count either side of the grid "
        "(`test_launch_fast::test_grids_the_gpu_holds_at_once_are_launched_as_usual`)"),
-    _m("exact-rows-runtime-length", "pykittens/kernels/rows.py",
-       "            self.n = N_MAX\n",
-       "            pass\n",
-       "exact rows keep their length a run-time value: the second partial sum's row (at "
-       "column n) is stored in 4-byte pieces",
+    _m("dbias-at-column-n", "pykittens/kernels/layernorm.py",
+       "    return (n + 15) // 16 * 16\n",
+       "    return n\n",
+       "LayerNorm's backward starts dbias's partial sums at column n, an offset the compiler "
+       "cannot prove aligned: they are stored in 4-byte pieces",
        ["tests/test_norm_kernels.py"],
        "the global stores of LayerNorm's backward in the PTX "
-       "(`test_norm_kernels::test_exact_rows_store_both_partial_sums_as_vectors`)"),
+       "(`test_norm_kernels::test_dbias_partial_rows_are_stored_as_dweights_are`)"),
 ]
 
 

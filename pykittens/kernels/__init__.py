@@ -7,7 +7,7 @@ import numpy as np
 from .gemm import gemm_basic, gemm_wgmma, gemm_ws
 from .gemm_cdna import gemm_pingpong, gemm_pingpong_launch, gemm_pingpong_mx
 from . import rows
-from .layernorm import layernorm, layernorm_bwd
+from .layernorm import dbias_column, layernorm, layernorm_bwd
 from .pipeline import tma_scale, ws_scale
 from .rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
 from .rope import rope, rope_launch
@@ -277,7 +277,8 @@ def rms_grad_launch(i, target, residual=True, dw=True):
 def _ln_grad_inputs(shape, dtype, rng):
     i = _grad_inputs(shape, dtype, rng)
     i["stats"] = _ln_stats(_f64(i["x"]))
-    i["part"] = np.zeros((PARTS, 2 * shape[1]), np.float32)      # dweight's, then dbias's
+    # dweight's, then dbias's from dbias_column(n)
+    i["part"] = np.zeros((PARTS, dbias_column(shape[1]) + shape[1]), np.float32)
     del i["dw_part"]
     return i
 
@@ -286,8 +287,10 @@ def _ln_grad_ref(i):
     mean, rstd = _f64(i["stats"])
     xhat = (_f64(i["x"]) - mean[:, None]) * rstd[:, None]
     dy = _f64(i["dy"])
-    return {"dx": _norm_grad_ref({**i, "rstd": rstd}, xhat, True),
-            "part": np.concatenate([(dy * xhat).sum(axis=0), dy.sum(axis=0)])}
+    n = dy.shape[1]
+    part = np.zeros(dbias_column(n) + n)
+    part[:n], part[dbias_column(n):] = (dy * xhat).sum(axis=0), dy.sum(axis=0)
+    return {"dx": _norm_grad_ref({**i, "rstd": rstd}, xhat, True), "part": part}
 
 
 def ln_grad_launch(i, target, dw=True, db=True):

@@ -195,6 +195,16 @@ def norm_backward(rows, xb, dyb, wv, mu, rs, dx, dws, dbs, extra=None):
             dbs.add(dyb(j), j)
 
 
+def dbias_column(n):
+    """The column of `part` where layernorm_bwd's dbias sums start after dweight's n: n
+    rounded up to 16 (n itself for the usual widths), an offset the compiler sees is a
+    multiple of 16 elements though n is a run-time value, so dbias's partial rows leave in
+    16-byte stores as dweight's do (at n itself they went out in 4-byte pieces, which cost
+    the H200 10 µs at 4096x12288, docs/PERF.md). An int for an int n, a traced value for
+    a traced one."""
+    return (n + 15) // 16 * 16
+
+
 @pk.kernel(num_waves=4)
 def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                   stats: pk.gl[pk.f32, 2], dx: pk.gl["DT", 2], part: pk.gl[pk.f32, 2],
@@ -205,14 +215,14 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                   EXACT: pk.const = 0):
     """dx of layernorm (stats from its STATS=1 run), and per-workgroup partial column sums
     of dy * xhat (DW: dweight) and of dy (DB: dbias) side by side in `part` for
-    rows.column_sum: dweight's in columns 0..n-1, dbias's after them (from column 0 when
-    DW=0), so `part` has (DW + DB) * n columns. Workgroups walk the rows in steps of the grid
+    rows.column_sum: dweight's in columns 0..n-1, dbias's from dbias_column(n) (column 0
+    when DW=0), so `part` has dbias_column(n) + n columns with both. Workgroups walk the rows in steps of the grid
     (rows.Rows.steps), so `part` has one row per workgroup (per wave when the rows are
     looped: rows.ColumnSums.partial_rows); STAGES >= 2 stages x and dy in shared memory
     (rows.Feed). EXACT=1: held rows of exactly N_MAX columns (rows.Rows)."""
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     dws = ColumnSums(rows, part) if DW else None
-    dbs = ColumnSums(rows, part, first=rows.n if DW else 0) if DB else None
+    dbs = ColumnSums(rows, part, first=dbias_column(rows.n) if DW else 0) if DB else None
     wv = rows.vecs(w, WEIGHT)
     feed = Feed(rows, [x, dy], per_row=[(stats, 0), (stats, 1)], STAGES=STAGES,
                 PROGRAMS=PROGRAMS)

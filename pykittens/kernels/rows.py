@@ -215,11 +215,6 @@ class Rows:
         # checks the promise) and no column needs masking. A walk's last step may pass
         # the last row: its stores then test the row, once (one row a wave)
         self.exact = bool(EXACT) and self.held and self.rows == 1
-        if self.exact:
-            # the row length as a constant: offsets by it (a second ColumnSums after the
-            # first, at column n of `part`) are provably aligned, so their stores are
-            # vectors (scalar ones cost LayerNorm's backward 10 µs at 4096x12288, H200)
-            self.n = N_MAX
         self.r0 = self.first
         self.block = pk.rt((self.rows, self.cols), pk.f32)
         self.row, self.col = pk.rv(self.block, "row"), pk.rv(self.block, "col")

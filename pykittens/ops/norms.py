@@ -10,7 +10,7 @@ import torch
 
 from ..ir.types import dtype_of
 from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
-from ..kernels.layernorm import layernorm, layernorm_bwd
+from ..kernels.layernorm import dbias_column, layernorm, layernorm_bwd
 from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
 from .run import (check_same, check_tensor, custom_op, kernel_output, placeholder, replayable,
@@ -93,14 +93,14 @@ def _rows(op: str, x, normalized_shape, **params):
     return x.reshape(-1, n), flat
 
 
-def _column_sums(x, grid, consts, n: int, wanted: bool):
-    """The partial-sum buffer of a backward kernel (zeroed where looped rows add into it),
-    or a placeholder."""
+def _column_sums(x, grid, consts, n: int, wanted: bool, gaps: bool = False):
+    """The partial-sum buffer of a backward kernel (zeroed where looped rows add into it,
+    or where columns between two sums are never written: `gaps`), or a placeholder."""
     if not wanted:
         return placeholder(x, 2, F32)
     rows = ColumnSums.partial_rows(grid[0], consts)
     held = consts.get("RESIDENT") or consts.get("SPLIT")
-    return (x.new_empty if held else x.new_zeros)((rows, n), dtype=F32)
+    return (x.new_empty if held and not gaps else x.new_zeros)((rows, n), dtype=F32)
 
 
 def _column_sum(part, like, wanted: bool):
@@ -148,14 +148,15 @@ def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | No
                     stats: torch.Tensor, dw: bool, db: bool
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """dx, and the gradients asked for one after the other in one tensor: dweight (dw),
-    then dbias (db); (dw + db) * n elements."""
+    then dbias (db) from _dbias_at(n, dw) on; _sums_width(n, dw, db) elements."""
     m, n = x.shape
     dx = x.new_empty((m, n))
-    width = (dw + db) * n
+    width = _sums_width(n, dw, db)
     if x.numel() == 0:
         return dx, x.new_zeros((width,))
     grid, consts = ln_grad_launch({"x": x, "dy": dy}, target_of(x), dw, db)
-    part = _column_sums(x, grid, consts, width, width > 0)
+    part = _column_sums(x, grid, consts, width, width > 0,
+                        gaps=dw and db and dbias_column(n) != n)
     run(layernorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
                         "stats": stats, "dx": dx, "part": part}, grid,
         {**consts, "WEIGHT": int(weight is not None), "DW": int(dw), "DB": int(db)},
@@ -165,7 +166,16 @@ def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | No
 
 @_layer_norm_bwd.register_fake
 def _(dy, x, weight, stats, dw, db):
-    return x.new_empty(x.shape), x.new_empty(((dw + db) * x.shape[1],))
+    return x.new_empty(x.shape), x.new_empty((_sums_width(x.shape[1], dw, db),))
+
+
+def _dbias_at(n: int, dw: bool) -> int:
+    """Where dbias starts among layer_norm_bwd's sums (kernels.layernorm.dbias_column)."""
+    return dbias_column(n) if dw else 0
+
+
+def _sums_width(n: int, dw: bool, db: bool) -> int:
+    return _dbias_at(n, dw) + n if db else n * dw
 
 
 def _ln_setup(ctx, inputs, output):
@@ -182,7 +192,8 @@ def _ln_backward(ctx, dy, _dstats):
     db = ctx.has_bias and ctx.needs_input_grad[2]
     dx, sums = _layer_norm_bwd(_grad_rows(dy, x), x, weight, stats, dw, db)
     n = x.shape[1]
-    return dx, sums[:n] if dw else None, sums[n * dw:] if db else None, None
+    at = _dbias_at(n, dw)
+    return dx, sums[:n] if dw else None, sums[at:at + n] if db else None, None
 
 
 _layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
