@@ -216,10 +216,11 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     """dx of layernorm (stats from its STATS=1 run), and per-workgroup partial column sums
     of dy * xhat (DW: dweight) and of dy (DB: dbias) side by side in `part` for
     rows.column_sum: dweight's in columns 0..n-1, dbias's from dbias_column(n) (column 0
-    when DW=0), so `part` has dbias_column(n) + n columns with both. Workgroups walk the rows in steps of the grid
-    (rows.Rows.steps), so `part` has one row per workgroup (per wave when the rows are
-    looped: rows.ColumnSums.partial_rows); STAGES >= 2 stages x and dy in shared memory
-    (rows.Feed). EXACT=1: held rows of exactly N_MAX columns (rows.Rows)."""
+    when DW=0), so `part` has dbias_column(n) + n columns with both. Workgroups walk the
+    rows in steps of the grid (rows.Rows.steps), so `part` has one row per workgroup (per
+    wave when the rows are looped: rows.ColumnSums.partial_rows); STAGES >= 2 stages x and
+    dy in shared memory (rows.Feed). EXACT=1: held rows of exactly N_MAX columns
+    (rows.Rows)."""
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     dws = ColumnSums(rows, part) if DW else None
     dbs = ColumnSums(rows, part, first=dbias_column(rows.n) if DW else 0) if DB else None

@@ -175,6 +175,7 @@ def _dbias_at(n: int, dw: bool) -> int:
 
 
 def _sums_width(n: int, dw: bool, db: bool) -> int:
+    """Elements of layer_norm_bwd's sums: dweight's n, then dbias's n from _dbias_at."""
     return _dbias_at(n, dw) + n if db else n * dw
 
 
