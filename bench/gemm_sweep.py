@@ -14,7 +14,8 @@ and the op replaying the tuned choice; then gemm_ws reading MN-major operands as
 
 `store`, `cluster` and `early` time the launch rule against one other launch of each shape:
 C stored another way; the same launch in clusters of two workgroups that share B's blocks
-(TMA multicast); the same launch as usual instead of early (runtime.cuda.EARLY_LAUNCH). `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
+(TMA multicast); the same launch as usual instead of early (runtime.cuda.EARLY_LAUNCH).
+`candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
 child process with a time limit, so a build that faults or hangs the GPU is named before the
 tuner times it.
 
@@ -29,6 +30,7 @@ import math
 import os
 import sys
 import time
+from unittest import mock
 
 SQUARES = (2048, 4096, 8192, 16384)
 LLAMA = ((4096, 4096), (14336, 4096), (4096, 14336),       # (N, K): 8B's attention, MLP
@@ -272,11 +274,8 @@ def _step_pair(step, plans_of, describe, rows, details):
         ys = {name: torch.full_like(ref, float("nan")) for name in plans}
         def run_plan(plan, y):
             c, early = _launch_of(plan)
-            saved, rc.EARLY_LAUNCH = rc.EARLY_LAUNCH, rc.EARLY_LAUNCH and early
-            try:
+            with mock.patch.object(rc, "EARLY_LAUNCH", rc.EARLY_LAUNCH and early):
                 launch(gemm_ws, grid=gemm_ws_grid(c, TARGET), a=x, b=w, c=y, **c)
-            finally:
-                rc.EARLY_LAUNCH = saved
         calls = {name: (lambda p=p, y=ys[name]: run_plan(p, y)) for name, p in plans.items()}
         err = 0.0
         for name, call in calls.items():

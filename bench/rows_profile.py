@@ -54,20 +54,6 @@ def main(argv) -> int:
     return 0
 
 
-def _copy_tbs(nbytes=1 << 30) -> float:
-    """Device-to-device copy bandwidth (read + write bytes per second / 1e12)."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * nbytes * 10 / (start.elapsed_time(end) * 1e-3) / 1e12
-
-
 def _backwards(m, n):
     """(op, weight grads?, tensors the backward moves, closure) of each case at (m, n)."""
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -92,7 +78,8 @@ def _backwards(m, n):
 
 def times(shapes) -> int:
     from torch.profiler import ProfilerActivity, profile
-    copy = _copy_tbs()
+    from pykittens.bench.gpu import copy_ceiling
+    copy = copy_ceiling()[0] / 1e12
     rows = []
     for m, n in shapes:
         for op, weights, tensors, fn in _backwards(m, n):

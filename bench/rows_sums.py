@@ -19,6 +19,7 @@ import sys
 import torch
 
 import pykittens as pk
+from pykittens.bench.gpu import event_time
 from pykittens.kernels import ln_grad_launch, rms_grad_launch, rows
 from pykittens.kernels.layernorm import layernorm_bwd
 from pykittens.kernels.rmsnorm import rmsnorm_bwd
@@ -37,18 +38,8 @@ def _part(rows, cols):
 
 
 def _time(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = []
-    for _ in range(3):
-        start.record()
-        for _ in range(CALLS):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        best.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(best)[1]
+    """µs of one call: the median of three rounds of CALLS calls (CUDA events)."""
+    return event_time(fn, CALLS, 3) * 1e6
 
 
 def main() -> int:

@@ -298,7 +298,6 @@ class Function:
 
     def __init__(self, module: Module, name: str, kargs: list[KernArg] | None = None):
         self.module, self.name, self.kargs = module, name, kargs
-        self.early_launch = module.early_launch
         with _OnDevice(module.device) as d:
             self.handle = check(d.cuModuleGetFunction(module.handle, name.encode()),
                                 f"cuModuleGetFunction({name!r})")
@@ -327,7 +326,7 @@ class Function:
         it finds every SM free; grids larger than that are balanced as they run. (Grids of
         one workgroup an SM cannot pile up, but launched early they ran no faster: the
         GEMM sweep's geometric mean 0.986 against 0.983x cuBLAS, shapes -1.9 to +4.5%.)"""
-        if not self.early_launch:
+        if not self.module.early_launch:
             return False
         threads = math.prod(block)
         per_sm = self._resident.get((threads, shared_bytes))
