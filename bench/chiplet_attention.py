@@ -9,6 +9,7 @@ the simulator's rule (chiplet.auto.best over the three) picks against the fastes
     PYKITTENS_CACHE=$PWD/.pkc_att python3 bench/prebuild.py chiplet_attention   # no GPU
     PYKITTENS_CACHE=$PWD/.pkc_att PYTHONPATH=. python3 bench/chiplet_attention.py   # H200
     PYTHONPATH=. python3 bench/chiplet_attention.py --table docs/perf/chiplet-attention-....json
+    CHIPLET_TIMING="miss_window=0.5" ... --table ...   # another timing (bench/chiplet_l2.py)
 
 No constant of the simulator was fitted on attention: every case here is held out (the one
 fitted constant, Timing.tile_jitter, was chosen on bench/chiplet_l2.py's GEMM training set).
@@ -20,7 +21,7 @@ import itertools
 import os
 import sys
 
-from chiplet_l2 import METRICS, ncu_profile, offline, write_results   # bench/
+from chiplet_l2 import METRICS, ncu_profile, offline, timing, write_results   # bench/
 
 # (B, Hq, Hkv, N): few heads long, many heads GQA, the benchmark shape, GQA batches
 SHAPES = ((1, 16, 16, 16384), (1, 64, 8, 16384), (1, 128, 8, 8192), (16, 16, 16, 4096),
@@ -53,13 +54,14 @@ def _op(shape, consts):
 
 def modeled(shape, order):
     """(single-LRU, partitioned model) results: SimResults of one 60 MB LRU and of the
-    library's model of the H200 (Machine.of("sm_90a"), two partitions)."""
+    library's model of the H200 (Machine.of("sm_90a"), two partitions; CHIPLET_TIMING's
+    timing where set)."""
     from pykittens import chiplet
     from pykittens.chiplet.sim import Machine
     op = _op(shape, plan(shape, order)[1])
     m = chiplet.parse_mapping(order, op, "sm_90a")
     return (chiplet.simulate(op, m, machine=Machine.of("sm_90a", l2_partitions=1)),
-            chiplet.simulate(op, m, "sm_90a"))
+            chiplet.simulate(op, m, "sm_90a", timing=timing()))
 
 
 def table(details) -> str:

@@ -7,8 +7,14 @@ their writes by a test that fails at run time (wrong sums: timing only; run eith
 process of its own with its own PYKITTENS_CACHE, the builds share keys).
 ROWS_SUMS_PAD=k: the partial rows k elements apart beyond their width. LN_WAVES / RMS_WAVES
 ="w,...": LayerNorm's / RMSNorm's backward also over rows shared by w waves (staged_plan).
+ROWS_SUMS_SHAPES="MxN,...": other shapes. --once: every launch made once, untimed (what
+Nsight Compute profiles: the stall samples of each SASS instruction, with the writes and
+without them):
 
     PYTHONPATH=. python3 bench/rows_sums.py
+    ncu --clock-control none --set full --import-source no -k regex:'^layernorm_bwd$' \
+        -c 1 -o $OUT/ln python3 bench/rows_sums.py --once
+    ncu -i $OUT/ln.ncu-rep --page source --csv --print-source sass
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ from pykittens.kernels.layernorm import layernorm_bwd
 from pykittens.kernels.rmsnorm import rmsnorm_bwd
 from pykittens.kernels.rows import ColumnSums
 
-SHAPES = ((16384, 4096), (4096, 12288), (16384, 8192))
+SHAPES = tuple(tuple(int(v) for v in s.split("x")) for s in
+               os.environ["ROWS_SUMS_SHAPES"].split(",")) if os.environ.get("ROWS_SUMS_SHAPES") \
+    else ((16384, 4096), (4096, 12288), (16384, 8192))
 CALLS = 30
 LN_WAVES = [int(w) for w in os.environ.get("LN_WAVES", "").split(",") if w]
 RMS_WAVES = [int(w) for w in os.environ.get("RMS_WAVES", "").split(",") if w]
@@ -38,7 +46,12 @@ def _part(rows, cols):
 
 
 def _time(fn) -> float:
-    """µs of one call: the median of three rounds of CALLS calls (CUDA events)."""
+    """µs of one call: the median of three rounds of CALLS calls (CUDA events); with
+    --once, one call, untimed (nan)."""
+    if "--once" in sys.argv:
+        fn()
+        torch.cuda.synchronize()
+        return float("nan")
     return event_time(fn, CALLS, 3) * 1e6
 
 

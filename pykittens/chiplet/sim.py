@@ -117,17 +117,26 @@ class Timing:
     launch_skew: float = 0.04     # steps between consecutive workgroup launches
     phase_jitter: float = 2.0     # each slot's extra random delay, uniform in [0, this)
     seed: int = 0
-    # Where dispatch is not round robin (Hopper): each tile takes steps * (1 + tile_jitter *
-    # u) steps, u uniform in [0, 1). Fitted on the H200 measurements (docs/chiplet.md).
+    # Where dispatch is not round robin (Hopper): each tile takes steps * (1 + jitter * u)
+    # steps, u uniform in [0, 1): tile_jitter for one workgroup per tile, walk_jitter for
+    # a persistent walk's tiles. Fitted on the H200 measurements (docs/chiplet.md).
     tile_jitter: float = 0.05
+    walk_jitter: float = 0.05
     # Closed loop (Hopper): a tile takes at least the time its DRAM reads need at its slot's
     # share of the bandwidth, replayed twice more with the tiles' reads of the previous
     # pass, so tiles that miss fall behind and the dispatch order drifts with the misses.
     closed_loop: bool = False
+    # Partitioned L2 (Hopper): steps a DRAM read takes to fill its line; requests for the
+    # line meanwhile merge with the miss, uncounted, and C's stores count as lookups that
+    # hit, as ncu counts both (partitioned_replay). 0: the untimed replay. Tried with the
+    # jitters refitted, not the library's (docs/chiplet.md).
+    miss_window: float = 0.0
 
     def __post_init__(self):
-        if not (self.launch_skew >= 0 and self.phase_jitter >= 0 and self.tile_jitter >= 0):
-            raise ValueError("launch_skew, phase_jitter and tile_jitter must be >= 0")
+        if min(self.launch_skew, self.phase_jitter, self.tile_jitter, self.walk_jitter,
+               self.miss_window) < 0:
+            raise ValueError("launch_skew, phase_jitter, tile_jitter, walk_jitter and "
+                             "miss_window must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -183,8 +192,9 @@ def start_steps(n: int, steps: int, resident: int, timing: Timing) -> np.ndarray
 
 def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
               persistent: int | None, mem_steps=None):
-    """(start step, placement) of each tile by launch index. Placement is the XCD on a
-    chiplet machine, the L2 partition of the tile's SM on a partitioned one.
+    """(start step, placement, exact start) of each tile by launch index. Placement is the
+    XCD on a chiplet machine, the L2 partition of the tile's SM on a partitioned one; the
+    start step is the exact start (a fraction of a step on Hopper) rounded down.
 
     Round-robin machines (CDNA), and one-per-tile launches on an unpartitioned machine
     (the single-LRU Hopper model auto_mapping keeps): `start_steps`, slot d % R, XCD d % X;
@@ -196,12 +206,14 @@ def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
     if machine.round_robin or (machine.l2_partitions == 1 and persistent is None):
         resident = persistent or machine.resident
         place = dispatch_xcd(d if persistent is None else d % resident, machine.num_xcds, True)
-        return start_steps(n, steps, resident, timing), place
+        start = start_steps(n, steps, resident, timing)
+        return start, place, start.astype(float)
     resident = min(persistent or machine.resident, max(n, 1))
     rng = np.random.Generator(np.random.PCG64(timing.seed))
     jitter = rng.random(resident)
     free = (np.arange(resident) * timing.launch_skew + jitter * timing.phase_jitter).tolist()
-    length = steps * (1.0 + timing.tile_jitter * rng.random(n))
+    jitter = timing.walk_jitter if persistent else timing.tile_jitter
+    length = steps * (1.0 + jitter * rng.random(n))
     if mem_steps is not None:                # closed loop: no faster than its DRAM reads
         length = np.maximum(length, mem_steps)
     length = length.tolist()
@@ -225,12 +237,13 @@ def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
             slot % parts
     else:
         place = dispatch_xcd(slot, machine.num_xcds, False)
-    return np.floor(start).astype(np.int64), place
+    return np.floor(start).astype(np.int64), place, start
 
 
 def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
            persistent: int | None = None, mem_steps=None):
-    """Every block access in time order: (item key, units, xcd, tile), plus the unit size.
+    """Every block access in step order: (item key, units, xcd, tile), the unit size, and
+    each access's exact time in steps (its tile's exact start + the step).
 
     In each step, all reads of one stream come before the next stream's (prologue first),
     and a stream's reads are ordered by (start step, block): so requests for the same block
@@ -243,7 +256,7 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
     streams = op.streams(mapping(np.arange(n, dtype=np.int64)), machine.line_bytes)
     unit = functools.reduce(math.gcd, [s.nbytes for s in streams])
     steps = op.steps
-    t0, place = _schedule(n, steps, machine, timing, persistent, mem_steps)
+    t0, place, exact = _schedule(n, steps, machine, timing, persistent, mem_steps)
     d = np.arange(n, dtype=np.int64)
     ticks = np.arange(t0.min(), t0.max() + steps, dtype=np.int64)
     parts, offset = [], 0
@@ -259,6 +272,7 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
     keys = np.empty(total, np.int64)
     units = np.empty(total, np.int64)
     wgs = np.empty(total, np.int64)
+    when = np.empty(total)
     before = np.cumsum(per_tick) - per_tick          # where each step's reads begin
     for s, order, lo, length, off in parts:
         m = int(length.sum())
@@ -270,7 +284,8 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
         keys[pos] = off + (s.base[wg] * steps + k if s.per_step else s.base[wg])
         units[pos] = s.nbytes // unit
         wgs[pos] = wg
-    return keys, units, place[wgs], wgs, unit
+        when[pos] = exact[wg] + k
+    return keys, units, place[wgs], wgs, unit, when
 
 
 def _expand(keys, units, span):
@@ -289,79 +304,106 @@ def home_partition(ukeys: np.ndarray, parts: int) -> np.ndarray:
 
 
 def partitioned_replay(ukeys: np.ndarray, upart: np.ndarray, home: np.ndarray,
-                       capacity: int, parts: int, dram_mask: np.ndarray | None = None):
+                       capacity: int, parts: int, dram_mask: np.ndarray | None = None,
+                       utime: np.ndarray | None = None, window: float = 0.0):
     """Replay unit requests through `parts` LRU partitions of `capacity` units each.
 
     Request i comes from an SM on partition upart[i] for a unit homed on home[i]. It looks
     up its own partition; on a miss for a unit homed elsewhere it looks up the home
     partition as well (both lookups counted, as ncu counts L2 tag lookups); a miss at home
-    reads DRAM. A miss fills every partition it looked up. Returns (lookups, hits, DRAM
-    units, near hits per partition, requests per partition); `dram_mask`, if given, gets
-    True where a request read DRAM."""
+    reads DRAM. A miss fills every partition it looked up. With `utime` (each request's
+    time in steps, requests in time order): a DRAM read fills its line `window` steps after
+    the miss, and a request for a line still being filled merges with that miss — no lookup
+    counted, no DRAM read (the L2 merges requests for sectors in flight before any tag
+    lookup: docs/chiplet.md); a copy from the home partition is ready when the home's line
+    is. Returns (lookups, hits, DRAM units, near hits per partition, near lookups per
+    partition); `dram_mask`, if given, gets True where a request read DRAM."""
     caches = [OrderedDict() for _ in range(parts)]
-    near_hits = [0] * parts
-    requests = np.bincount(upart, minlength=parts).tolist()
+    near_hits, near_lookups = [0] * parts, [0] * parts
     far_lookups = home_hits = dram = 0
     if capacity <= 0:
         far = int((upart != home).sum())
         if dram_mask is not None:
             dram_mask[:] = True
-        return len(ukeys) + far, 0, len(ukeys), near_hits, requests
-    for i, (k, p, h) in enumerate(zip(ukeys.tolist(), upart.tolist(), home.tolist())):
+        return len(ukeys) + far, 0, len(ukeys), near_hits, \
+            np.bincount(upart, minlength=parts).tolist()
+    times = itertools.repeat(0.0) if utime is None else utime.tolist()
+    for i, (k, p, h, t) in enumerate(zip(ukeys.tolist(), upart.tolist(), home.tolist(),
+                                         times)):
         c = caches[p]
-        if k in c:
+        ready = c.get(k)                     # when the line is (or was) filled
+        if ready is not None:
             c.move_to_end(k)
-            near_hits[p] += 1
-            continue
-        c[k] = None
+            if t >= ready:
+                near_lookups[p] += 1
+                near_hits[p] += 1
+            continue                         # else merged with the miss in flight
+        near_lookups[p] += 1
+        c[k] = t + window
         if len(c) > capacity:
             c.popitem(last=False)
         if h != p:
-            far_lookups += 1
-            c = caches[h]
-            if k in c:
-                c.move_to_end(k)
-                home_hits += 1
+            f = caches[h]
+            ready = f.get(k)
+            if ready is not None:
+                f.move_to_end(k)
+                if t >= ready:
+                    far_lookups += 1
+                    home_hits += 1
+                c[k] = max(ready, t)
                 continue
-            c[k] = None
-            if len(c) > capacity:
-                c.popitem(last=False)
+            far_lookups += 1
+            f[k] = t + window
+            if len(f) > capacity:
+                f.popitem(last=False)
         dram += 1
         if dram_mask is not None:
             dram_mask[i] = True
-    lookups = len(ukeys) + far_lookups
-    return lookups, sum(near_hits) + home_hits, dram, near_hits, requests
+    lookups = sum(near_lookups) + far_lookups
+    return lookups, sum(near_hits) + home_hits, dram, near_hits, near_lookups
 
 
 def _simulate_partitioned(op, mapping, machine, keys, units, part, unit, t_begin,
-                          tiles=None):
-    """The partitioned-L2 replay of a trace (see the module docstring). Repeats of a block
-    within a run of identical consecutive requests, from a partition that already asked
-    for it in that run, are hits that change no LRU state: counted and skipped. With
-    `tiles` (each access's tile), also the DRAM bytes each tile read: (result, bytes)."""
+                          tiles=None, when=None, window=0.0):
+    """The partitioned-L2 replay of a trace (see the module docstring). With window > 0
+    every request is replayed in the order of its exact time (`when`), so that requests
+    for a line in flight merge with its miss (partitioned_replay). Without, repeats of a
+    block within a run of identical consecutive requests, from a partition that already
+    asked for it in that run, are hits that change no LRU state: counted and skipped. The
+    timed replay also counts C's stores as lookups that hit, as ncu does. With `tiles`
+    (each access's tile), also the DRAM bytes each tile read: (result, bytes)."""
     parts = machine.l2_partitions
-    run = np.cumsum(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else keys
-    _, first = np.unique(run * parts + part, return_index=True)
-    fresh = np.zeros(len(keys), bool)
-    fresh[first] = True
+    utime = None
+    if window > 0:
+        order = np.argsort(when, kind="stable")
+        keys, units, part, when = keys[order], units[order], part[order], when[order]
+        tiles = None if tiles is None else tiles[order]
+        fresh = np.ones(len(keys), bool)
+        utime = np.repeat(when, units)
+    else:
+        run = np.cumsum(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else keys
+        _, first = np.unique(run * parts + part, return_index=True)
+        fresh = np.zeros(len(keys), bool)
+        fresh[first] = True
     span = int(units.max())
     ukeys = _expand(keys[fresh], units[fresh], span)
     upart = np.repeat(part[fresh], units[fresh])
     mask = None if tiles is None else np.zeros(len(ukeys), bool)
-    lookups, hits, dram, near_hits, requested = partitioned_replay(
+    lookups, hits, dram, near_hits, looked = partitioned_replay(
         ukeys, upart, home_partition(ukeys, parts), machine.l2_bytes // parts // unit, parts,
-        mask)
+        mask, utime, window)
     repeats = [int(units[~fresh & (part == p)].sum()) for p in range(parts)]
-    lookups += sum(repeats)
-    hits += sum(repeats)
-    total = [r + q for r, q in zip(requested, repeats)]
+    stores = op.output_bytes // unit if window > 0 else 0
+    lookups += sum(repeats) + stores
+    hits += sum(repeats) + stores
+    total = [r + q for r, q in zip(looked, repeats)]
     reads = dram * unit
     result = SimResult(
         op=op.describe(), mapping=mapping.spec, target=machine.name,
         l2_hit_rate=hits / lookups, llc_hit_rate=None,
         hbm_bytes=reads + op.output_bytes, hbm_read_bytes=reads,
-        hbm_write_bytes=op.output_bytes, l2_request_bytes=sum(total) * unit,
-        llc_request_bytes=(sum(requested) - sum(near_hits)) * unit,   # missed the near one
+        hbm_write_bytes=op.output_bytes, l2_request_bytes=int(units.sum()) * unit,
+        llc_request_bytes=(sum(looked) - sum(near_hits)) * unit,   # missed the near one
         xcd_l2_hit_rates=tuple((h + q) / r if r else None
                                for h, q, r in zip(near_hits, repeats, total)),
         seconds=time.perf_counter() - t_begin, l2_lookup_bytes=lookups * unit)
@@ -391,7 +433,7 @@ def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None =
                                    or not isinstance(persistent, int) or persistent < 1):
         raise ValueError(f"persistent must be a positive number of workgroups, "
                          f"got {persistent!r}")
-    keys, units, xcd, tiles, unit = _trace(op, mapping, machine, timing, persistent)
+    keys, units, xcd, tiles, unit, when = _trace(op, mapping, machine, timing, persistent)
     if machine.l2_partitions > 1 and timing.closed_loop and machine.slot_dram_bytes_per_s:
         # a step's time at the slot's share of the matrix peak (8-bit operands at twice
         # the 16-bit rate), and the DRAM bytes the slot's share of bandwidth moves in it
@@ -399,11 +441,12 @@ def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None =
         step_bytes = machine.slot_dram_bytes_per_s * op.step_flops / rate
         for _ in range(CLOSED_LOOP_PASSES - 1):
             _, read = _simulate_partitioned(op, mapping, machine, keys, units, xcd, unit,
-                                            t_begin, tiles)
-            keys, units, xcd, tiles, unit = _trace(op, mapping, machine, timing, persistent,
-                                                   read / step_bytes)
+                                            t_begin, tiles, when, timing.miss_window)
+            keys, units, xcd, tiles, unit, when = _trace(op, mapping, machine, timing,
+                                                         persistent, read / step_bytes)
     if machine.l2_partitions > 1:
-        return _simulate_partitioned(op, mapping, machine, keys, units, xcd, unit, t_begin)
+        return _simulate_partitioned(op, mapping, machine, keys, units, xcd, unit, t_begin,
+                                     when=when, window=timing.miss_window)
     span = int(units.max())
     fresh = np.ones(len(keys), bool)
     xcd_sel = [np.flatnonzero(xcd == x) for x in range(machine.num_xcds)]

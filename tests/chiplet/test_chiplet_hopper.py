@@ -2,6 +2,8 @@
 its calibration points (those are in docs/chiplet.md, against Nsight Compute)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,7 @@ from pykittens import chiplet
 from pykittens.chiplet import mapping as M
 from pykittens.chiplet.sim import Machine, Timing, partitioned_replay, simulate
 
-LOCKSTEP = Timing(launch_skew=0.0, phase_jitter=0.0, tile_jitter=0.0)
+LOCKSTEP = Timing(launch_skew=0.0, phase_jitter=0.0, tile_jitter=0.0, walk_jitter=0.0)
 
 
 def hopper(l2_bytes=None):
@@ -55,7 +57,6 @@ def test_the_slots_sides_decide_where_requests_look_first():
     """Every slot beside partition 0: partition 1 gets no request of its own (its hit rate
     is None) and every DRAM read is of a unit partition 0 missed; the measured sides spread
     requests over both (32 tiles would not: the first 32 slots are all on one side)."""
-    import dataclasses
     op = chiplet.Gemm(4096, 4096, 256, bm=128, bn=256, bk=64)
     mp = M.gemm_row_major(*op.grid)
     one_side = dataclasses.replace(hopper(), slot_partition=(0,) * 132)
@@ -139,10 +140,58 @@ def test_jitter_separates_persistent_from_per_tile():
     # dynamic launch keeps its running tiles a window of the launch order
     op = chiplet.Gemm(4096, 4096, 2048, bm=128, bn=256, bk=64)
     mp = M.gemm_row_major(*op.grid)
-    t = Timing(tile_jitter=0.3)
+    t = Timing(tile_jitter=0.3, walk_jitter=0.3)
     per_tile = simulate(op, mp, machine=hopper(8 << 20), timing=t)
     walk = simulate(op, mp, machine=hopper(8 << 20), timing=t, persistent=40)
     assert per_tile.hbm_read_bytes != walk.hbm_read_bytes
+
+
+def test_each_launch_kind_takes_its_own_jitter():
+    op = chiplet.Gemm(4096, 4096, 2048, bm=128, bn=256, bk=64)
+    mp = M.gemm_row_major(*op.grid)
+    m = hopper(8 << 20)
+    for kind in (None, 40):
+        base = simulate(op, mp, machine=m, timing=LOCKSTEP, persistent=kind)
+        own, other = ("walk_jitter", "tile_jitter") if kind else ("tile_jitter", "walk_jitter")
+        t_own, t_other = (dataclasses.replace(LOCKSTEP, **{f: 0.3}) for f in (own, other))
+        assert simulate(op, mp, machine=m, timing=t_other, persistent=kind) == base
+        assert simulate(op, mp, machine=m, timing=t_own, persistent=kind) != base
+
+
+def test_requests_for_a_line_in_flight_merge_with_its_miss():
+    """Timed replay (window 0.5 steps): unit 7, homed on partition 0, missed at 0, asked
+    for at 0.3 (in flight: merged, uncounted) and at 1.0 (a hit); unit 9, homed on 1,
+    missed from partition 0 at 0 (two lookups), asked for from partition 1 at 0.2 (the
+    home line in flight: merged) and 0.6 (a hit)."""
+    keys, part, home = np.array([7, 9, 7, 9, 9, 7]), np.array([0, 0, 0, 1, 1, 0]), \
+        np.array([0, 1, 0, 1, 1, 0])
+    when = np.array([0.0, 0.0, 0.3, 0.2, 0.6, 1.0])
+    order = np.argsort(when, kind="stable")
+    mask = np.zeros(6, bool)
+    got = partitioned_replay(keys[order], part[order], home[order], 4, 2, mask, when[order],
+                             0.5)
+    # lookups: 7 (miss), 9 near + home (misses), 9 from 1 at 0.6 (hit), 7 at 1.0 (hit)
+    assert got == (5, 2, 2, [1, 1], [3, 1])     # near lookups: 7, 9, 7 on 0; 9 on 1
+    assert mask.sum() == 2
+    # untimed, every repeat is a lookup that hits
+    assert partitioned_replay(keys[order], part[order], home[order], 4, 2)[:3] == (7, 4, 2)
+
+
+@settings(max_examples=8, deadline=None)
+@given(w=st.integers(1, 6), window=st.sampled_from([0.25, 1.0, 4.0]),
+       persistent=st.sampled_from([None, 16]))
+def test_merged_requests_read_nothing_more(w, window, persistent):
+    """With a miss window, a huge L2 still reads each byte once, and every lookup the
+    timed replay counts is one the untimed one counts too (merges only remove lookups;
+    C's stores, which the timed one adds, aside)."""
+    op = chiplet.Gemm(1024, 1024, 1024, bm=128, bn=256, bk=64)
+    mp = M.gemm_grouped(*op.grid, w)
+    timed = simulate(op, mp, machine=hopper(1 << 32), persistent=persistent,
+                     timing=Timing(miss_window=window))
+    plain = simulate(op, mp, machine=hopper(1 << 32), persistent=persistent)
+    assert timed.hbm_read_bytes == plain.hbm_read_bytes == compulsory(op)
+    assert timed.l2_lookup_bytes - op.output_bytes <= plain.l2_lookup_bytes
+    assert timed.l2_request_bytes == plain.l2_request_bytes
 
 
 def test_mirror_image_orders_need_not_tie():
