@@ -20,6 +20,7 @@ from .lang.ops import (abs, add, atomic_add, barrier, cast, cluster, cluster_ran
                        row_index, row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st,
                        static_range, store, sub, subtile, transpose, wave_id, workgroup_max,
                        workgroup_sum, xor_cols, zeros)
+from .lang.ops import cluster_sum
 from .lang.pipeline import Ring, StagedStore
 from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, tile_walk,
                             waitcnt)

@@ -992,6 +992,11 @@ class Renderer:
         return self.op(f"getelementptr i8, ptr addrspace(3) {self.lds_symbol()}, {off}",
                        "ptr addrspace(3)", 0)
 
+    def cluster_lds_ptr(self, p: Value, rank: Value) -> Value:
+        """Pointer to the bytes at shared-memory pointer p in the cluster's workgroup
+        `rank` (Hopper's distributed shared memory)."""
+        raise NotImplementedError(f"{self.t.name} has no workgroup clusters")
+
     def lane_id(self):
         return self.lane
 
@@ -1002,11 +1007,14 @@ class Renderer:
         d = op.dst.type.dtype
         n = self.shape_of(op.dst)
         elems = [None] * n
+        rank = self.read(op.srcs[2]) if len(op.srcs) > 2 else None
         for first, k, addr, align in self._lds_runs(op):
-            p = self.lds_ptr(addr)
+            p, space = self.lds_ptr(addr), 3
+            if rank is not None:             # the same bytes in workgroup `rank`'s memory
+                p, space = self.cluster_lds_ptr(p, rank), 7
             ty = llty(d) if k == 1 else f"<{k} x {llty(d)}>"
-            v = self.op(f"load {ty}, ptr addrspace(3) {p.text}, align {align}", llty(d),
-                        k if k > 1 else 0)
+            v = self.op(f"load {ty}, ptr addrspace({space}) {p.text}, align {align}",
+                        llty(d), k if k > 1 else 0)
             for i in range(k):
                 elems[first + i] = self.extract(v, i) if k > 1 else v
         self.write(op.dst, self.build(elems))

@@ -256,7 +256,7 @@ class NVPTXRenderer(Renderer):
         return self.op(f"select i1 {cond.text}, i32 {v.text}, i32 {other.text}", "i32", 0)
 
     def r_lds_load(self, op):
-        plan = self._matrix_plan(op)
+        plan = self._matrix_plan(op) if len(op.srcs) == 2 else None    # not another's
         if plan is None:
             return super().r_lds_load(op)
         trans, origins = plan
@@ -600,6 +600,11 @@ class NVPTXRenderer(Renderer):
         # barrier.sync (not .aligned): waves may reach it from different code points, as the
         # ping-pong schedules do.
         self.call("void", "llvm.nvvm.barrier.cta.sync.all", ["i32 0"])
+
+    def cluster_lds_ptr(self, p, rank):
+        r = self.call("ptr addrspace(7)", "llvm.nvvm.mapa.shared.cluster",
+                      [f"ptr addrspace(3) {p.text}", f"i32 {rank.text}"])
+        return Value(r, "ptr addrspace(7)", 0)
 
     def r_cluster_sync(self, op):
         """Every thread of the cluster arrives (release) and waits (acquire); the mbarrier

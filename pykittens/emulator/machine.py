@@ -728,9 +728,10 @@ class _Machine:
         np.add.at(buf.flat, off[mask], v[mask].astype(buf.flat.dtype))
 
     # -- LDS ------------------------------------------------------------------------------
-    def _lds_bytes(self, w, op, origin=None):
-        """Byte indices [W*nslots*esz] of an LDS window, after bounds checks."""
-        region = self.at(w, op.attrs["region"])
+    def _lds_bytes(self, w, op, origin=None, rank=None):
+        """Byte indices [W*nslots*esz] of an LDS window (in the shared memory of the
+        cluster's workgroup `rank`, else the wave's own), after bounds checks."""
+        region = self.at(w, op.attrs["region"], rank)
         t = region.tile
         r0, c0 = origin if origin is not None else (int(self.get(w, s)) for s in op.srcs[:2])
         rows, cols = self._lane_coords(w, op)
@@ -745,7 +746,14 @@ class _Machine:
 
     def x_lds_load(self, w, op):
         d = op.dst.type.dtype
-        idx = self._lds_bytes(w, op)
+        rank = None
+        if len(op.srcs) > 2:                 # another workgroup's shared memory (cluster)
+            rank = int(self.get(w, op.srcs[2]))
+            if not 0 <= rank < self.p.cluster:
+                raise self.fail(OutOfBounds, w, op, f"shared-memory read of cluster rank "
+                                f"{rank}, outside the cluster of {self.p.cluster}")
+            self._reach(w, op, rank)
+        idx = self._lds_bytes(w, op, rank=rank)
         self._check_lds_read(w, op, idx)
         w.regs[op.dst] = _lds_values(self.wg_of(w).lds, idx, d).reshape(self.W, -1)
 

@@ -145,7 +145,7 @@ def _check_pins(pins, target, kn):
 # Ops that write their whole destination without reading it first (so the tile is dead
 # just before them); an mma does too when it starts from zero (c=0).
 _KILLS = {"alloc", "fill", "copy", "convert", "unary", "binary", "select", "fma", "index",
-          "load", "subtile", "xor_cols", "lane_id", "wg_reduce"}
+          "load", "subtile", "xor_cols", "lane_id", "wg_reduce", "cluster_reduce"}
 
 
 def _reads(op):

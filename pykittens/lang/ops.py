@@ -784,6 +784,21 @@ def workgroup_max(v):
     return _workgroup_reduce("max", v)
 
 
+def cluster_sum(v):
+    """The sum of vector `v` over the workgroups of the cluster (pk.cluster): each wave gets
+    its own `v` plus the `v` of the wave with its index in every other workgroup of the
+    cluster, added in rank order (the same bits in each). Per-workgroup partial sums
+    become one per cluster, read from each other's shared memory. It meets the cluster's
+    barrier twice, so every wave of every workgroup must call it, like pk.cluster_sync();
+    outside clusters it returns `v`."""
+    if not isinstance(v, RV):
+        raise error(f"cluster_sum: takes a register vector (e.g. from pk.col_sum), got "
+                    f"{type(v).__name__}")
+    dst = empty(v.type)
+    current().emit("cluster_reduce", dst.v, (v.v,), op="add")
+    return dst
+
+
 # ---- matrix multiply ----------------------------------------------------------------------
 
 def _mma(trans, d: RT, a: RT, b: RT, c: RT | None, scale_a=None, scale_b=None,

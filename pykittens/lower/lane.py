@@ -24,7 +24,8 @@ Op kinds (attrs in brackets):
   gatomic_add(gl, *lead, *origin, val)[layout, dims, scope, ends?]   gstore's window, each
                                      element added atomically
   lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
-                                     shared tile (region.byte_offset gives the swizzle)
+                                     shared tile (region.byte_offset gives the swizzle);
+                                     lds_load(r0, c0, rank): in the cluster's workgroup rank
   lds_load_tr(r0, c0)[region, layout, source, scope]   gfx950 transpose read: each lane
                                      reads the 4-element row chunks of `source`, then 16-lane
                                      groups exchange them (targets.cdna.ds_read_tr16_b64_source)

@@ -448,6 +448,32 @@ class _Lowering:
                 else:
                     self.emit("bin", dst, (dst, part), op=op.attrs["op"])
 
+    def op_cluster_reduce(self, op):
+        """pk.cluster_sum: each wave writes its vector to its own slice of a shared scratch
+        tile; after the cluster's barrier it reads the slice of its index in every
+        workgroup of the cluster (rank order, its own included) and combines them; a second
+        barrier keeps every workgroup's scratch (and the workgroup) alive until all have
+        read it."""
+        v, n_cta = op.srcs[0], self.k.cluster
+        if n_cta == 1:
+            self.emit("mov", self.env[op.dst], (self.val(v),))
+            return
+        t: T.RegVecType = v.type
+        nw, n = self.k.num_waves, t.length
+        shape, step = ((nw * n, 1), n) if t.axis == "row" else ((nw, n), 1)
+        region = self._lds_region("clred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
+        wave = self.b.reg(T.i32, uniform=True)
+        self.emit("special", wave, name="wave_id", axis=0)
+        row0 = self.bin("mul", wave, self.const(step)) if step != 1 else wave
+        zero, lay, dst = self.const(0), self.layout(v), self.env[op.dst]
+        self.lds_store(region, lay, (row0, zero), "wave", self.val(v))
+        self.emit("cluster_sync")
+        for r in range(n_cta):
+            part = self.lds_load(region, lay, (row0, zero), "wave", rank=self.const(r))
+            self.emit("mov", dst, (part,)) if r == 0 else \
+                self.emit("bin", dst, (dst, part), op=op.attrs["op"])
+        self.emit("cluster_sync")
+
     def op_mma(self, op):
         """One matrix instruction per (i, j, k) triple of base tiles, k innermost."""
         if isinstance(op.srcs[1].type, T.SharedTileType):
@@ -619,9 +645,11 @@ class _Lowering:
         r = self.b.reg(op.dst.type.dtype, uniform=True)
         self.env[op.dst] = self.emit("sload", r, (self.val(gl), *(self.val(i) for i in idx)))
 
-    def lds_load(self, region, lay, origin, scope):
+    def lds_load(self, region, lay, origin, scope, rank=None):
+        """A window of a shared tile; rank (a register): in that workgroup of the cluster."""
         raw = self.b.reg(region.tile.dtype, lay.nslots)
-        return self.emit("lds_load", raw, tuple(origin), region=region, layout=lay, scope=scope)
+        srcs = tuple(origin) + ((rank,) if rank is not None else ())
+        return self.emit("lds_load", raw, srcs, region=region, layout=lay, scope=scope)
 
     def lds_store(self, region, lay, origin, scope, val):
         self.emit("lds_store", None, (*origin, self.cvt(val, region.tile.dtype)),
