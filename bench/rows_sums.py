@@ -7,7 +7,8 @@ their writes by a test that fails at run time (wrong sums: timing only; run eith
 process of its own with its own PYKITTENS_CACHE, the builds share keys).
 ROWS_SUMS_PAD=k: the partial rows k elements apart beyond their width. LN_WAVES / RMS_WAVES
 ="w,...": LayerNorm's / RMSNorm's backward also over rows shared by w waves (staged_plan).
-ROWS_SUMS_SHAPES="MxN,...": other shapes. --once: every launch made once, untimed (what
+ROWS_SUMS_SHAPES="MxN,...": other shapes. ROWS_SUMS_CLUSTER="c,...": the rule's schedule
+with its sums also in clusters of c (one partial row a cluster, pk.cluster_sum). --once: every launch made once, untimed (what
 Nsight Compute profiles: the stall samples of each SASS instruction, with the writes and
 without them):
 
@@ -27,7 +28,7 @@ import torch
 import pykittens as pk
 from pykittens.bench.gpu import event_time
 from pykittens.kernels import ln_grad_launch, rms_grad_launch, rows
-from pykittens.kernels.layernorm import layernorm_bwd
+from pykittens.kernels.layernorm import dbias_column, layernorm_bwd
 from pykittens.kernels.rmsnorm import rmsnorm_bwd
 from pykittens.kernels.rows import ColumnSums
 
@@ -38,6 +39,7 @@ CALLS = 30
 LN_WAVES = [int(w) for w in os.environ.get("LN_WAVES", "").split(",") if w]
 RMS_WAVES = [int(w) for w in os.environ.get("RMS_WAVES", "").split(",") if w]
 PAD = int(os.environ.get("ROWS_SUMS_PAD", "0"))    # elements between partial rows
+CLUSTERS = [int(c) for c in os.environ.get("ROWS_SUMS_CLUSTER", "").split(",") if c]
 
 
 def _part(rows, cols):
@@ -53,6 +55,14 @@ def _time(fn) -> float:
         torch.cuda.synchronize()
         return float("nan")
     return event_time(fn, CALLS, 3) * 1e6
+
+
+def _sums_error(part, expected) -> float:
+    """The largest relative error of the partial rows' column sums (added in float64)
+    against float64 references starting at the given columns of `part`."""
+    total = part.double().sum(0)
+    return max(float((total[c:c + len(ref)] - ref).abs().max() / ref.abs().max())
+               for c, ref in expected)
 
 
 def main() -> int:
@@ -71,27 +81,37 @@ def main() -> int:
         dy, ds, dx = torch.randn_like(x), torch.randn_like(x), torch.empty_like(x)
         w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         stats = torch.rand(2, m, device="cuda") + 0.5
+        xhat = (x.double() - stats[0].double()[:, None]) * stats[1].double()[:, None]
         grid, consts = ln_grad_launch({"x": x, "dy": dy}, "sm_90a", True, True)
         plans = [((1, 1), grid, consts), ((1, 0), grid, consts), ((0, 1), grid, consts),
                  ((0, 0), grid, consts)]
+        plans += [((1, 1), grid, {**consts, "CLUSTER": c}) for c in CLUSTERS
+                  if grid[0] % c == 0]
         for waves in LN_WAVES:                  # other shares of a row, both sums
             if n % (waves * rows.STAGE_COLS) or waves == consts["num_waves"]:
                 continue                        # ragged, or the rule's own share
             (g,), c = rows.staged_plan(m, n, "sm_90a", 2, 2, 2, waves=waves)
             plans.append(((1, 1), (g,), {**c, "EXACT": int(rows.exact(n, c))}))
         for (dw, db), grid, consts in plans:
-            part = _part(grid[0], 2 * n)
+            part = _part(ColumnSums.partial_rows(grid[0], consts), 2 * n)
             us = _time(lambda: pk.launch(layernorm_bwd, grid=grid, x=x, dy=dy, w=w,
                                          stats=stats, dx=dx, part=part, **consts, DW=dw,
                                          DB=db))
+            err = _sums_error(part, [(0, (dy.double() * xhat).sum(0)),
+                                     (dbias_column(n), dy.double().sum(0))]) \
+                if (dw, db) == (1, 1) else None
             results.append({"op": "layernorm_bwd", "shape": [m, n], "DW": dw, "DB": db,
-                            "consts": consts, "us": us, "of_bytes": 3 * m * n * 2 / us / 1e6})
+                            "consts": consts, "us": us, "of_bytes": 3 * m * n * 2 / us / 1e6,
+                            "sums_rel_err": err})
             print(f"layernorm_bwd {m}x{n} DW={dw} DB={db} {us:7.1f} µs "
-                  f"{results[-1]['of_bytes']:.2f} TB/s {consts}", flush=True)
+                  f"{results[-1]['of_bytes']:.2f} TB/s sums {err or 0:.1e} {consts}",
+                  flush=True)
         for residual in (0, 1):
             grid, consts = rms_grad_launch({"x": x, "dy": dy, "ds": ds if residual else None},
                                            "sm_90a", bool(residual), True)
             plans = [(dw, grid, consts) for dw in (1, 0)]
+            plans += [(1, grid, {**consts, "CLUSTER": c}) for c in CLUSTERS
+                      if grid[0] % c == 0]
             for waves in RMS_WAVES:              # other shares of a row, with dweight
                 if n % (waves * rows.STAGE_COLS) or waves == consts["num_waves"]:
                     continue
@@ -99,16 +119,20 @@ def main() -> int:
                 plans.append((1, (g,), {**c, "EXACT": int(rows.exact(n, c)),
                                         "RESIDUAL": residual}))
             for dw, grid, consts in plans:
-                part = _part(grid[0], n)
+                part = _part(ColumnSums.partial_rows(grid[0], consts), n)
                 us = _time(lambda: pk.launch(rmsnorm_bwd, grid=grid, x=x, dy=dy, w=w,
                                              rstd=stats[1], ds=ds, dx=dx, dw_part=part,
                                              **consts, DW=dw))
                 moved = (3 + residual) * m * n * 2
+                err = _sums_error(part, [(0, (dy.double() * x.double() *
+                                              stats[1].double()[:, None]).sum(0))]) \
+                    if dw else None
                 results.append({"op": "rmsnorm_bwd", "shape": [m, n], "RESIDUAL": residual,
                                 "DW": dw, "consts": consts, "us": us,
-                                "of_bytes": moved / us / 1e6})
+                                "of_bytes": moved / us / 1e6, "sums_rel_err": err})
                 print(f"rmsnorm_bwd   {m}x{n} RES={residual} DW={dw} {us:7.1f} µs "
-                      f"{results[-1]['of_bytes']:.2f} TB/s {consts}", flush=True)
+                      f"{results[-1]['of_bytes']:.2f} TB/s sums {err or 0:.1e} {consts}",
+                      flush=True)
     out = os.environ.get("OUT")
     if out:
         name = "rows_sums_no_finish.json" if os.environ.get("ROWS_SUMS_NO_FINISH") == "1" \

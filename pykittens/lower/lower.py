@@ -26,6 +26,7 @@ class _Lowering:
         self.regions: list[LDSRegion] = []
         self.tmaps: list = []
         self.reg_budget: dict = {}     # first wave of a Hopper warp role -> its registers
+        self.cluster_scratch: dict = {}  # (dtype, shape) -> pk.cluster_sum's shared tile
         self.lds = 0
         self.loc = None
         self.consts: dict = {}         # lane register -> int, for registers holding constants
@@ -461,7 +462,13 @@ class _Lowering:
         t: T.RegVecType = v.type
         nw, n = self.k.num_waves, t.length
         shape, step = ((nw * n, 1), n) if t.axis == "row" else ((nw, n), 1)
-        region = self._lds_region("clred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
+        # one scratch tile per shape, shared by every cluster_sum: each ends with the
+        # barrier after the last read of it
+        key = (t.dtype, shape)
+        region = self.cluster_scratch.get(key)
+        if region is None:
+            region = self.cluster_scratch[key] = self._lds_region(
+                "clred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
         wave = self.b.reg(T.i32, uniform=True)
         self.emit("special", wave, name="wave_id", axis=0)
         row0 = self.bin("mul", wave, self.const(step)) if step != 1 else wave
