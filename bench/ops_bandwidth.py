@@ -254,8 +254,7 @@ BWD_VARIANTS = {**USUAL_LAUNCH, "3 stages": {"rows.STAGED_STAGES": 3},
                 "2 stages alone on an SM": {"rows.STAGED_STAGES_ALONE": 2},
                 **{f"{c} columns a wave, {w} warps an SM": {
                     "rows.STAGED_SHARES": {s: ((c, w),) for s in (0, 1, 2)}}
-                   for c, w in ((512, 16), (1024, 12), (1024, 16))},
-                **{f"clusters of {c}": {"rows.STAGED_CLUSTER": c} for c in (2, 4)}}
+                   for c, w in ((512, 16), (1024, 12), (1024, 16))}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 # backward passes asked for the inputs' gradients alone: no per-column sums, no column_sum
 # (what the weight's and bias's gradients cost on top)

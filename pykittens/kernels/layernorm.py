@@ -212,7 +212,7 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                   RESIDENT: pk.const = 0, N_MAX: pk.const = 8192, CHUNK: pk.const = 512,
                   SPLIT: pk.const = 0, WEIGHT: pk.const = 1, DW: pk.const = 1,
                   DB: pk.const = 1, STAGES: pk.const = 0, PROGRAMS: pk.const = 0,
-                  EXACT: pk.const = 0, CLUSTER: pk.const = 1):
+                  EXACT: pk.const = 0):
     """dx of layernorm (stats from its STATS=1 run), and per-workgroup partial column sums
     of dy * xhat (DW: dweight) and of dy (DB: dbias) side by side in `part` for
     rows.column_sum: dweight's in columns 0..n-1, dbias's from dbias_column(n) (column 0
@@ -220,14 +220,10 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     rows in steps of the grid (rows.Rows.steps), so `part` has one row per workgroup (per
     wave when the rows are looped: rows.ColumnSums.partial_rows); STAGES >= 2 stages x and
     dy in shared memory (rows.Feed). EXACT=1: held rows of exactly N_MAX columns
-    (rows.Rows). CLUSTER=c (held rows): workgroups in clusters of c, one partial row per
-    cluster (rows.ColumnSums)."""
-    if CLUSTER > 1:
-        pk.cluster(CLUSTER)
+    (rows.Rows)."""
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
-    dws = ColumnSums(rows, part, cluster=CLUSTER) if DW else None
-    dbs = ColumnSums(rows, part, first=dbias_column(rows.n) if DW else 0,
-                     cluster=CLUSTER) if DB else None
+    dws = ColumnSums(rows, part) if DW else None
+    dbs = ColumnSums(rows, part, first=dbias_column(rows.n) if DW else 0) if DB else None
     wv = rows.vecs(w, WEIGHT)
     feed = Feed(rows, [x, dy], per_row=[(stats, 0), (stats, 1)], STAGES=STAGES,
                 PROGRAMS=PROGRAMS)

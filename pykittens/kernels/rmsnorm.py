@@ -68,14 +68,12 @@ def rmsnorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                 COLS: pk.const = 1024, RESIDENT: pk.const = 0, N_MAX: pk.const = 8192,
                 CHUNK: pk.const = 512, SPLIT: pk.const = 0, WEIGHT: pk.const = 1,
                 DW: pk.const = 1, RESIDUAL: pk.const = 0, STAGES: pk.const = 0,
-                PROGRAMS: pk.const = 0, EXACT: pk.const = 0, CLUSTER: pk.const = 1):
+                PROGRAMS: pk.const = 0, EXACT: pk.const = 0):
     """dx of rmsnorm (rstd from its STATS=1 run; x is add_rmsnorm's s when fused), plus ds
     with RESIDUAL=1 (the gradient reaching add_rmsnorm's s output directly), and partial
-    column sums of dy * xhat in dw_part (DW), as layernorm_bwd; EXACT and CLUSTER as its."""
-    if CLUSTER > 1:
-        pk.cluster(CLUSTER)
+    column sums of dy * xhat in dw_part (DW), as layernorm_bwd; EXACT as its."""
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
-    dws = ColumnSums(rows, dw_part, cluster=CLUSTER) if DW else None
+    dws = ColumnSums(rows, dw_part) if DW else None
     wv = rows.vecs(w, WEIGHT)
     # ds is used once per element: staged with the others, or else read where it is added
     staged_ds = RESIDUAL and STAGES

@@ -89,9 +89,6 @@ STAGED_STAGES = 2           # shared-memory stages of the walk (the rows of STAG
 # backward at 16384x8192 bf16 went from 87.1 / 87.8% of copy bandwidth to 89.6 / 90.0% with
 # three (runs FI, FN; the same at 4096x12288, and rms_norm's one sum lost 2 points)
 STAGED_STAGES_ALONE = 3
-# workgroups per cluster of a staged walk holding per-column sums (1: no clusters): each
-# cluster writes one partial row (ColumnSums), where the grid is a multiple of it
-STAGED_CLUSTER = 1
 
 
 def staged_share(n: int, sums: int) -> tuple[int, int]:
@@ -131,12 +128,9 @@ def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: 
             STAGED_STAGES_ALONE * stage <= STAGE_BUDGET:
         chosen = STAGED_STAGES_ALONE
     stages = chosen
-    grid = max(1, min(m, t.num_cus * programs))
-    consts = {"SPLIT": 1, "ROWS": 1, "N_MAX": n_max, "CHUNK": STAGE_COLS, "num_waves": nw,
-              "STAGES": stages, "PROGRAMS": programs}
-    if sums and STAGED_CLUSTER > 1 and grid % STAGED_CLUSTER == 0:
-        consts["CLUSTER"] = STAGED_CLUSTER
-    return (grid,), consts
+    return (max(1, min(m, t.num_cus * programs)),), {
+        "SPLIT": 1, "ROWS": 1, "N_MAX": n_max, "CHUNK": STAGE_COLS, "num_waves": nw,
+        "STAGES": stages, "PROGRAMS": programs}
 
 
 def tma_ready(t) -> bool:
@@ -431,14 +425,12 @@ class ColumnSums:
     """Per-column sums over every row a workgroup walks (a norm's dweight and dbias), kept
     as partial sums in the f32 tensor `part`, in its columns first .. first + n - 1 (so
     that several sums can share one tensor), for `column_sum` to add up. Held rows keep
-    them in registers and write one partial row per workgroup at the end (`finish`), or
-    per cluster of `cluster` workgroups (the kernel's pk.cluster): their sums added through
-    each other's shared memory first (pk.cluster_sum), so that half or a quarter as many
-    partial rows are written and read back. Looped rows add each block into the wave's own
-    partial row in memory (one row per wave, no synchronisation)."""
+    them in registers and write one partial row per workgroup at the end (`finish`); looped
+    rows add each block into the wave's own partial row in memory (one row per wave, no
+    synchronisation)."""
 
-    def __init__(self, rows: Rows, part, first=0, cluster=1):
-        self.rows, self.part, self.first, self.cluster = rows, part, first, cluster
+    def __init__(self, rows: Rows, part, first=0):
+        self.rows, self.part, self.first = rows, part, first
         self.acc = [pk.zeros(rows.block) for _ in range(rows.nblocks)] if rows.held else None
 
     def add(self, t, j):
@@ -462,24 +454,14 @@ class ColumnSums:
         rows = self.rows
         if not rows.held:
             return
-        n = self.cluster
-        writer = pk.cluster_rank() == 0 if n > 1 else None
         for j in pk.static_range(rows.nblocks):
             v = pk.col_sum(self.acc[j])
-            if not rows.split:                 # each wave holds its own rows
-                v = pk.workgroup_sum(v)
-            if n > 1:
-                v = pk.cluster_sum(v)
-            c = (pk.program_id(0) // n if n > 1 else pk.program_id(0), self._col(j))
+            c = (pk.program_id(0), self._col(j))
             if rows.split:                     # each wave holds its own columns
-                if writer is None:
-                    pk.store(self.part, v, c, end=self._end(), inside=rows.exact)
-                else:
-                    with pk.if_(writer):
-                        pk.store(self.part, v, c, end=self._end(), inside=rows.exact)
-            else:
-                first = pk.wave_id() == 0
-                with pk.if_(first if writer is None else first & writer):
+                pk.store(self.part, v, c, end=self._end(), inside=rows.exact)
+            else:                              # each wave holds its own rows
+                v = pk.workgroup_sum(v)
+                with pk.if_(pk.wave_id() == 0):
                     pk.store(self.part, v, c, end=self._end())
 
     def _end(self):
@@ -495,7 +477,7 @@ class ColumnSums:
         """Rows of `part` a launch of `grid` workgroups with these schedule constants
         writes."""
         held = consts.get("RESIDENT") or consts.get("SPLIT")
-        return grid // consts.get("CLUSTER", 1) if held else grid * WAVES
+        return grid if held else grid * WAVES
 
 
 SUM_COLS = 32     # columns per column_sum workgroup: 128 workgroups over 4096 columns
