@@ -21,7 +21,8 @@ import itertools
 import os
 import sys
 
-from chiplet_l2 import METRICS, ncu_profile, offline, timing, write_results   # bench/
+from chiplet_l2 import (METRICS, model_timing, ncu_profile, offline,  # bench/
+                        write_results)
 
 # (B, Hq, Hkv, N): few heads long, many heads GQA, the benchmark shape, GQA batches
 SHAPES = ((1, 16, 16, 16384), (1, 64, 8, 16384), (1, 128, 8, 8192), (16, 16, 16, 4096),
@@ -61,7 +62,7 @@ def modeled(shape, order):
     op = _op(shape, plan(shape, order)[1])
     m = chiplet.parse_mapping(order, op, "sm_90a")
     return (chiplet.simulate(op, m, machine=Machine.of("sm_90a", l2_partitions=1)),
-            chiplet.simulate(op, m, "sm_90a", timing=timing()))
+            chiplet.simulate(op, m, "sm_90a", timing=model_timing()))
 
 
 def table(details) -> str:

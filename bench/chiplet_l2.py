@@ -77,7 +77,7 @@ def simulated(size, order):
     return r.l2_hit_rate, r.hbm_read_bytes
 
 
-def timing():
+def model_timing():
     """The model's sim.Timing: the library's, with CHIPLET_TIMING's fields replaced."""
     from pykittens.chiplet.sim import Timing
     fields = dict(kv.split("=") for kv in os.environ.get("CHIPLET_TIMING", "").split(",")
@@ -93,7 +93,7 @@ def modeled(size, order, persistent, timing=None):
     op = chiplet.Gemm(size, size, size, bm=128, bn=256, bk=64)
     r = chiplet.simulate(op, chiplet.parse_mapping(order, op, "sm_90a"), "sm_90a",
                          persistent=PERSISTENT_GRID if persistent else None,
-                         timing=timing or globals()["timing"]())
+                         timing=timing or model_timing())
     return r.l2_hit_rate, r.hbm_read_bytes, r
 
 

@@ -13,14 +13,14 @@ from .ir.types import (bf16, dtype_of, e2m1x2, e2m3p, e3m2p, e4m3, e4m3fnuz, e5m
                        e8m0, f16, f32, i8, i32)
 from .lang.kernel import Kernel, Peers, const, gl, kernel, peers, target
 from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
-from .lang.ops import (abs, add, atomic_add, barrier, cast, cluster, cluster_rank, col_index,
-                       col_max, col_sum, convert, copy, div, else_, empty, exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
+from .lang.ops import (abs, add, atomic_add, barrier, cast, cluster, cluster_rank, cluster_sum,
+                       col_index, col_max, col_sum, convert, copy, div, else_, empty, exp2,
+                       fill, fma, full, if_, lane_id, load, log2, log2_e,
                        mask_outside, max, min, mma_AB, mma_ABt, mma_AtB, mma_wait, mul,
                        num_programs, num_waves, program_id, programs_per_cu, range, relabel,
                        row_index, row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st,
                        static_range, store, sub, subtile, transpose, wave_id, workgroup_max,
                        workgroup_sum, xor_cols, zeros)
-from .lang.ops import cluster_sum
 from .lang.pipeline import Ring, StagedStore
 from .lang.schedule import (interleave, pingpong, sched_barrier, sched_group, tile_walk,
                             waitcnt)
