@@ -133,6 +133,10 @@ def test_staged_plan():
         assert c["STAGES"] * 2 * c["N_MAX"] * 2 * c["PROGRAMS"] <= rows.STAGE_BUDGET
         assert grid == 132 * c["PROGRAMS"]
     assert rows.staged_plan(5, 8192, "sm_90a", 2, 2)[0] == (5,)       # no idle workgroups
+    # 4096 rows: 128 workgroups in 32 full steps rather than 132 in 31 and a step of 4
+    for sums in (0, 1, 2):
+        assert rows.staged_plan(4096, 12288, "sm_90a", 2, 2, sums)[0] == (128,)
+    assert rows.staged_plan(4100, 12288, "sm_90a", 2, 2)[0] == (132,)   # none divides
     # 512 columns a wave; two sums: 1024 where a row would take more than 16 such waves
     # two sums alone on an SM: three stages
     for n, sums, waves, programs, stages in ((8192, 1, 16, 1, 2), (8192, 2, 16, 1, 3),
