@@ -254,7 +254,10 @@ BWD_VARIANTS = {**USUAL_LAUNCH, "3 stages": {"rows.STAGED_STAGES": 3},
                 "2 stages alone on an SM": {"rows.STAGED_STAGES_ALONE": 2},
                 **{f"{c} columns a wave, {w} warps an SM": {
                     "rows.STAGED_SHARES": {s: ((c, w),) for s in (0, 1, 2)}}
-                   for c, w in ((512, 16), (1024, 12), (1024, 16))}}
+                   for c, w in ((512, 16), (1024, 12), (1024, 16))},
+                "as many workgroups as the SMs hold": {"rows.STAGED_FULL_STEPS": False},
+                "full steps only as many as the SMs' workgroups take": {
+                    "rows.STAGED_EXTRA_STEPS": 0}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 # backward passes asked for the inputs' gradients alone: no per-column sums, no column_sum
 # (what the weight's and bias's gradients cost on top)

@@ -131,12 +131,17 @@ def test_staged_plan():
         assert c["PROGRAMS"] * c["num_waves"] <= max(c["num_waves"],
                                                      rows.staged_share(n, sums)[1])
         assert c["STAGES"] * 2 * c["N_MAX"] * 2 * c["PROGRAMS"] <= rows.STAGE_BUDGET
-        assert grid == 132 * c["PROGRAMS"]
+        most = 132 * c["PROGRAMS"]       # or fewer, in full steps (one more at most)
+        assert grid == most or 16384 % grid == 0 and \
+            -(-16384 // most) <= 16384 // grid <= -(-16384 // most) + 1
     assert rows.staged_plan(5, 8192, "sm_90a", 2, 2)[0] == (5,)       # no idle workgroups
-    # 4096 rows: 128 workgroups in 32 full steps rather than 132 in 31 and a step of 4
+    # 4096 rows: 128 workgroups in 32 full steps rather than 132 in 31 and a step of 4;
+    # 16384 rows of 4096: 256 in 64 rather than 264 in 62 and a step of 16
     for sums in (0, 1, 2):
         assert rows.staged_plan(4096, 12288, "sm_90a", 2, 2, sums)[0] == (128,)
+    assert rows.staged_plan(16384, 4096, "sm_90a", 2, 2, 1)[0] == (256,)
     assert rows.staged_plan(4100, 12288, "sm_90a", 2, 2)[0] == (132,)   # none divides
+    assert rows.staged_plan(16384, 8192, "sm_90a", 2, 2)[0] == (132,)   # not in 126
     # 512 columns a wave; two sums: 1024 where a row would take more than 16 such waves
     # two sums alone on an SM: three stages
     for n, sums, waves, programs, stages in ((8192, 1, 16, 1, 2), (8192, 2, 16, 1, 3),

@@ -89,6 +89,9 @@ STAGED_STAGES = 2           # shared-memory stages of the walk (the rows of STAG
 # backward at 16384x8192 bf16 went from 87.1 / 87.8% of copy bandwidth to 89.6 / 90.0% with
 # three (runs FI, FN; the same at 4096x12288, and rms_norm's one sum lost 2 points)
 STAGED_STAGES_ALONE = 3
+STAGED_FULL_STEPS = True    # fewer workgroups where they walk the rows in as many full
+                            # steps (staged_plan; False: as many as the SMs hold, to compare)
+STAGED_EXTRA_STEPS = 1      # ... or in up to this many more steps, every one full
 
 
 def staged_share(n: int, sums: int) -> tuple[int, int]:
@@ -109,7 +112,8 @@ def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: 
     step, a share of STAGED_SHARES' columns per wave (4 to the target's most waves), two
     stages; as many workgroups per SM as its warps and the shared-memory budget allow (at most
     STAGED_PROGRAMS), each built to fit (PROGRAMS: its registers capped), fewer where
-    fewer walk the rows in as many full steps; a workgroup alone on its SM holding two sums
+    fewer walk the rows in as many full steps (or STAGED_EXTRA_STEPS more); a workgroup
+    alone on its SM holding two sums
     takes STAGED_STAGES_ALONE stages where they fit. waves / stages / programs override the
     choice (sweeps)."""
     from ..targets import get
@@ -130,13 +134,15 @@ def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: 
         chosen = STAGED_STAGES_ALONE
     stages = chosen
     grid = max(1, min(m, t.num_cus * programs))
-    # fewer workgroups where they take as many steps, every one full: a last step of a
-    # few workgroups costs more than a few idle SMs (4096 rows on the H200: 128 workgroups
-    # in 32 steps gained 0.9-1.9 points of copy on the three norms' backward over 132 in 31
-    # and a step of 4, run RD; a last step merely fuller, 261 of 264 at 16384 rows, did not)
+    # fewer workgroups where they take as many steps, or one more, every one full: a last
+    # step of a few workgroups costs more than a few idle SMs (on the H200, runs RD-RF:
+    # 4096 rows in 32 steps of 128 workgroups, not 31 of 132 and one of 4, +0.6-2.2 points
+    # of copy on the norms' backward; 16384 rows in 64 of 256, not 62 of 264 and one of
+    # 16, +0.1-1.0; a last step merely fuller, 261 of 264, did not gain)
     steps = -(-m // grid)
-    if m % steps == 0:
-        grid = m // steps
+    full = [s for s in range(steps, steps + STAGED_EXTRA_STEPS + 1) if m % s == 0]
+    if STAGED_FULL_STEPS and full:
+        grid = m // full[0]
     return (grid,), {
         "SPLIT": 1, "ROWS": 1, "N_MAX": n_max, "CHUNK": STAGE_COLS, "num_waves": nw,
         "STAGES": stages, "PROGRAMS": programs}
