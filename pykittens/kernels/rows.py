@@ -113,9 +113,8 @@ def staged_plan(m: int, n: int, target: str, itemsize: int, tensors: int, sums: 
     stages; as many workgroups per SM as its warps and the shared-memory budget allow (at most
     STAGED_PROGRAMS), each built to fit (PROGRAMS: its registers capped), fewer where
     fewer walk the rows in as many full steps (or STAGED_EXTRA_STEPS more); a workgroup
-    alone on its SM holding two sums
-    takes STAGED_STAGES_ALONE stages where they fit. waves / stages / programs override the
-    choice (sweeps)."""
+    alone on its SM holding two sums takes STAGED_STAGES_ALONE stages where they fit.
+    waves / stages / programs override the choice (sweeps)."""
     from ..targets import get
     t = get(target)
     if t.family != "hopper" or n < STAGED_MIN_COLS or (n * itemsize) % 16:

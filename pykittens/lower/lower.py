@@ -427,13 +427,9 @@ class _Lowering:
         zero = self.const(0)
         slots = []
         for op in ops:
-            v = op.srcs[0]
-            t: T.RegVecType = v.type
-            n = t.length
-            # row vectors lie along rows, column vectors along columns: a slice per wave
-            shape, step = ((nw * n, 1), (n, 0)) if t.axis == "row" else ((nw, n), (1, 0))
+            t: T.RegVecType = op.srcs[0].type
+            shape, step, row0 = self._wave_slice(t, wave)
             region = self._lds_region("wgred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
-            row0 = self.bin("mul", wave, self.const(step[0])) if step[0] != 1 else wave
             slots.append((op, region, step, row0))
         self.emit("barrier")
         for op, region, step, row0 in slots:
@@ -441,13 +437,26 @@ class _Lowering:
             self.lds_store(region, self.layout(v), (row0, zero), "wave", self.val(v))
         self.emit("barrier")
         for op, region, step, row0 in slots:
-            dst, lay = self.env[op.dst], self.layout(op.srcs[0])
-            for w in range(nw):
-                part = self.lds_load(region, lay, (self.const(w * step[0]), zero), "wave")
-                if w == 0:
-                    self.emit("mov", dst, (part,))
-                else:
-                    self.emit("bin", dst, (dst, part), op=op.attrs["op"])
+            lay = self.layout(op.srcs[0])
+            self._combine(self.env[op.dst], (
+                self.lds_load(region, lay, (self.const(w * step), zero), "wave")
+                for w in range(nw)), op.attrs["op"])
+
+    def _wave_slice(self, t: T.RegVecType, wave):
+        """(shape, row step, the row of `wave`) of a scratch tile holding one vector of type
+        t per wave: row vectors lie along rows, column vectors along columns."""
+        nw, n = self.k.num_waves, t.length
+        shape, step = ((nw * n, 1), n) if t.axis == "row" else ((nw, n), 1)
+        return shape, step, self.bin("mul", wave, self.const(step)) if step != 1 else wave
+
+    def _combine(self, dst, parts, rop):
+        """dst = parts combined by `rop` in order (parts may be a generator: each part is
+        loaded just before it is combined)."""
+        for i, part in enumerate(parts):
+            if i == 0:
+                self.emit("mov", dst, (part,))
+            else:
+                self.emit("bin", dst, (dst, part), op=rop)
 
     def op_cluster_reduce(self, op):
         """pk.cluster_sum: each wave writes its vector to its own slice of a shared scratch
@@ -460,8 +469,9 @@ class _Lowering:
             self.emit("mov", self.env[op.dst], (self.val(v),))
             return
         t: T.RegVecType = v.type
-        nw, n = self.k.num_waves, t.length
-        shape, step = ((nw * n, 1), n) if t.axis == "row" else ((nw, n), 1)
+        wave = self.b.reg(T.i32, uniform=True)
+        self.emit("special", wave, name="wave_id", axis=0)
+        shape, _, row0 = self._wave_slice(t, wave)
         # one scratch tile per shape, shared by every cluster_sum: each ends with the
         # barrier after the last read of it
         key = (t.dtype, shape)
@@ -469,16 +479,12 @@ class _Lowering:
         if region is None:
             region = self.cluster_scratch[key] = self._lds_region(
                 "clred", T.SharedTileType(t.dtype, shape), LDS_ALIGN)
-        wave = self.b.reg(T.i32, uniform=True)
-        self.emit("special", wave, name="wave_id", axis=0)
-        row0 = self.bin("mul", wave, self.const(step)) if step != 1 else wave
-        zero, lay, dst = self.const(0), self.layout(v), self.env[op.dst]
+        zero, lay = self.const(0), self.layout(v)
         self.lds_store(region, lay, (row0, zero), "wave", self.val(v))
         self.emit("cluster_sync")
-        for r in range(n_cta):
-            part = self.lds_load(region, lay, (row0, zero), "wave", rank=self.const(r))
-            self.emit("mov", dst, (part,)) if r == 0 else \
-                self.emit("bin", dst, (dst, part), op=op.attrs["op"])
+        self._combine(self.env[op.dst], (
+            self.lds_load(region, lay, (row0, zero), "wave", rank=self.const(r))
+            for r in range(n_cta)), op.attrs["op"])
         self.emit("cluster_sync")
 
     def op_mma(self, op):
