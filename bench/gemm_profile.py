@@ -6,7 +6,9 @@ GPU machine (repo root, PTX prebuilt: bench/gemm_sweep.py --prebuild store):
         --section MemoryWorkloadAnalysis -k regex:'gemm|nvjet|xmma|cutlass' \
         python3 bench/gemm_profile.py 8192 8192 8192
 
-M N K on the command line (default 8192³), bf16, C = X W^T."""
+M N K on the command line (default 8192³), bf16, C = X W^T. With --fp8: e4m3 operands,
+bf16 C, the launch rule's promoted gemm_ws (PTX: bench/gemm_sweep.py --prebuild fp8) and
+torch._scaled_mm with its default accumulation (-k regex:'gemm|nvjet|xmma|cutlass|sm90')."""
 from __future__ import annotations
 
 import sys
@@ -20,7 +22,11 @@ def main(argv) -> int:
     from pykittens.kernels.gemm import gemm_ws
     from pykittens.runtime.launch import launch
     import gemm_sweep                                  # bench/, this script's directory
+    fp8 = "--fp8" in argv
+    argv = [a for a in argv if a != "--fp8"]
     m, n, k = (int(a) for a in argv) if argv else (8192, 8192, 8192)
+    if fp8:
+        return _fp8(m, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 4
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 4
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -30,6 +36,24 @@ def main(argv) -> int:
     torch.cuda.synchronize()
     err = float((y.float() - ref.float()).norm() / ref.float().norm())
     print(f"gemm_ws {consts} against cuBLAS: relative difference {err:.1e}")
+    return 0 if err < 1e-2 else 1
+
+
+def _fp8(m, n, k) -> int:
+    """The promoted e4m3 gemm_ws (launch rule) and _scaled_mm's default accumulation."""
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    import gemm_sweep
+    a = (torch.randn(m, k, device="cuda") / 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") / 4).to(torch.float8_e4m3fn)
+    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    grid, consts = gemm_sweep._plan("nt", m, n, k, 1, promote=True)
+    launch(gemm_ws, grid=grid, a=a, b=b, c=c, **consts)
+    one = torch.ones((), device="cuda")
+    ref = torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=False)
+    torch.cuda.synchronize()
+    err = float((c.float() - ref.float()).norm() / ref.float().norm())
+    print(f"gemm_ws e4m3 {consts} against _scaled_mm: relative difference {err:.1e}")
     return 0 if err < 1e-2 else 1
 
 

@@ -55,7 +55,7 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
                           layout=layout, **rule)
 
 
-STEPS = ("candidates", "sweep", "store", "cluster", "early", "layouts", "fp8")  # GPU run's
+STEPS = ("candidates", "sweep", "store", "cluster", "early", "fence", "layouts", "fp8")  # GPU run's
 
 
 def builds(steps=STEPS):
@@ -66,19 +66,19 @@ def builds(steps=STEPS):
             for c in gemm_ws_candidates(TARGET, m, k, n, 2):
                 yield {**c, "DT": "bf16", "OUT": "bf16"}
     for step, plans in (("store", _store_plans), ("cluster", _cluster_plans),
-                        ("early", _early_plans)):
+                        ("early", _early_plans), ("fence", _fence_plans)):
         if step in steps:
             for m, n, k in sweep_shapes():
                 for plan in plans(m, n, k).values():
-                    yield {**_launch_of(plan)[0], "DT": "bf16", "OUT": "bf16"}
+                    yield {**plan, "DT": "bf16", "OUT": "bf16"}
     if "layouts" in steps:
         for layout in ("nt", "nn", "tn"):
             for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
                 yield {**_plan(layout, m, n, k)[1], "DT": "bf16", "OUT": "bf16"}
     if "fp8" in steps:
         for s in FP8_SQUARES:
-            for _, _, consts in _fp8_plans(s):
-                yield {**consts, "DT": "e4m3", "OUT": "bf16"}
+            for _, _, plan in _fp8_plans(s):
+                yield {**plan, "DT": "e4m3", "OUT": "bf16"}
 
 
 def prebuild(steps) -> int:
@@ -87,11 +87,14 @@ def prebuild(steps) -> int:
     from pykittens.kernels.gemm import gemm_ws
     from pykittens.toolchain import nvptx
     t0, seen = time.time(), set()
-    for consts in builds(steps or STEPS):
-        key = tuple(sorted(consts.items()))
+    for plan in builds(steps or STEPS):
+        key = tuple(sorted(plan.items()))
         if key not in seen:
             seen.add(key)
-            nvptx.compile_ptx(compiler.llvm_ir(gemm_ws, TARGET, aligned=True, **consts), TARGET)
+            kernel, building = _kernel_of(plan)
+            with building():
+                nvptx.compile_ptx(compiler.llvm_ir(kernel, TARGET, aligned=True,
+                                                   **_launch_of(plan)[0]), TARGET)
     print(f"{len(seen)} builds in {time.time() - t0:.0f} s")
     return 0
 
@@ -180,15 +183,46 @@ def _cluster_plans(m, n, k) -> dict:
     return {"rule": rule, "other": other}
 
 
-# a plan's key for how it is launched: EARLY False launches it as usual (runtime.cuda's
-# EARLY_LAUNCH off for the call), not early
+# plan keys for how it is built and launched: EARLY False launches it as usual (runtime.cuda's
+# EARLY_LAUNCH off for the call), not early; FENCED True builds it with every ring release
+# fencing shared memory as before (codegen.nvptx.STORE_FENCE_COVERS off)
 EARLY = "early launch"
+FENCED = "releases fenced"
 
 
 def _launch_of(plan) -> tuple[dict, bool]:
     """(gemm_ws's constants, launched early where pk.launch would) of a plan."""
-    consts = {k: v for k, v in plan.items() if k != EARLY}
+    consts = {k: v for k, v in plan.items() if k not in (EARLY, FENCED)}
     return consts, plan.get(EARLY, True)
+
+
+_FENCED_KERNEL = []
+
+
+def _kernel_of(plan):
+    """(the gemm_ws kernel object to launch, a function giving the context its first launch
+    builds under): a second Kernel over gemm_ws's function for FENCED plans, so that its
+    build (traced under the old fence rule) does not share gemm_ws's launch cache."""
+    import contextlib
+    from pykittens.codegen import nvptx as cg
+    from pykittens.kernels.gemm import gemm_ws
+    if not plan.get(FENCED):
+        return gemm_ws, contextlib.nullcontext
+    if not _FENCED_KERNEL:
+        import pykittens as pk
+        _FENCED_KERNEL.append(pk.Kernel(gemm_ws.fn, gemm_ws.num_waves))
+    return _FENCED_KERNEL[0], lambda: mock.patch.object(cg, "STORE_FENCE_COVERS", False)
+
+
+def _fence_plans(m, n, k) -> dict:
+    """The launch rule's constants ("rule") and the same build with every ring release
+    fenced ("other", the rule before the TMA store's fence covered it)."""
+    _, rule = _plan("nt", m, n, k)
+    return {"rule": rule, "other": {**rule, FENCED: True}}
+
+
+def _describe_fence(plans) -> str:
+    return f"{plans['rule']['BN']} store's fence covers / releases fenced"
 
 
 def _early_plans(m, n, k) -> dict:
@@ -233,6 +267,12 @@ def step_early(rows, details):
     _step_pair("early", _early_plans, _describe_early, rows, details)
 
 
+def step_fence(rows, details):
+    """The launch rule against the same build with every ring release fencing shared
+    memory (before the TMA store's fence covered it), and cuBLAS, on the sweep's shapes."""
+    _step_pair("fence", _fence_plans, _describe_fence, rows, details)
+
+
 def _max_clusters() -> int:
     """cuOccupancyMaxActiveClusters of gemm_ws in clusters of two (4096³'s build)."""
     import ctypes
@@ -274,8 +314,9 @@ def _step_pair(step, plans_of, describe, rows, details):
         ys = {name: torch.full_like(ref, float("nan")) for name in plans}
         def run_plan(plan, y):
             c, early = _launch_of(plan)
-            with mock.patch.object(rc, "EARLY_LAUNCH", rc.EARLY_LAUNCH and early):
-                launch(gemm_ws, grid=gemm_ws_grid(c, TARGET), a=x, b=w, c=y, **c)
+            kernel, building = _kernel_of(plan)
+            with mock.patch.object(rc, "EARLY_LAUNCH", rc.EARLY_LAUNCH and early), building():
+                launch(kernel, grid=gemm_ws_grid(c, TARGET), a=x, b=w, c=y, **c)
         calls = {name: (lambda p=p, y=ys[name]: run_plan(p, y)) for name, p in plans.items()}
         err = 0.0
         for name, call in calls.items():
@@ -358,14 +399,17 @@ FP8_VARIANTS = {"promoted every K step": True, "promoted every 2": 2, "promoted 
 
 
 def _fp8_plans(s):
-    """(label, grid, consts) of each fp8 build timed: the launch rule's (promoting every K
+    """(label, grid, plan) of each fp8 build timed: the launch rule's (promoting every K
     step: 256-wide blocks, each 128-column half's products promoted on their own),
-    promotion every 2 and 4 steps (128 wide), the tensor cores' own accumulation,
-    and 128-wide blocks promoted every K step (C in pieces, and staged whole by the
-    warpgroup, TMA_STORE=1)."""
+    promotion every 2 and 4 steps (128 wide), the tensor cores' own accumulation, the
+    launch rule with its releases fenced (FENCED), and 128-wide blocks promoted every K
+    step (C in pieces, and staged whole by the warpgroup, TMA_STORE=1)."""
     plans = [(label, *_plan("nt", s, s, s, 1, promote=p)) for label, p in FP8_VARIANTS.items()]
     narrow_grid, narrow = _plan("nt", s, s, s, 1, promote=True, bn=128)
-    return plans + [("promoted every K step, 128 wide", narrow_grid, narrow),
+    rule_grid, rule = plans[0][1:]
+    return plans + [("promoted every K step, releases fenced", rule_grid,
+                     {**rule, FENCED: True}),
+                    ("promoted every K step, 128 wide", narrow_grid, narrow),
                     ("promoted every K step, 128 wide, C staged whole", narrow_grid,
                      {**narrow, "TMA_STORE": 1})]
 
@@ -388,9 +432,14 @@ def step_fp8(rows, details):
         def peer(fast):
             return lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,
                                             use_fast_accum=fast)
-        fns = [peer(False), peer(True)] + [
-            (lambda grid=grid, consts=consts: launch(gemm_ws, grid=grid, a=a, b=b, c=c,
-                                                     **consts)) for _, grid, consts in plans]
+        def ours(grid, plan):
+            kernel, building = _kernel_of(plan)
+
+            def call():
+                with building():
+                    launch(kernel, grid=grid, a=a, b=b, c=c, **_launch_of(plan)[0])
+            return call
+        fns = [peer(False), peer(True)] + [ours(grid, plan) for _, grid, plan in plans]
         errs = []
         for fn in fns:
             out = fn()
@@ -472,7 +521,7 @@ def main() -> int:
     return run_steps("gemm_sweep", {"candidates": step_candidates, "layouts": step_layouts,
                                     "sweep": step_sweep, "fp8": step_fp8,
                                     "store": step_store, "cluster": step_cluster,
-                                    "early": step_early}, env,
+                                    "early": step_early, "fence": step_fence}, env,
                      header=header)
 
 

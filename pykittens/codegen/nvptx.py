@@ -12,6 +12,11 @@ DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
 # the first to the workgroups' exit instead (measured, docs/PERF.md 2026-12-04) kept a
 # third of what it gains for the row ops' forward passes
 EARLY_LAUNCH_PROLOGUE = ("griddepcontrol.launch_dependents;", "griddepcontrol.wait;")
+# a TMA store's fence (every lane's, before the copy) covers the wave's shared-memory writes
+# for later arrives too, so a consumer's release of a ring stage after an epilogue that
+# staged C needs none of its own (False: such releases fence on every K step, the earlier
+# rule; kept for A/B runs, bench/gemm_sweep.py's `fence` step)
+STORE_FENCE_COVERS = True
 
 
 def _asm_operands(lo: int, n: int) -> str:
@@ -357,6 +362,8 @@ class NVPTXRenderer(Renderer):
                     elif o.kind in ("barrier", "mbar_arrive", "cluster_sync"):
                         self._dirty[o] = self._dirty.get(o, False) or dirty
                         dirty = False
+                    elif o.kind == "tma_store" and STORE_FENCE_COVERS:
+                        dirty = False                  # it fences the wave's writes itself
                     elif o.kind == "if":
                         outs = [walk(r, dirty) for r in o.regions]
                         dirty = any(outs) or len(o.regions) < 2 and dirty
@@ -460,16 +467,20 @@ class NVPTXRenderer(Renderer):
         self._lane0(issue)
 
     def r_tma_store(self, op):
-        """Lane 0: make the tile's generic-proxy writes visible to the TMA unit, start the
-        copies, and wait until they have read the tile (so it can be reused) unless
+        """Every lane fences its generic-proxy writes for the TMA unit; lane 0 starts the
+        copies and waits until they have read the tile (so it can be reused) unless
         wait=False (then r_tma_store_wait does)."""
         region = op.attrs["region"]
         t = region.tile
         lead, r0, c0 = self._tma_coords(op, op.srcs)
         first = self._region_addr(region, 0)
 
+        # every lane's writes to the tile made visible to the TMA unit, then lane 0 issues:
+        # the store is a point where this wave has fenced all its writes (_dirty_before)
+        self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
+        self.ins('call void asm sideeffect "bar.warp.sync -1;", "~{memory}"()')
+
         def issue():
-            self.ins('call void asm sideeffect "fence.proxy.async.shared::cta;", "~{memory}"()')
             self._tma_issue(op, lead, r0, c0, lambda j: self.op(
                 f"add i32 {first.text}, {j * t.shape[0] * 128}", "i32", 0) if j else first)
             self.ins('call void asm sideeffect "cp.async.bulk.commit_group;", "~{memory}"()')
