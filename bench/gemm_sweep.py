@@ -88,7 +88,7 @@ def prebuild(steps) -> int:
     from pykittens.toolchain import nvptx
     t0, seen = time.time(), set()
     for plan in builds(steps or STEPS):
-        key = tuple(sorted(plan.items()))
+        key = repr(sorted(plan.items()))
         if key not in seen:
             seen.add(key)
             kernel, building = _kernel_of(plan)
@@ -184,41 +184,51 @@ def _cluster_plans(m, n, k) -> dict:
 
 
 # plan keys for how it is built and launched: EARLY False launches it as usual (runtime.cuda's
-# EARLY_LAUNCH off for the call), not early; FENCED True builds it with every ring release
-# fencing shared memory as before (codegen.nvptx.STORE_FENCE_COVERS off)
+# EARLY_LAUNCH off for the call), not early; BUILD {"module.NAME": value} builds it with
+# those pykittens module constants set (e.g. the codegen's fence rule, gemm's promotion runs)
 EARLY = "early launch"
-FENCED = "releases fenced"
+BUILD = "built with"
 
 
 def _launch_of(plan) -> tuple[dict, bool]:
     """(gemm_ws's constants, launched early where pk.launch would) of a plan."""
-    consts = {k: v for k, v in plan.items() if k not in (EARLY, FENCED)}
+    consts = {k: v for k, v in plan.items() if k not in (EARLY, BUILD)}
     return consts, plan.get(EARLY, True)
 
 
-_FENCED_KERNEL = []
+_KERNELS: dict = {}
 
 
 def _kernel_of(plan):
     """(the gemm_ws kernel object to launch, a function giving the context its first launch
-    builds under): a second Kernel over gemm_ws's function for FENCED plans, so that its
-    build (traced under the old fence rule) does not share gemm_ws's launch cache."""
+    builds under): for a plan with BUILD, a Kernel of its own over gemm_ws's function (so
+    that its build, traced with those module constants set, does not share gemm_ws's
+    launch cache) and the patches."""
     import contextlib
-    from pykittens.codegen import nvptx as cg
+    import importlib
     from pykittens.kernels.gemm import gemm_ws
-    if not plan.get(FENCED):
+    patches = tuple(sorted(plan.get(BUILD, {}).items()))
+    if not patches:
         return gemm_ws, contextlib.nullcontext
-    if not _FENCED_KERNEL:
+    if patches not in _KERNELS:
         import pykittens as pk
-        _FENCED_KERNEL.append(pk.Kernel(gemm_ws.fn, gemm_ws.num_waves))
-    return _FENCED_KERNEL[0], lambda: mock.patch.object(cg, "STORE_FENCE_COVERS", False)
+        _KERNELS[patches] = pk.Kernel(gemm_ws.fn, gemm_ws.num_waves)
+
+    def building():
+        stack = contextlib.ExitStack()
+        for name, value in patches:
+            module, attr = name.rsplit(".", 1)
+            stack.enter_context(mock.patch.object(
+                importlib.import_module(f"pykittens.{module}"), attr, value))
+        return stack
+    return _KERNELS[patches], building
 
 
 def _fence_plans(m, n, k) -> dict:
     """The launch rule's constants ("rule") and the same build with every ring release
     fenced ("other", the rule before the TMA store's fence covered it)."""
     _, rule = _plan("nt", m, n, k)
-    return {"rule": rule, "other": {**rule, FENCED: True}}
+    return {"rule": rule, "other": {**rule, BUILD: {"codegen.nvptx.STORE_FENCE_COVERS": False}}}
 
 
 def _describe_fence(plans) -> str:
@@ -394,24 +404,25 @@ def step_layouts(rows, details):
                          "ok" if err < 1e-2 else "FAIL"])
 
 
-FP8_VARIANTS = {"promoted every K step": True, "promoted every 2": 2, "promoted every 4": 4,
+FP8_VARIANTS = {"promoted every K step": True, "promoted every 4": 4,
                 "tensor-core accumulation": False}
 
 
 def _fp8_plans(s):
     """(label, grid, plan) of each fp8 build timed: the launch rule's (promoting every K
-    step: 256-wide blocks, each 128-column half's products promoted on their own),
-    promotion every 2 and 4 steps (128 wide), the tensor cores' own accumulation, the
-    launch rule with its releases fenced (FENCED), and 128-wide blocks promoted every K
-    step (C in pieces, and staged whole by the warpgroup, TMA_STORE=1)."""
+    step: 128-wide blocks, a group in flight while the one before is added, in runs of
+    gemm.PROMOTE_RUN steps), the same in runs of 2, 256-wide blocks promoting each
+    128-column half after its group, promotion every 4 steps (128 wide), and the tensor
+    cores' own accumulation (256 and 128 wide)."""
     plans = [(label, *_plan("nt", s, s, s, 1, promote=p)) for label, p in FP8_VARIANTS.items()]
-    narrow_grid, narrow = _plan("nt", s, s, s, 1, promote=True, bn=128)
     rule_grid, rule = plans[0][1:]
-    return plans + [("promoted every K step, releases fenced", rule_grid,
-                     {**rule, FENCED: True}),
-                    ("promoted every K step, 128 wide", narrow_grid, narrow),
-                    ("promoted every K step, 128 wide, C staged whole", narrow_grid,
-                     {**narrow, "TMA_STORE": 1})]
+    _, fast_narrow = _plan("nt", s, s, s, 1, promote=False, bn=128)
+    return plans + [
+        ("promoted every K step, runs of 2", rule_grid,
+         {**rule, BUILD: {"kernels.gemm.PROMOTE_RUN": 2}}),
+        ("promoted every K step, 256 wide by halves", *_plan("nt", s, s, s, 1, promote=True,
+                                                               bn=256)),
+        ("tensor-core accumulation, 128 wide", rule_grid, fast_narrow)]
 
 
 def step_fp8(rows, details):

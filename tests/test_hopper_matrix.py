@@ -461,6 +461,31 @@ def test_fp8_promotion_every_few_k_steps(interval, rng):
         gemm_ws_launch(inputs, "sm_90a", promote=-1)
 
 
+@pytest.mark.parametrize("k", [128, 384, 640])
+def test_fp8_promotion_with_a_group_in_flight(k, rng):
+    """PROMOTE=1 on 128-wide blocks: two product accumulators take turns, each K step's
+    group running while the one before is added, in runs of PROMOTE_RUN steps — 1, 3 and
+    5 steps pad the last run with steps of zeros past K (the TMA unit's out-of-bounds
+    fill); two persistent workgroups walk several blocks each, waves in reverse order."""
+    from pykittens.kernels import gemm, gemm_ws_launch
+    spec = KERNELS["gemm_ws"]
+    inputs = spec.make_inputs((150, 300, k), pk.e4m3, rng)
+    _, consts = gemm_ws_launch(inputs, "sm_90a")
+    assert (consts["PROMOTE"], consts["BN"]) == (1, 128) and gemm.PROMOTE_RUN % 2 == 0
+    out = pk.emulate(spec.kernel, grid=(2,), target="sm_90a", wave_order="reverse",
+                     **inputs, **consts)["c"]
+    assert rel_err(out, spec.reference(inputs)["c"]) < 1e-6
+    tile = compiler.tile_ir(spec.kernel, "sm_90a", **{**consts, "DT": "e4m3",
+                                                      "OUT": "f32"})
+    from pykittens.ir.nodes import walk
+    mmas = [op for op in walk(tile.body) if op.kind == "mma"]
+    # each consumer warpgroup: a group per step of a run, each left in flight, into two
+    # accumulators in turn
+    assert len(mmas) == 2 * gemm.PROMOTE_RUN
+    assert all(op.attrs["in_flight"] == 1 and op.attrs["zero"] for op in mmas)
+    assert len({op.dst for op in mmas}) == 4
+
+
 def test_fp8_promotion_of_256_wide_blocks_by_halves(rng):
     """A 16-bit C lets fp8 products promote on 256-wide blocks: B in two 128-row halves,
     each half's products of a K step added to its half of C on their own (one 128-wide

@@ -311,3 +311,25 @@ def test_a_deferred_tma_store_reads_its_tile_until_the_wait(rng):
     # the three pk.tma_store_wait()s, none after a copy
     assert asm.count("cp.async.bulk.commit_group") == 3
     assert asm.count("cp.async.bulk.wait_group.read 0") == 3
+
+
+@pk.kernel(num_waves=12)
+def _budgeted_roles(out: pk.gl[pk.f32, 2], PRODUCER: pk.const = 40, CONSUMER: pk.const = 232):
+    with pk.role(0, 4, regs=PRODUCER):
+        pk.store(out, pk.zeros(pk.rt((1, 64), pk.f32)), (pk.wave_id(), 0))
+    for g in pk.static_range(2):
+        with pk.role(4 + 4 * g, 4, regs=CONSUMER):
+            pk.store(out, pk.zeros(pk.rt((1, 64), pk.f32)), (pk.wave_id(), 0))
+
+
+def test_role_registers_within_what_the_workgroup_starts_with():
+    """setmaxnreg moves registers between warpgroups of a block that starts with ptxas's
+    cap (168 a thread for 384 threads): 40 + 2 x 232 and 24 + 2 x 240 fit exactly; 32 +
+    2 x 240 asks for the SM's whole file (65536, 1024 more than the block holds), which
+    on the H200 left the consumers' raise waiting forever."""
+    from pykittens.targets.sm90a import entry_register_cap
+    assert entry_register_cap(384) == 168
+    for producer, consumer in ((40, 232), (24, 240)):
+        compiler.lane_ir(_budgeted_roles, "sm_90a", PRODUCER=producer, CONSUMER=consumer)
+    with pytest.raises(pk.KernelError, match="starts with 168 a thread.*waits forever"):
+        compiler.lane_ir(_budgeted_roles, "sm_90a", PRODUCER=32, CONSUMER=240)

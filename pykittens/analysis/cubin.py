@@ -20,6 +20,7 @@ from .cfg import basic_blocks, natural_loops
 # Warpgroup MMA mnemonics in Hopper SASS: HGMMA (f16/bf16/tf32), QGMMA (fp8), IGMMA (int8),
 # BGMMA (binary) — what ptxas makes of PTX `wgmma.mma_async`.
 WGMMA_OPS = frozenset({"HGMMA", "QGMMA", "IGMMA", "BGMMA"})
+SPILL_OPS = frozenset({"LDL", "STL"})          # local memory: what ptxas spills to
 
 
 # ---- ptxas -v ------------------------------------------------------------------------------
@@ -181,6 +182,8 @@ def analyze_sass(instrs: list[Instr], labels: dict[str, int]) -> dict:
                for h, body in sorted(loops.items())]
     return {"sass_mix": dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0]))),
             "loop_wgmma": max((count(with_mma[h]) for h in inner), default=0),
+            # local-memory loads and stores (spills) in those loops: where they would cost
+            "loop_spills": sum(count(with_mma[h], SPILL_OPS) for h in inner),
             "loops": summary}
 
 
@@ -237,7 +240,7 @@ def report(result: dict, *, kernel: str | None = None) -> dict:
     install; nothing is guessed."""
     rep = {"kernel": kernel, "registers": None, "smem_bytes": None, "spill_bytes": None,
            "stack_bytes": None, "barriers": None, "sass_mix": None, "loop_wgmma": None,
-           "loops": None, "notes": []}
+           "loop_spills": None, "loops": None, "notes": []}
     if result.get("cubin") is None:
         rep["kernel"] = _pick(result.get("kernels") or [], kernel, "PTX")
         rep["notes"].append("no cubin: " + (result.get("ptxas_log") or install_hint("ptxas")))

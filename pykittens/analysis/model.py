@@ -562,12 +562,18 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
                                "white paper's wider LDS reads are not sourced here")
     else:
         rep, loops = _hopper_loops(kernel, t, consts)
-        # one K step's TMA copies into shared memory
-        cycles, detail = _hopper_cycles(t, dtype, loops, (bm + bn) * bk * _itemsize(dtype),
+        # K steps an iteration of the consumers' loops covers (more than one where the
+        # loop is unrolled, as promote_in_flight's runs): its products over a step's
+        steps = round(sum(2 * m_ * n_ * k_ for _, shapes, _, _ in loops
+                          for m_, n_, k_, _ in shapes) / (2 * bm * bn * bk)) or 1
+        # those steps' TMA copies into shared memory
+        cycles, detail = _hopper_cycles(t, dtype, loops,
+                                        (bm + bn) * bk * _itemsize(dtype) * steps,
                                         used, pingpong=bool(consts.get("PINGPONG")))
+        detail["k_steps_per_iteration"] = steps
         tiles = consts["TM"] * consts["TN"]
         slots = persistent or t.num_cus
-        iters = math.ceil(tiles / slots) * math.ceil(k / bk)
+        iters = math.ceil(tiles / slots) * math.ceil(math.ceil(k / bk) / steps)
         assumptions += [
             "one workgroup per SM (persistent, grid = min(tiles, SMs)); the busiest walks "
             "ceil(tiles / grid) blocks",
@@ -588,7 +594,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     time_s = cycles[bound] * iters / run_clock
     flops = 2.0 * m * n * k
     # the matrix work of one iteration on one CU: every resident block's K step
-    per_iter = 2.0 * bm * bn * bk * (wgs if t.family == "cdna" else 1)
+    per_iter = 2.0 * bm * bn * bk * (wgs if t.family == "cdna" else steps)
     return {
         "kernel": kernel_name, "target": t.name, "chip": chip, "shape": [m, n, k],
         "dtype": dtype, "out_dtype": out,

@@ -211,9 +211,8 @@ class NVPTXRenderer(Renderer):
         return kind in self._kinds
 
     def register_cap(self) -> int:
-        from ..targets.sm90a import REGISTERS_PER_SM
-        threads = self.p.num_waves * self.p.wave_size
-        return min(self.p.target.vgprs // 8 * 8, REGISTERS_PER_SM // threads // 8 * 8)
+        from ..targets.sm90a import entry_register_cap
+        return entry_register_cap(self.p.num_waves * self.p.wave_size, self.p.target.vgprs)
 
     # -- register tiles <-> shared memory: ldmatrix / stmatrix ------------------------------
     def _matrix_plan(self, op):
@@ -539,11 +538,13 @@ class NVPTXRenderer(Renderer):
         aty, bty = op.attrs["a_dtype"], region.tile.dtype.name
         zero = op.attrs.get("zero", False)
         nd = op.attrs["acc_layout"].nslots
-        if zero:                       # scale-d = 0 on the first K step: acc is not read
-            accs = [Value("poison", "float", 0)] * nd
-        else:
-            acc = self.read(op.srcs[-1])
-            accs = [self.extract(acc, i) for i in range(nd)]
+        # with zero (scale-d = 0 on the first K step) acc is not read, but its registers
+        # are still tied to the results: a loop-carried accumulator then keeps one set of
+        # registers, where fresh ones would be copied into it at the loop's end — copies
+        # that read a group still in flight, which ptxas answers by serializing every
+        # wgmma (C7514)
+        acc = self.read(op.srcs[-1])
+        accs = [self.extract(acc, i) for i in range(nd)]
         fp8 = region.tile.dtype.bits == 8
         # fp8 wgmma has no transpose operands (K-major only); 16-bit ones take imm-trans-b
         # (and imm-trans-a with A in shared memory): 1 = MN-major

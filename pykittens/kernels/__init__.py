@@ -431,9 +431,9 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     """(grid, consts) of gemm_ws for inputs `i`: persistent (one workgroup per SM walks the
     blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
     step's products to the f32 accumulator unless promote=False (PROMOTE=1: the tensor
-    cores' fp8 accumulation keeps fewer bits; 256-wide blocks promote each 128-column half
-    on its own); promote=n promotes every n K steps instead (128-wide blocks; faster, less
-    exact). A 16-bit C leaves through shared memory and TMA stores in every wave's
+    cores' fp8 accumulation keeps fewer bits; 128-wide blocks, or bn=256: each 128-column
+    half promoted on its own); promote=n promotes every n K steps instead (128-wide
+    blocks; less exact). A 16-bit C leaves through shared memory and TMA stores in every wave's
     64-column pieces (TMA_STORE=2), another C from registers. TMA copies A and B: their
     stored rows must be multiples of 16 bytes.
     bn=128 or 256 overrides the block width (an autotuner's candidate). layout: how A and B
@@ -477,9 +477,11 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
         # a 256-wide block does a 128-wide one's work about 10% faster (H200, 4096³, C
         # from registers: 620 against 565 TFLOP/s), so it takes a fuller grid to win
         idle = busy(tm * -(-n // 128)) > 1.1 * busy(tm * -(-n // 256))
-        # promoting, 256-wide blocks promote each 128-column half on its own (2-5% faster
-        # than 128-wide blocks, run EJ; measured with a 16-bit C, staged)
-        narrow = promote > 1 or (promote and not staged)
+        # promoting, 128-wide blocks keep a group in flight while the last is added
+        # (gemm.promote_in_flight): on the H200 as fast as 256-wide blocks promoting each
+        # 128-column half after its group (which leaves no registers for a second
+        # product) at 8192³, 2-3% faster at 4096³ (docs/PERF.md, 2026-12-04 fourth session)
+        narrow = bool(promote)
         bn = 128 if n <= 128 or narrow or idle else 256
     _, consts = _gemm_launch({"a": Operand((m, k), esz)}, target, bm=128, bn=bn, n=n)
     if layout != "nt":

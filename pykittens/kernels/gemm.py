@@ -106,10 +106,12 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
 
     PROMOTE=n (fp8): Hopper's fp8 wgmma accumulates with fewer bits than f32 (about 1e-3
     relative at K = 4096); the products of n K steps at a time go to a second accumulator
-    instead, added to the f32 one in registers once its groups have retired (BN = 128; or
-    BN = 256 with PROMOTE=1 and B stored N x K: B's stage in two 128-row halves, each
-    half's products promoted on their own, so the second accumulator is 128 wide). The
-    tensor cores idle while it is added, so larger n trades accuracy for speed.
+    instead, added to the f32 one in registers once its groups have retired. PROMOTE=1
+    with BN = 128: two product accumulators take turns, so each K step's group runs while
+    the one before is added (promote_in_flight); BN = 256 (B stored N x K): B's stage in
+    two 128-row halves, each half's products added after its group (the registers hold no
+    second product). PROMOTE=n > 1 (BN = 128): added after the n steps' groups, while the
+    tensor cores idle unless the other consumer has a group queued.
 
     TMA_STORE=1 (16-bit C): each consumer writes its 64 x BN block through shared memory
     (stmatrix) and one wave has the TMA unit store it; otherwise every wave stores its rows
@@ -264,6 +266,10 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     ring = pk.Ring(STAGES, fill=2 + halves, drain=4 if PINGPONG else 8, a=[a_t, a_t],
                    b=[b_t] * halves, cluster=CLUSTER)
     steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
+    if PROMOTE == 1 and halves == 1:                  # (in_flight, below)
+        # promote_in_flight takes K steps in runs of PROMOTE_RUN, at least one: the last
+        # is made whole with steps past K, which the TMA unit fills with zeros
+        steps = pk.maximum(1, (steps + PROMOTE_RUN - 1) // PROMOTE_RUN) * PROMOTE_RUN
 
     def at(kmajor, row, k):           # a block's origin in its operand as stored
         return (row, k) if kmajor else (k, row)
@@ -273,7 +279,12 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     turns = [pk.mbarrier(4) for _ in range(2)] if PINGPONG else None
     if CLUSTER > 1:                   # every workgroup's barriers are set up
         pk.cluster_sync()
-    with pk.role(0, 4, regs=40 if side_work is None else PRODUCER_REGS):
+    # promoting with two products in turn (promote_in_flight), the consumers take 8 more
+    # registers from a producer of 24 (the block's 384 x 168 = 128 x 24 + 256 x 240): at
+    # 232 some of the block loop's values spill
+    in_flight = PROMOTE == 1 and halves == 1
+    producer_regs = PRODUCER_REGS if side_work is not None else 24 if in_flight else 40
+    with pk.role(0, 4, regs=producer_regs):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
                 m0, n0 = tile_of(walk.tile(t))
@@ -295,7 +306,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
             with pk.if_(pk.wave_id() > 0):
                 side_work(pk.wave_id() - 1, 3)
     for g in pk.static_range(2):
-        with pk.role(4 + 4 * g, 4, regs=232):
+        with pk.role(4 + 4 * g, 4, regs=240 if in_flight and side_work is None else 232):
             if PINGPONG:
                 pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma, turns)
                 continue
@@ -304,6 +315,8 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
             part = pk.empty(acc.type) if PROMOTE else None   # PROMOTE steps' products
             if PROMOTE:
                 pk.fill(part, 0.0)
+            # promoting every K step of a whole block: two products taking turns
+            parts = [part, pk.empty(acc.type)] if in_flight else None
             for t in walk:
                 m0, n0 = tile_of(walk.tile(t))
                 for x in accs:
@@ -316,7 +329,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     with pk.if_(k > 0):                      # step k - 1's group retired
                         ring.release(k - 1)
 
-                if halves == 2:
+                if parts is not None:
+                    promote_in_flight(acc, parts, t * steps, steps, g, ring, mma)
+                elif halves == 2:
                     # each half's products of the step alone, then added to its half of C
                     for i in pk.range(steps):
                         k = t * steps + i
@@ -349,6 +364,37 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     after_tiles(g, walk.tile(walk.mine - 1))
     if CLUSTER > 1:            # no workgroup ends while the others may still reach it
         pk.cluster_sync()
+
+
+# K steps per unrolled run of promote_in_flight (even: the two products take turns; on
+# the H200 runs of 4 ran 5-6% faster than runs of 2, docs/PERF.md)
+PROMOTE_RUN = 4
+
+
+def promote_in_flight(acc, parts, k0, steps, g, ring, mma) -> None:
+    """acc += every K step's products of one 128-wide block, each step's wgmma group
+    writing one of the two `parts` in turn (c=0) so that every group runs while the one
+    before it is added (added as they come, each add waits for its group and the tensor
+    cores idle unless the other consumer has one queued). Steps go in unrolled runs of
+    PROMOTE_RUN (`steps` a multiple, at least one run: ws_pipeline pads it with steps of
+    zeros past K), each run's last group waited for at its end: ptxas serializes every
+    wgmma of a loop whose back edge carries a group in flight while another accumulator
+    is read (C7514). parts[1] starts at zero, so the first add changes nothing; a run has
+    an even number of steps, so each ends in parts[1]. k0: the ring step of the block's
+    first K step. Releases each stage once its group has retired."""
+    pk.fill(parts[1], 0.0)
+    for i in pk.range(0, steps, PROMOTE_RUN):
+        for h in pk.static_range(PROMOTE_RUN):
+            into, done = parts[h % 2], parts[1 - h % 2]
+            s = ring.wait(k0 + i + h)
+            mma(into, s.a[g], s.b[0], c=0, in_flight=1)
+            pk.mma_wait(done, in_flight=1)       # (the same wait, naming what it retired)
+            acc += done                          # step i + h - 1's products
+            with pk.if_(i + h > 0):
+                ring.release(k0 + i + h - 1)
+        pk.mma_wait(*parts)                      # nothing in flight across the back edge
+    acc += parts[1]                              # the last step's
+    ring.release(k0 + steps - 1)
 
 
 def promote(acc, part) -> None:

@@ -852,11 +852,15 @@ class _Lowering:
                            "warpgroup-wide)")
         self.reg_budget[op.attrs["first_wave"]] = op.attrs["regs"] * op.attrs["num_waves"] * \
             self.t.wave_size
-        from ..targets.sm90a import REGISTERS_PER_SM
+        from ..targets.sm90a import entry_register_cap
+        threads = self.k.num_waves * self.t.wave_size
+        cap = entry_register_cap(threads, self.t.vgprs)
         total = sum(self.reg_budget.values())
-        if total > REGISTERS_PER_SM:
-            raise self.err(f"warp roles ask for {total} registers in total; an "
-                           f"SM has {REGISTERS_PER_SM}: lower some role's regs=")
+        if total > cap * threads:
+            raise self.err(f"warp roles ask for {total} registers in total, but the "
+                           f"workgroup starts with {cap} a thread ({cap * threads}) and "
+                           f"setmaxnreg only moves them between roles (a raise beyond "
+                           f"that waits forever): lower some role's regs=")
         self.emit("setmaxnreg", regs=op.attrs["regs"])
 
     def op_setprio(self, op):

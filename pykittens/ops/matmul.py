@@ -91,9 +91,10 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
             if c not in out:
                 out.append(c)
     narrow = gemm_ws_launch(i, target, bn=128, layout=layout)[1]
-    if first["BN"] == 128 and n > 128 and not first["PROMOTE"]:
-        # the rule's 128-wide blocks where 256-wide ones would leave SMs idle: one wave of
-        # 256-wide blocks may still finish first (few blocks, each with its own epilogue)
+    if first["BN"] == 128 and n > 128 and first["PROMOTE"] <= 1:
+        # the rule's 128-wide blocks where 256-wide ones would leave SMs idle (or fp8
+        # promoted every K step): 256-wide blocks may still finish first (few blocks, each
+        # with its own epilogue; promoting each half of a block after its group)
         out.append(gemm_ws_launch(i, target, bn=256, layout=layout)[1])
     if first["BN"] == 256:
         if first.get("TMA_STORE") and not first["PROMOTE"]:     # the rule stages C: whole,

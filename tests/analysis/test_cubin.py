@@ -341,6 +341,19 @@ def test_sass_spin_waits_do_not_hide_the_main_loop():
     assert sum(lp["wgmma"] == 0 for lp in a["loops"]) == 2        # the other two spin-waits
 
 
+def test_sass_spills_in_the_main_loop_are_counted():
+    """loop_spills: local-memory loads and stores inside the innermost wgmma loop, not
+    those before it; the clean listing has none."""
+    clean = cubin.analyze_sass(*cubin.parse_sass(SASS_WAIT)["wgmma_wait_loop"])
+    assert clean["loop_spills"] == 0
+    spilled = SASS_WAIT.replace(
+        "IMAD.MOV.U32 R4, RZ, RZ, 0x1 ;", "LDL R4, [R1+0x4] ;").replace(
+        "CS2R R24, SRZ ;\n        /*0070*/", "STL [R1], R2 ;\n        /*0070*/", 1)
+    assert spilled.count("LDL") == 1 and spilled.count("STL") == 1
+    a = cubin.analyze_sass(*cubin.parse_sass(spilled)["wgmma_wait_loop"])
+    assert a["loop_spills"] == 1 and a["sass_mix"]["STL"] == 1
+
+
 def test_sass_nvdisasm_labels():
     funcs = cubin.parse_sass(SASS_NVDISASM)
     instrs, labels = funcs["wgmma_wait_loop"]
