@@ -431,10 +431,11 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     """(grid, consts) of gemm_ws for inputs `i`: persistent (one workgroup per SM walks the
     blocks), 128 x BN blocks on the cache simulator's order. fp8 operands promote each K
     step's products to the f32 accumulator unless promote=False (PROMOTE=1: the tensor
-    cores' fp8 accumulation keeps fewer bits; 128-wide blocks, or bn=256: each 128-column
-    half promoted on its own); promote=n promotes every n K steps instead (128-wide
-    blocks; less exact). A 16-bit C leaves through shared memory and TMA stores in every wave's
-    64-column pieces (TMA_STORE=2), another C from registers. TMA copies A and B: their
+    cores' fp8 accumulation keeps fewer bits; 128-wide blocks, a group in flight while the
+    one before is added, or with bn=256 each 128-column half after its group);
+    promote=n promotes every n K steps instead (128-wide blocks; less exact). A 16-bit C
+    leaves through shared memory and TMA stores in every wave's 64-column pieces
+    (TMA_STORE=2), another C from registers. TMA copies A and B: their
     stored rows must be multiples of 16 bytes.
     bn=128 or 256 overrides the block width (an autotuner's candidate). layout: how A and B
     are stored (gemm_ws's LAYOUT; MN-major operands are 16-bit only)."""
@@ -478,9 +479,9 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
         # from registers: 620 against 565 TFLOP/s), so it takes a fuller grid to win
         idle = busy(tm * -(-n // 128)) > 1.1 * busy(tm * -(-n // 256))
         # promoting, 128-wide blocks keep a group in flight while the last is added
-        # (gemm.promote_in_flight): on the H200 as fast as 256-wide blocks promoting each
-        # 128-column half after its group (which leaves no registers for a second
-        # product) at 8192³, 2-3% faster at 4096³ (docs/PERF.md, 2026-12-04 fourth session)
+        # (gemm.promote_in_flight): on the H200 3-10% faster at 4096³ and 8192³ than
+        # 256-wide blocks adding each 128-column half after its group, whose registers
+        # hold no second product (docs/PERF.md, 2026-12-04 fourth session, runs SF-SH)
         narrow = bool(promote)
         bn = 128 if n <= 128 or narrow or idle else 256
     _, consts = _gemm_launch({"a": Operand((m, k), esz)}, target, bm=128, bn=bn, n=n)

@@ -27,6 +27,8 @@ def entry_register_cap(threads: int, vgprs: int = 255) -> int:
     get at most this times `threads` (a consumer's increase otherwise waits forever for
     registers no one gives back)."""
     return min(vgprs // 8 * 8, REGISTERS_PER_SM // threads // 8 * 8)
+
+
 # Kernel parameters start at this byte of constant bank 0, and over-aligned parameters
 # (64-byte CUtensorMaps) are aligned in absolute bank offsets: the first one after 0 bytes
 # of parameters sits at parameter offset 48 (read back with cuFuncGetParamInfo on an H200).
