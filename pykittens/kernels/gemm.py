@@ -212,9 +212,11 @@ def ws_store(c, OUT, BN, TMA_STORE):
 # that reproduces the hang turns this off in its own process
 REFUSE_KNOWN_HANG = True
 
-# the producer warpgroup's registers when its idle waves have side work: what the register
-# file leaves beside two 232-register consumer warpgroups (65536 - 256 x 232 = 128 x 48)
-PRODUCER_REGS = 48
+# the producer warpgroup's registers when its idle waves have side work: what the block's
+# registers leave beside two 232-register consumer warpgroups (384 x 168 - 256 x 232 =
+# 128 x 40: the block starts with ptxas's cap, not the whole register file, and
+# setmaxnreg only moves registers between its warpgroups)
+PRODUCER_REGS = 40
 
 
 # gemm_ws's operand layouts (BLAS's C = op(A) op(B)) -> the warpgroup MMA reading them
