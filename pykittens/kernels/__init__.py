@@ -479,7 +479,7 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
         # from registers: 620 against 565 TFLOP/s), so it takes a fuller grid to win
         idle = busy(tm * -(-n // 128)) > 1.1 * busy(tm * -(-n // 256))
         # promoting, 128-wide blocks keep a group in flight while the last is added
-        # (gemm.promote_in_flight): on the H200 3-10% faster at 4096³ and 8192³ than
+        # (gemm.promote_in_flight): on the H200 3-9% faster at 4096³ and 8192³ than
         # 256-wide blocks adding each 128-column half after its group, whose registers
         # hold no second product (docs/PERF.md, 2026-12-04 fourth session, runs SF-SH)
         narrow = bool(promote)

@@ -369,7 +369,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
 
 # K steps per unrolled run of promote_in_flight (even: the two products take turns; on
-# the H200 runs of 4 ran 6-10% faster than runs of 2, and runs of 8 spill in the loop)
+# the H200 runs of 4 ran 5-11% faster than runs of 2, and runs of 8 spill in the loop)
 PROMOTE_RUN = 4
 
 
