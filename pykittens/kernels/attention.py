@@ -16,6 +16,7 @@ import pykittens as pk
 from pykittens.chiplet import mapping as chip
 
 from .attention_cdna import CDNA_TARGETS, cdna_attention, cdna_launch
+from .pipeline import consumer_regs
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -169,8 +170,8 @@ def _hopper(q, k, v, o, lse, scale, DT, D, CAUSAL, BN, STAGES, PINGPONG, WG, PER
                         st = ring.acquire(t * blocks + j)
                         pk.tma_load(st.t, src, at(b, h // group, ks_ + j * BN), st.full)
     for g in pk.static_range(WG):
-        # the SM's 64K registers: 24 a thread for the producer, the rest shared out
-        with pk.role(4 + 4 * g, 4, regs={2: 240, 3: 160}[WG]):
+        # 24 a thread for the producer, the rest of the block's shared out (240 / 160)
+        with pk.role(4 + 4 * g, 4, regs=consumer_regs(24)):
             acc = pk.empty(pk.rt((16, D), pk.f32, role="acc"))
             m, l_, alpha = (pk.empty(pk.rv(acc, "row")) for _ in range(3))
             s = pk.empty(pk.rt((16, BN), pk.f32, role="acc"))

@@ -25,6 +25,7 @@ from .attention import (LOG2E, _causal_blocks, _check_heads, _max_length, _need_
                         packed_offsets)
 from .attention_bwd_cdna import cdna_bwd, cdna_bwd_dq, cdna_bwd_launch
 from .attention_cdna import CDNA_TARGETS
+from .pipeline import consumer_regs
 
 # (B, H, N, D) views whose head dim is the const D: static, so bounds on it fold away
 HEAD = (None, None, None, "D")
@@ -273,7 +274,7 @@ def _hopper_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, DT, D, CAUSAL, BM, S
                         pk.arrive(dq_free[j])
                 walk.run(write)
     for g in pk.static_range(2):
-        with pk.role(4 + 4 * g, 4, regs=240):
+        with pk.role(4 + 4 * g, 4, regs=consumer_regs(24)):
             w = pk.wave_id() % 4
             key0 = k0 + 64 * g + 16 * w                 # this wave's 16 keys
             t_t = pk.rt((16, BM), pk.f32, role="acc")   # keys x queries
@@ -399,7 +400,7 @@ def _hopper_bwd_dq(q, k, v, do, lse, delta, dq, scale, DT, D, CAUSAL, BN, STAGES
                 pk.tma_load(st.k, k, at(h // group, ks_ + j * BN), st.full)
                 pk.tma_load(st.v, v, at(h // group, ks_ + j * BN), st.full)
     for g in pk.static_range(2):
-        with pk.role(4 + 4 * g, 4, regs=240):
+        with pk.role(4 + 4 * g, 4, regs=consumer_regs(24)):
             row0 = q0 + 64 * g + 16 * (pk.wave_id() % 4)
             s_t = pk.rt((16, BN), pk.f32, role="acc")
             acc = pk.zeros(pk.rt((16, D), pk.f32, role="acc"))

@@ -9,6 +9,8 @@ e.g. XCD chunking with a window on CDNA, L2-grouped rasterisation on Hopper."""
 import pykittens as pk
 from pykittens import chiplet
 
+from .pipeline import consumer_regs
+
 
 def output_tile(MAP, TM, TN, BM, BN, TARGET, index=None):
     """(row, col) of an output tile: the flat launch index (or `index`, a persistent
@@ -212,10 +214,8 @@ def ws_store(c, OUT, BN, TMA_STORE):
 # that reproduces the hang turns this off in its own process
 REFUSE_KNOWN_HANG = True
 
-# the producer warpgroup's registers when its idle waves have side work: what the block's
-# registers leave beside two 232-register consumer warpgroups (384 x 168 - 256 x 232 =
-# 128 x 40: the block starts with ptxas's cap, not the whole register file, and
-# setmaxnreg only moves registers between its warpgroups)
+# the producer warpgroup's registers (its idle waves' side work included); its two
+# consumer warpgroups take what it leaves of the block's (pipeline.consumer_regs: 232)
 PRODUCER_REGS = 40
 
 
@@ -268,7 +268,8 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     ring = pk.Ring(STAGES, fill=2 + halves, drain=4 if PINGPONG else 8, a=[a_t, a_t],
                    b=[b_t] * halves, cluster=CLUSTER)
     steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
-    if PROMOTE == 1 and halves == 1:                  # (in_flight, below)
+    in_flight = PROMOTE == 1 and halves == 1          # promote_in_flight's two products
+    if in_flight:
         # promote_in_flight takes K steps in runs of PROMOTE_RUN, at least one: the last
         # is made whole with steps past K, which the TMA unit fills with zeros
         steps = pk.maximum(1, (steps + PROMOTE_RUN - 1) // PROMOTE_RUN) * PROMOTE_RUN
@@ -281,11 +282,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     turns = [pk.mbarrier(4) for _ in range(2)] if PINGPONG else None
     if CLUSTER > 1:                   # every workgroup's barriers are set up
         pk.cluster_sync()
-    # promoting with two products in turn (promote_in_flight), the consumers take 8 more
-    # registers from a producer of 24 (the block's 384 x 168 = 128 x 24 + 256 x 240): at
-    # 232 some of the block loop's values spill
-    in_flight = PROMOTE == 1 and halves == 1
-    producer_regs = PRODUCER_REGS if side_work is not None else 24 if in_flight else 40
+    # promoting with two products in turn, the consumers take 8 more registers from a
+    # producer of 24 (240 each: at 232 some of the block loop's values spill)
+    producer_regs = 24 if in_flight and side_work is None else PRODUCER_REGS
     with pk.role(0, 4, regs=producer_regs):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
@@ -308,7 +307,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
             with pk.if_(pk.wave_id() > 0):
                 side_work(pk.wave_id() - 1, 3)
     for g in pk.static_range(2):
-        with pk.role(4 + 4 * g, 4, regs=240 if in_flight and side_work is None else 232):
+        with pk.role(4 + 4 * g, 4, regs=consumer_regs(producer_regs)):
             if PINGPONG:
                 pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma, turns)
                 continue
