@@ -327,8 +327,8 @@ def test_role_registers_within_what_the_workgroup_starts_with():
     cap (168 a thread for 384 threads): 40 + 2 x 232 and 24 + 2 x 240 fit exactly; 32 +
     2 x 240 asks for the SM's whole file (65536, 1024 more than the block holds), which
     on the H200 left the consumers' raise waiting forever."""
-    from pykittens.targets.sm90a import entry_register_cap
-    assert entry_register_cap(384) == 168
+    from pykittens.targets import get
+    assert get("sm_90a").entry_register_cap(384) == 168
     for producer, consumer in ((40, 232), (24, 240)):
         compiler.lane_ir(_budgeted_roles, "sm_90a", PRODUCER=producer, CONSUMER=consumer)
     with pytest.raises(pk.KernelError, match="starts with 168 a thread.*waits forever"):

@@ -211,8 +211,7 @@ class NVPTXRenderer(Renderer):
         return kind in self._kinds
 
     def register_cap(self) -> int:
-        from ..targets.sm90a import entry_register_cap
-        return entry_register_cap(self.p.num_waves * self.p.wave_size, self.p.target.vgprs)
+        return self.p.target.entry_register_cap(self.p.num_waves * self.p.wave_size)
 
     # -- register tiles <-> shared memory: ldmatrix / stmatrix ------------------------------
     def _matrix_plan(self, op):

@@ -11,14 +11,13 @@ import pykittens as pk
 def consumer_regs(producer_regs: int) -> int:
     """pk.role's regs= for each consumer warpgroup of a Hopper kernel whose first
     warpgroup, its producer, takes `producer_regs`: the block starts with ptxas's entry
-    cap for its size (targets.sm90a.entry_register_cap) and setmaxnreg only moves
+    cap for its size (Target.entry_register_cap) and setmaxnreg only moves
     registers between warpgroups, so the consumers share what the producer leaves, a
     multiple of 8 (12 waves: 24 -> 240, 40 -> 232; 16 waves: 24 -> 160)."""
     from pykittens.targets import get
-    from pykittens.targets.sm90a import entry_register_cap
-    wave = get("sm_90a").wave_size
-    threads, producer = pk.num_waves() * wave, 4 * wave
-    rest = entry_register_cap(threads) * threads - producer_regs * producer
+    t = get("sm_90a")
+    threads, producer = pk.num_waves() * t.wave_size, 4 * t.wave_size
+    rest = t.entry_register_cap(threads) * threads - producer_regs * producer
     return min(256, rest // (threads - producer) // 8 * 8)
 
 

@@ -852,9 +852,8 @@ class _Lowering:
                            "warpgroup-wide)")
         self.reg_budget[op.attrs["first_wave"]] = op.attrs["regs"] * op.attrs["num_waves"] * \
             self.t.wave_size
-        from ..targets.sm90a import entry_register_cap
         threads = self.k.num_waves * self.t.wave_size
-        cap = entry_register_cap(threads, self.t.vgprs)
+        cap = self.t.entry_register_cap(threads)
         total = sum(self.reg_budget.values())
         if total > cap * threads:
             raise self.err(f"warp roles ask for {total} registers in total, but the "

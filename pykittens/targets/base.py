@@ -160,6 +160,9 @@ class Target:
     # CDNA register pinning: VGPRs kept below the lowest pinned VGPR for the compiler's own
     # values (0 where registers cannot be pinned)
     min_free_vgprs: int = 0
+    # 32-bit registers per CU / SM where kernels budget them per warpgroup (Hopper's
+    # setmaxnreg); 0 where that does not apply
+    registers_per_cu: int = 0
     # Instruction classes of the scheduling hints (pk.sched_group, pk.sched_barrier) and
     # their masks in the target's intrinsics; () where the hints emit nothing
     sched_classes: tuple[tuple[str, int], ...] = ()
@@ -170,6 +173,14 @@ class Target:
     # source): clocks per chip, bytes per clock of LDS / shared memory and the memory path,
     # issue rates, published matrix peaks. Defined and cited in the chip's file.
     perf_facts: tuple[tuple[str, float, str], ...] = ()
+
+    def entry_register_cap(self, threads: int) -> int:
+        """Registers per thread a block of `threads` starts with where its kernel budgets
+        warpgroups with setmaxnreg (ptxas's maxnreg: the whole block on one SM, a multiple
+        of 8). setmaxnreg only moves registers between warpgroups: the block's roles
+        together get at most this times `threads` (a consumer's increase otherwise waits
+        forever for registers no one gives back)."""
+        return min(self.vgprs // 8 * 8, self.registers_per_cu // threads // 8 * 8)
 
     def fact(self, name: str) -> tuple[float, str]:
         """(value, source) of a performance fact; KeyError naming the ones there are."""

@@ -18,17 +18,6 @@ import numpy as np
 from .base import MMAInstr, Target, linear
 
 REGISTERS_PER_SM = 65536          # 32-bit registers per SM (H100 white paper)
-
-
-def entry_register_cap(threads: int, vgprs: int = 255) -> int:
-    """Registers per thread a block of `threads` starts with where its kernel budgets
-    warpgroups with setmaxnreg (ptxas's maxnreg: the whole block on one SM, a multiple of
-    8). setmaxnreg only moves registers between warpgroups: the block's roles together
-    get at most this times `threads` (a consumer's increase otherwise waits forever for
-    registers no one gives back)."""
-    return min(vgprs // 8 * 8, REGISTERS_PER_SM // threads // 8 * 8)
-
-
 # Kernel parameters start at this byte of constant bank 0, and over-aligned parameters
 # (64-byte CUtensorMaps) are aligned in absolute bank offsets: the first one after 0 bytes
 # of parameters sits at parameter offset 48 (read back with cuFuncGetParamInfo on an H200).
@@ -231,6 +220,6 @@ TARGET = Target(
          _mma("e4m3", 32, "e4m3"), _mma("e5m2", 32, "e5m2")),
     dispatch_round_robin=False, l2_partitions=2,
     dispatch_sms=DISPATCH_FIRST_SMS + DISPATCH_SM_CYCLE, sm_l2_partition=SM_L2_PARTITION,
-    param_bank_base=PARAM_BANK_BASE,
+    param_bank_base=PARAM_BANK_BASE, registers_per_cu=REGISTERS_PER_SM,
     perf_facts=PERF_FACTS,
 )
