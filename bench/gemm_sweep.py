@@ -55,7 +55,8 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
                           layout=layout, **rule)
 
 
-STEPS = ("candidates", "sweep", "store", "cluster", "early", "fence", "layouts", "fp8")  # GPU run's
+STEPS = ("candidates", "sweep", "store", "cluster", "early", "fence", "stream", "skinny",
+         "layouts", "fp8")                                                   # GPU run's
 
 
 def builds(steps=STEPS):
@@ -66,10 +67,16 @@ def builds(steps=STEPS):
             for c in gemm_ws_candidates(TARGET, m, k, n, 2):
                 yield {**c, "DT": "bf16", "OUT": "bf16"}
     for step, plans in (("store", _store_plans), ("cluster", _cluster_plans),
-                        ("early", _early_plans), ("fence", _fence_plans)):
+                        ("early", _early_plans), ("fence", _fence_plans),
+                        ("stream", _stream_plans)):
         if step in steps:
             for m, n, k in sweep_shapes():
                 for plan in plans(m, n, k).values():
+                    yield {**plan, "DT": "bf16", "OUT": "bf16"}
+    if "skinny" in steps:
+        for m in SKINNY_TOKENS:
+            for n, k in LLAMA:
+                for plan in _skinny_plans(m, n, k).values():
                     yield {**plan, "DT": "bf16", "OUT": "bf16"}
     if "layouts" in steps:
         for layout in ("nt", "nn", "tn"):
@@ -188,12 +195,37 @@ def _cluster_plans(m, n, k) -> dict:
 # those pykittens module constants set (e.g. the codegen's fence rule, gemm's promotion runs)
 EARLY = "early launch"
 BUILD = "built with"
+STREAM = "stream-K"          # the plan's gemm_ws launch as gemm_sk (kernels.gemm_sk_plan)
 
 
 def _launch_of(plan) -> tuple[dict, bool]:
-    """(gemm_ws's constants, launched early where pk.launch would) of a plan."""
-    consts = {k: v for k, v in plan.items() if k not in (EARLY, BUILD)}
+    """(gemm_ws's constants, launched early where pk.launch would) of a plan (for a STREAM
+    plan, gemm_sk's: gemm_ws's but those gemm_sk fixes)."""
+    from pykittens.kernels import SK_FIXED
+    consts = {k: v for k, v in plan.items() if k not in (EARLY, BUILD, STREAM)}
+    if plan.get(STREAM):
+        consts = {k: v for k, v in consts.items() if k not in SK_FIXED}
     return consts, plan.get(EARLY, True)
+
+
+def _grid_of(plan, k) -> tuple[int]:
+    """The grid of a plan for K = k."""
+    from pykittens.kernels import gemm_sk_plan, gemm_ws_grid
+    consts = {key: v for key, v in plan.items() if key not in (EARLY, BUILD, STREAM)}
+    if plan.get(STREAM):
+        return gemm_sk_plan(consts, TARGET, k)[0]
+    return gemm_ws_grid(consts, TARGET)
+
+
+def _stream_args(plan, k) -> dict:
+    """gemm_sk's `part` and `flags` for a STREAM plan over K = k (none for others)."""
+    if not plan.get(STREAM):
+        return {}
+    import torch
+    from pykittens.kernels import gemm_sk_plan
+    _, consts, slots = gemm_sk_plan(_launch_of({**plan, STREAM: False})[0], TARGET, k)
+    return {"part": torch.empty(128 * slots, consts["BN"], device="cuda"),
+            "flags": torch.zeros(8 * slots, device="cuda", dtype=torch.int32)}
 
 
 _KERNELS: dict = {}
@@ -206,8 +238,12 @@ def _kernel_of(plan):
     launch cache) and the patches."""
     import contextlib
     import importlib
-    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.kernels.gemm import gemm_sk, gemm_ws
     patches = tuple(sorted(plan.get(BUILD, {}).items()))
+    if plan.get(STREAM):
+        if patches:
+            raise ValueError("a stream-K plan is built as the library builds it")
+        return gemm_sk, contextlib.nullcontext
     if not patches:
         return gemm_ws, contextlib.nullcontext
     if patches not in _KERNELS:
@@ -240,6 +276,19 @@ def _early_plans(m, n, k) -> dict:
     usual ("other")."""
     _, rule = _plan("nt", m, n, k)
     return {"rule": rule, "other": {**rule, EARLY: False}}
+
+
+def _stream_plans(m, n, k) -> dict:
+    """The launch rule's constants ("rule") and the same launch with its last blocks split
+    in K (gemm_sk, "other"), where anything splits."""
+    _, rule = _plan("nt", m, n, k)
+    from pykittens.kernels import gemm_sk_plan
+    return {"rule": rule, "other": {**rule, STREAM: gemm_sk_plan(rule, TARGET, k) is not None}}
+
+
+def _describe_stream(plans) -> str:
+    return f"{plans['rule']['BN']} rule / " + \
+        ("stream-K" if plans["other"][STREAM] else "the same (nothing splits)")
 
 
 def _describe_early(plans) -> str:
@@ -277,6 +326,71 @@ def step_early(rows, details):
     _step_pair("early", _early_plans, _describe_early, rows, details)
 
 
+def step_stream(rows, details):
+    """The launch rule against the same launch with its last blocks split in K between
+    workgroups (gemm_sk: every workgroup the same number of K steps), and cuBLAS, on the
+    sweep's shapes."""
+    _step_pair("stream", _stream_plans, _describe_stream, rows, details)
+
+
+SKINNY_TOKENS = (128, 256, 512, 1024)     # M of the skinny step: few blocks, long K
+
+
+def _skinny_plans(m, n, k) -> dict:
+    """The launch rule (gemm_ws), the same blocks split in K (gemm_sk), and gemm_sk with
+    the other block width, where each splits anything."""
+    from pykittens.kernels import gemm_sk_plan
+    _, rule = _plan("nt", m, n, k)
+    plans = {"rule": rule}
+    for bn in (rule["BN"], 384 - rule["BN"]):
+        _, c = _plan("nt", m, n, k, bn=bn)
+        if gemm_sk_plan(c, TARGET, k) is not None:
+            plans[f"split {bn}"] = {**c, STREAM: True}
+    return plans
+
+
+def step_skinny(rows, details):
+    """Skinny products (M = SKINNY_TOKENS rows against the Llama layers' weights: fewer
+    blocks than SMs, or not many more): gemm_ws's launch rule against its blocks split in K
+    between workgroups (gemm_sk, split-K where the blocks are fewer than the SMs), at
+    either block width, and cuBLAS; medians of interleaved rounds."""
+    import torch
+    import torch.nn.functional as F
+    from pykittens.runtime.launch import launch
+    best = []
+    for m in SKINNY_TOKENS:
+        for n, k in LLAMA:
+            flops = 2 * m * n * k
+            x, w = _rand(m, k), _rand(n, k)
+            ref = F.linear(x, w)
+            plans = _skinny_plans(m, n, k)
+            calls, err = {}, 0.0
+            for name, plan in plans.items():
+                y, extra = torch.full_like(ref, float("nan")), _stream_args(plan, k)
+                c = _launch_of(plan)[0]
+                kernel = _kernel_of(plan)[0]
+                calls[name] = (lambda kernel=kernel, c=c, y=y, extra=extra, g=_grid_of(plan, k):
+                               launch(kernel, grid=g, a=x, b=w, c=y, **extra, **c))
+                calls[name]()
+                err = max(err, _rel(y, ref))
+            times = interleaved([lambda: F.linear(x, w)] + list(calls.values()), _reps(flops))
+            tf = {name: flops / t / 1e12 for name, t in zip(["cublas", *calls], times)}
+            top = max((nm for nm in calls), key=lambda nm: tf[nm])
+            best.append(tf[top] / tf["cublas"])
+            details.append({"step": "skinny", "shape": [m, n, k], "tflops": tf, "rel_err": err,
+                            "plans": plans})
+            line = ", ".join(f"{nm} {tf[nm]:.0f}" for nm in calls)
+            print(f"{m}x{n}x{k}: cuBLAS {tf['cublas']:.0f}, {line} TFLOP/s, err {err:.1e}",
+                  flush=True)
+            rows.append(["skinny", f"{m}x{n}x{k}", f"{tf['cublas']:.0f}", f"{tf['rule']:.0f}",
+                         f"{tf[top]:.0f}", f"{tf['rule'] / tf['cublas']:.3f} / "
+                         f"{tf[top] / tf['cublas']:.3f}", top, "ok" if err < 1e-2 else "FAIL"])
+            del x, w, ref
+    geo = math.exp(sum(map(math.log, best)) / len(best))
+    rows.append(["skinny", f"best: {len(best)} shapes", "", "", "", f"geomean {geo:.3f}",
+                 f"min {min(best):.3f}", ""])
+
+
 def step_fence(rows, details):
     """The launch rule against the same build with every ring release fencing shared
     memory (before the TMA store's fence covered it), and cuBLAS, on the sweep's shapes."""
@@ -311,8 +425,6 @@ def _step_pair(step, plans_of, describe, rows, details):
     cuBLAS on the sweep's shapes, medians of interleaved rounds."""
     import torch
     import torch.nn.functional as F
-    from pykittens.kernels import gemm_ws_grid
-    from pykittens.kernels.gemm import gemm_ws
     from pykittens.runtime import cuda as rc
     from pykittens.runtime.launch import launch
     ratios = {"rule": [], "other": []}
@@ -322,12 +434,13 @@ def _step_pair(step, plans_of, describe, rows, details):
         ref = F.linear(x, w)
         plans = plans_of(m, n, k)
         ys = {name: torch.full_like(ref, float("nan")) for name in plans}
-        def run_plan(plan, y):
+        def run_plan(plan, y, extra):
             c, early = _launch_of(plan)
             kernel, building = _kernel_of(plan)
             with mock.patch.object(rc, "EARLY_LAUNCH", rc.EARLY_LAUNCH and early), building():
-                launch(kernel, grid=gemm_ws_grid(c, TARGET), a=x, b=w, c=y, **c)
-        calls = {name: (lambda p=p, y=ys[name]: run_plan(p, y)) for name, p in plans.items()}
+                launch(kernel, grid=_grid_of(plan, k), a=x, b=w, c=y, **extra, **c)
+        calls = {name: (lambda p=p, y=ys[name], e=_stream_args(p, k): run_plan(p, y, e))
+                 for name, p in plans.items()}
         err = 0.0
         for name, call in calls.items():
             call()
@@ -532,7 +645,8 @@ def main() -> int:
     return run_steps("gemm_sweep", {"candidates": step_candidates, "layouts": step_layouts,
                                     "sweep": step_sweep, "fp8": step_fp8,
                                     "store": step_store, "cluster": step_cluster,
-                                    "early": step_early, "fence": step_fence}, env,
+                                    "early": step_early, "fence": step_fence,
+                                    "stream": step_stream, "skinny": step_skinny}, env,
                      header=header)
 
 

@@ -237,7 +237,7 @@ def test_linear_backward_reads_operands_as_stored():
     check_grads(lambda x, w: pko.linear(x, w), lambda x, w: F.linear(x, w), (x, w), dtype)
     for form, (m, k, n) in (("nt", (48, 128, 72)), ("nn", (48, 72, 128)),
                             ("tn", (72, 48, 128))):
-        kernel, _, consts = M._plan("sm_90a", form, m, k, n, 2)
+        kernel, _, consts, _ = M._plan("sm_90a", form, m, k, n, 2)
         assert kernel is M.gemm_ws and consts.get("LAYOUT", "nt") == form
     assert M.ws_layout("sm_90a", "tn", 70, 48, 128, 2) == "nt"      # 140-byte rows of dY
     assert M.ws_layout("sm_90a", "nn", 48, 70, 128, 2) is None      # K rows TMA can't copy

@@ -236,3 +236,35 @@ def test_signatures_kept_are_bounded(gpu_like, monkeypatch):
     for n in range(16, 16 * 6, 16):
         op(_rand(2, n))
     assert len(op.replay_calls) <= 3
+
+
+def test_a_split_k_call_replays_on_its_own_streams_workspace(gpu_like, monkeypatch):
+    """linear through gemm_sk (split-K; its rule's threshold lowered so the emulator's
+    shape splits) keeps its partial sums and flags in a workspace of the stream: replayed
+    calls pass the same workspace and give the full path's result, and a call on another
+    stream takes the full path (its own workspace)."""
+    import sys
+    import pykittens.kernels as K
+    M = sys.modules["pykittens.ops.matmul"]
+    monkeypatch.setattr(K, "SPLIT_K_MIN_STEPS", 0)
+    monkeypatch.setattr(run_mod, "_WORKSPACES", {})
+    M._plan.cache_clear()
+    try:
+        x, w = _rand(128, 256), _rand(128, 256, seed=1)
+        entries, _ = _entry_after_two_calls(pko.linear, x, w)
+        (entry,) = entries
+        assert type(entry) is replay._Replay and entry.stream == 0
+        assert any(launched == ("plan", "gemm_sk") for launched in gpu_like)
+        (flags,) = [v for k, v in run_mod._WORKSPACES.items() if k[2] == "gemm_sk.flags"]
+        x2 = _rand(128, 256, seed=2)
+        gpu_like.clear()
+        got = pko.linear(x2, w)
+        assert gpu_like == [("launch", "gemm_sk")]
+        assert torch.equal(got, pko.linear.__wrapped__(x2, w)) and not flags.any()
+        monkeypatch.setattr(replay, "current_stream", lambda device: 7)
+        gpu_like.clear()
+        assert torch.equal(pko.linear(x2, w), got)
+        assert ("plan", "gemm_sk") in gpu_like                   # the full path ran
+        assert len([k for k in run_mod._WORKSPACES if k[1] == 7]) == 2
+    finally:
+        M._plan.cache_clear()

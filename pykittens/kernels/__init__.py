@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gemm import gemm_basic, gemm_wgmma, gemm_ws
+from .gemm import gemm_basic, gemm_sk, gemm_wgmma, gemm_ws
 from .gemm_cdna import gemm_pingpong, gemm_pingpong_launch, gemm_pingpong_mx
 from . import rows
 from .layernorm import dbias_column, layernorm, layernorm_bwd
@@ -507,6 +507,51 @@ def gemm_ws_grid(consts: dict, target) -> tuple[int]:
     return (min(blocks, get(target).num_cus // n * n),)
 
 
+# gemm_ws constants gemm_sk does not take (it is persistent, 16-bit, one block a
+# workgroup at a time); a launch using any of them otherwise stays gemm_ws
+SK_FIXED = {"PERSISTENT": 1, "PROMOTE": 0, "PINGPONG": 0, "CLUSTER": 1}
+
+
+def gemm_sk_plan(consts: dict, target, k: int, itemsize: int = 2):
+    """(grid, constants, slots) of gemm_sk for the gemm_ws launch `consts` over K = k of
+    `itemsize`-byte operands (the same blocks, order and pipeline; its last blocks, or all
+    of them where they are fewer than the workgroups, split in K so every workgroup takes
+    the same number of K steps), or None where gemm_sk does not apply (not persistent,
+    promoted fp8, ping-pong, clusters, C staged whole) or nothing would split (the blocks
+    fill whole rounds of the grid). gemm_sk's `part` then has 128 x slots rows of BN f32,
+    `flags` 8 x slots i32 (zeros)."""
+    from ..lang.schedule import StreamWalk
+    from ..targets import get
+    if any(consts.get(key, 0 if key != "CLUSTER" else 1) != v for key, v in SK_FIXED.items()) \
+            or consts.get("TMA_STORE", 0) == 1:
+        return None
+    blocks, steps = consts["TM"] * consts["TN"], -(-k * itemsize // 128)
+    grid = min(get(target).num_cus, blocks * steps)     # every workgroup a K step
+    slots = StreamWalk.slots(blocks, grid, steps)
+    if not slots:
+        return None
+    return (grid,), {key: v for key, v in consts.items() if key not in SK_FIXED}, slots
+
+
+# split-K (gemm_sk over fewer blocks than SMs) where at most half the SMs would have a
+# block and each workgroup's share of the steps is at least this many K steps: on the
+# H200 (docs/PERF.md, 2026-12-04 fifth session) 1.14-1.64x gemm_ws at M = 128 and 256
+# rows against the Llama layers with K >= 8192, and slower where blocks fill more SMs or
+# shares are shorter (the partial sums' round trip then outweighs the steps)
+SPLIT_K_MIN_STEPS = 48
+
+
+def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2):
+    """gemm_sk_plan of the gemm_ws launch `consts` where the launch rule splits its blocks
+    in K (SPLIT_K_MIN_STEPS), else None."""
+    from ..targets import get
+    cus = get(target).num_cus
+    blocks, steps = consts["TM"] * consts["TN"], -(-k * itemsize // 128)
+    if blocks > cus // 2 or blocks * steps < SPLIT_K_MIN_STEPS * cus:
+        return None
+    return gemm_sk_plan(consts, target, k, itemsize)
+
+
 def _gemm_wgmma_launch(i, target):
     """TMA needs B's rows to be a multiple of 16 bytes; otherwise B goes through registers."""
     grid, consts = _gemm_launch(i, target)
@@ -634,11 +679,12 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                targets=("sm_90a",)),          # mbarriers and warp roles: Hopper
 )}
 
-__all__ = ["KERNELS", "KernelSpec", "Operand", "check", "gemm_ws_dims", "gemm_ws_grid",
-           "gemm_ws_launch", "ln_tma_consts", "rel_err", "row_launch", "stats_launch",
-           "ln_launch", "ln_grad_launch", "rms_grad_launch", "rope_launch",
-           "exact_row_launch", "softmax_grad_launch", "add_rmsnorm", "column_sum",
-           "gemm_basic", "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx",
-           "gemm_wgmma",
-           "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "rope",
-           "scaled_add", "softmax", "softmax_bwd", "tma_scale", "ws_scale"]
+__all__ = ["KERNELS", "KernelSpec", "Operand", "SK_FIXED", "check", "gemm_sk_plan",
+           "gemm_split_k", "gemm_ws_dims", "gemm_ws_grid", "gemm_ws_launch",
+           "ln_tma_consts", "rel_err", "row_launch", "stats_launch", "ln_launch",
+           "ln_grad_launch", "rms_grad_launch", "rope_launch", "exact_row_launch",
+           "softmax_grad_launch", "add_rmsnorm", "column_sum", "gemm_basic",
+           "gemm_pingpong", "gemm_pingpong_launch", "gemm_pingpong_mx", "gemm_sk",
+           "gemm_wgmma", "gemm_ws", "layernorm", "layernorm_bwd", "rmsnorm",
+           "rmsnorm_bwd", "rope", "scaled_add", "softmax", "softmax_bwd", "tma_scale",
+           "ws_scale"]

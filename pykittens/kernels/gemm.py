@@ -158,6 +158,27 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
                 LAYOUT=LAYOUT, PINGPONG=PINGPONG, CLUSTER=CLUSTER)
 
 
+@pk.kernel(num_waves=12)
+def gemm_sk(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
+            part: pk.gl[pk.f32, 2], flags: pk.gl[pk.i32, 1],
+            DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
+            STAGES: pk.const = 4, TMA_STORE: pk.const = 0, MAP: pk.const = "row-major",
+            TM: pk.const = 0, TN: pk.const = 0, LAYOUT: pk.const = "nt",
+            TARGET: pk.target = None):
+    """gemm_ws, persistent, whose last blocks are split in K between workgroups
+    (pk.stream_walk): every workgroup takes the same number of K steps, where gemm_ws's
+    grid of G workgroups takes ceil(T / G) rounds of T blocks (and where the blocks are
+    fewer than the workgroups, split-K: each block's steps are shared by several). A split
+    block's workgroups meet through `part` (f32, 128 rows a lender's slot, BN columns:
+    its partial sums) and `flags` (i32, 8 a slot, zero before the launch and left zero
+    after it): pk.StreamWalk.slots(T, G, K steps) slots. The workgroups of the grid must all be running at once (at
+    most one per SM, as the launch rule's grid). Constants as gemm_ws's (16-bit operands,
+    TMA_STORE 0 or 2)."""
+    ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
+                ws_store(c, OUT, BN, TMA_STORE), DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=1,
+                PROMOTE=0, LAYOUT=LAYOUT, stream=(part, flags))
+
+
 # TMA_STORE=2's pieces: each wave's 16 rows x 64 columns (one 128-byte swizzled row of
 # 16-bit C), through two tiles of its own taking turns (so a block has an even number: the
 # next block's first piece then goes to the tile whose copy is the older one)
@@ -182,12 +203,24 @@ def ws_store(c, OUT, BN, TMA_STORE):
     mine = pk.empty(pk.st((16, STORE_PIECE), OUT, swizzle=8), count=16) \
         if TMA_STORE == 2 else None
 
-    def store(g, acc, m0, n0, t, i):
+    def store(g, acc, m0, n0, t, i, plus=None):
         """acc: columns n0 .. of the block (all of them, or a half of an even number of
-        pieces)."""
+        pieces). plus(piece, c0): an f32 tile like `piece` to add to acc's columns c0 ..
+        (a block's partial sums from elsewhere), added piece by piece as C leaves, so no
+        second accumulator's registers are held."""
         row = m0 + 64 * g + pk.wave_id() % 4 * 16
-        if TMA_STORE == 0:
+
+        def piece(j):                 # acc's j-th 64 columns, plus what is added there
+            p = pk.subtile(acc, (0, j * STORE_PIECE), (16, STORE_PIECE))
+            return p if plus is None else p + plus(p, j * STORE_PIECE)
+        if plus is not None and TMA_STORE == 1:
+            raise pk.KernelError("gemm_ws adds partial sums to C stored from registers or "
+                                 "in pieces (TMA_STORE 0 or 2), not to a staged whole block")
+        if TMA_STORE == 0 and plus is None:
             pk.store(c, acc, (row, n0))
+        elif TMA_STORE == 0:
+            for j in pk.static_range(acc.shape[1] // STORE_PIECE):
+                pk.store(c, piece(j), (row, n0 + j * STORE_PIECE))
         elif TMA_STORE == 1:
             if acc.shape[1] != BN:
                 raise pk.KernelError("gemm_ws TMA_STORE=1 stages whole blocks")
@@ -199,8 +232,7 @@ def ws_store(c, OUT, BN, TMA_STORE):
                 # on (none waits at the wave's first two pieces)
                 pk.tma_store_wait(pending=1)
                 tile = mine[mine0 + j % 2]
-                pk.store(tile, pk.subtile(acc, (0, j * STORE_PIECE), (16, STORE_PIECE)),
-                         (0, 0))
+                pk.store(tile, piece(j), (0, 0))
                 pk.tma_store(c, tile, (row, n0 + j * STORE_PIECE), wait=False)
 
     def finish(g):                  # after the walk: the last pieces have left the tiles
@@ -225,7 +257,7 @@ LAYOUTS = {"nt": pk.mma_ABt, "nn": pk.mma_AB, "tn": pk.mma_AtB}
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
                 LAYOUT="nt", PINGPONG=0, CLUSTER=1, before_loads=None, side_work=None,
-                after_tiles=None):
+                after_tiles=None, stream=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
@@ -243,7 +275,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
     CLUSTER=n: workgroups in clusters of n walk `tiles` items together, item i being
     block tile_of(i) of each (e.g. n blocks one below the other); the blocks share B's
-    block (B stored N x K), which each workgroup loads 1/n of into all of them."""
+    block (B stored N x K), which each workgroup loads 1/n of into all of them.
+
+    stream=(part, flags): the persistent walk splits the last blocks in K (pk.stream_walk)
+    so every workgroup takes the same number of K steps; a block's two workgroups meet
+    through `part` and `flags` (stream_finish)."""
     if LAYOUT not in LAYOUTS:
         raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
     if PINGPONG and (PROMOTE or after_tiles is not None):
@@ -276,7 +312,12 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
     def at(kmajor, row, k):           # a block's origin in its operand as stored
         return (row, k) if kmajor else (k, row)
-    walk = pk.tile_walk(tiles, persistent=PERSISTENT, cluster=CLUSTER)
+    if stream is not None and (not PERSISTENT or PROMOTE or PINGPONG or CLUSTER > 1 or
+                               after_tiles is not None):
+        raise pk.KernelError("gemm_ws splits blocks in K (stream=) in a persistent walk "
+                             "without PROMOTE, PINGPONG, clusters or after_tiles")
+    walk = pk.stream_walk(tiles, steps) if stream is not None else \
+        pk.tile_walk(tiles, persistent=PERSISTENT, cluster=CLUSTER, steps=steps)
     # ping-pong: consumer g's turn[g] completes when the other has issued its block's
     # mainloop, so that no consumer waits for a ring step two phases ahead of the stage
     turns = [pk.mbarrier(4) for _ in range(2)] if PINGPONG else None
@@ -288,11 +329,12 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     with pk.role(0, 4, regs=producer_regs):
         with pk.if_(pk.wave_id() == 0):
             for t in walk:
-                m0, n0 = tile_of(walk.tile(t))
+                seg = walk.segment(t)
+                m0, n0 = tile_of(seg.tile)
                 if before_loads is not None:
-                    before_loads(walk.tile(t), m0)
-                for i in pk.range(steps):
-                    s = ring.acquire(t * steps + i)
+                    before_loads(seg.tile, m0)
+                for i in seg.steps():
+                    s = ring.acquire(seg.ring(i))
                     for g in pk.static_range(2):
                         pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
                     if CLUSTER > 1:            # this workgroup's part, into all of them
@@ -319,12 +361,12 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
             # promoting every K step of a whole block: two products taking turns
             parts = [part, pk.empty(acc.type)] if in_flight else None
             for t in walk:
-                m0, n0 = tile_of(walk.tile(t))
+                seg = walk.segment(t)
+                m0, n0 = tile_of(seg.tile)
                 for x in accs:
                     pk.fill(x, 0.0)
 
-                def step(i, into):
-                    k = t * steps + i
+                def step(k, into):                           # ring step k
                     s = ring.wait(k)
                     mma(into, s.a[g], s.b[0], in_flight=1)
                     with pk.if_(k > 0):                      # step k - 1's group retired
@@ -347,17 +389,20 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     whole = steps // PROMOTE
                     for j in pk.range(whole):
                         for h in pk.static_range(PROMOTE):
-                            step(j * PROMOTE + h, part)
+                            step(seg.ring(j * PROMOTE + h), part)
                         promote(acc, part)
                     for i in pk.range(whole * PROMOTE, steps):
-                        step(i, part)
+                        step(seg.ring(i), part)
                     promote(acc, part)                       # (zeros when none were left)
                 else:
-                    for i in pk.range(steps):
-                        step(i, acc)
+                    for i in seg.steps():
+                        step(seg.ring(i), acc)
                     pk.mma_wait(acc)
-                for h in pk.static_range(halves):        # (two halves where promoted so)
-                    store(g, accs[h], m0, n0 + bw * h, t, walk.tile(t))
+                if stream is not None:
+                    stream_finish(g, acc, seg, walk, stream, store, m0, n0, t)
+                else:
+                    for h in pk.static_range(halves):    # (two halves where promoted so)
+                        store(g, accs[h], m0, n0 + bw * h, t, seg.tile)
             if hasattr(store, "finish"):
                 store.finish(g)
             if after_tiles is not None and PERSISTENT:
@@ -365,6 +410,43 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     after_tiles(g, walk.tile(walk.mine - 1))
     if CLUSTER > 1:            # no workgroup ends while the others may still reach it
         pk.cluster_sync()
+
+
+def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
+    """The end of a stream walk's piece for consumer warpgroup g: a whole block is stored;
+    a block's later K steps (lent) leave their sums in `part` (f32, 128 rows a lender's
+    slot, walk.lend_slot; one 16-row slice per consumer wave) and the wave raises its flag
+    in `flags` (i32, 8 a slot); a block's first steps (owned) wait for each lender's flag
+    (the same wave's), add their sums to theirs in order while storing C, and lower the
+    flags again for the next launch."""
+    part, flags = stream
+    wave = pk.wave_id() % 4
+
+    def row(slot):                    # this wave's slice of a slot's partial block
+        return slot * 128 + 64 * g + 16 * wave
+
+    def flag(slot):
+        return slot * 8 + 4 * g + wave
+
+    def lent(piece, c0):              # the lenders' sums of acc's columns c0 ..
+        total = pk.zeros(piece.type)
+        for j in pk.range(lenders):
+            total += pk.load(piece.type, part, (row(walk.slot(seg, j)), c0), inside=True)
+        return total
+    with pk.if_(walk.lends(seg)):
+        mine = walk.lend_slot(seg)
+        pk.store(part, acc, (row(mine), 0), inside=True)
+        pk.signal(flags, flag(mine), 1)
+    with pk.else_():
+        with pk.if_(walk.owns_split(seg)):
+            lenders = walk.lenders(seg)
+            for j in pk.range(lenders):
+                pk.wait_flag(flags, flag(walk.slot(seg, j)), 1, tma=False)
+            store(g, acc, m0, n0, t, seg.tile, plus=lent)
+            for j in pk.range(lenders):
+                pk.signal(flags, flag(walk.slot(seg, j)), 0)
+        with pk.else_():
+            store(g, acc, m0, n0, t, seg.tile)
 
 
 # K steps per unrolled run of promote_in_flight (even: the two products take turns; on

@@ -15,10 +15,11 @@ import os
 
 import torch
 
-from ..kernels import KERNELS, Operand, gemm_ws_grid, gemm_ws_launch
-from ..kernels.gemm import gemm_basic, gemm_ws
+from ..kernels import KERNELS, Operand, gemm_split_k, gemm_ws_grid, gemm_ws_launch
+from ..kernels.gemm import gemm_basic, gemm_sk, gemm_ws
 from ..kernels.gemm_cdna import STEP_BYTES, gemm_pingpong, gemm_pingpong_launch
-from .run import HALVES, check_same, check_tensor, custom_op, replayable, run, target_of
+from .run import (HALVES, check_same, check_tensor, custom_op, replayable, run, target_of,
+                  workspace)
 
 FORMS = ("nn", "nt", "tn")
 
@@ -44,16 +45,21 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
     if c.numel() == 0 or k == 0:
         return c.zero_()
     target = target_of(a)
-    kernel, grid, consts = _plan(target, form, m, k, n, a.itemsize)
+    kernel, grid, consts, slots = _plan(target, form, m, k, n, a.itemsize)
     if AUTOTUNE and kernel is gemm_ws and a.device.type == "cuda":
         consts = _tuned(a, form, m, k, n, consts)
         grid = gemm_ws_grid(consts, target)
-    if kernel is gemm_ws and consts.get("LAYOUT", "nt") == form:     # read as stored
+    ws = kernel in (gemm_ws, gemm_sk)
+    if ws and consts.get("LAYOUT", "nt") == form:        # read as stored
         a_in, b_in = a, b
     else:                                                # A (M, K), B as (N, K) or (K, N)
-        a_in, b_in = A, (B.t() if kernel in (gemm_ws, gemm_pingpong) else B)
-    run(kernel, {"a": a_in.contiguous(), "b": b_in.contiguous(), "c": c}, grid, consts,
-        ("c",))
+        a_in, b_in = A, (B.t() if ws or kernel is gemm_pingpong else B)
+    args = {"a": a_in.contiguous(), "b": b_in.contiguous(), "c": c}
+    if slots:                                            # split-K: where blocks meet
+        args["part"] = workspace(a, "gemm_sk.part", (128 * slots, consts["BN"]),
+                                 torch.float32)
+        args["flags"] = workspace(a, "gemm_sk.flags", (8 * slots,), torch.int32)
+    run(kernel, args, grid, consts, ("c",))
     return c
 
 
@@ -161,17 +167,22 @@ _TUNED: dict = {}
 
 @functools.lru_cache(maxsize=1024)
 def _plan(target: str, form: str, m: int, k: int, n: int, itemsize: int):
-    """(kernel, grid, consts) of an (m, k) x (k, n) product of this form with a C of the
-    operands' type, decided once per shape (the launch rules consult the cache simulator's
-    choice)."""
+    """(kernel, grid, consts, slots) of an (m, k) x (k, n) product of this form with a C
+    of the operands' type, decided once per shape (the launch rules consult the cache
+    simulator's choice): on Hopper gemm_ws, or gemm_sk where few blocks split in K pay
+    (kernels.gemm_split_k; `slots` sizes its workspace, 0 for other kernels)."""
     layout = ws_layout(target, form, m, k, n, itemsize)
     if layout is not None:
-        return (gemm_ws, *gemm_ws_launch(ws_operands(layout, m, k, n, itemsize), target,
-                                         layout=layout))
+        grid, consts = gemm_ws_launch(ws_operands(layout, m, k, n, itemsize), target,
+                                      layout=layout)
+        split = gemm_split_k(consts, target, k, itemsize)
+        if split is not None:
+            return (gemm_sk, *split)
+        return gemm_ws, grid, consts, 0
     if target in STEP_BYTES:
-        return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize))
+        return (gemm_pingpong, *gemm_pingpong_launch(m, n, k, target, itemsize), 0)
     i = {"a": Operand((m, k), itemsize), "b": Operand((k, n), itemsize)}
-    return (gemm_basic, *KERNELS["gemm_basic"].launch(i, target))
+    return (gemm_basic, *KERNELS["gemm_basic"].launch(i, target), 0)
 
 
 @_gemm.register_fake

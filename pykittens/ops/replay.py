@@ -7,9 +7,11 @@ call's *signature*: each tensor's dtype, shape, strides, device and address modu
 every other argument's value. So a `replayable` op records, on the second call with a
 signature, what it did: each launch's pk.launch plan (runtime.launch._Plan) and, for each
 of the kernel's tensor arguments, where it came from — an input (at a byte offset), an
-output the op returned, a buffer the kernel writes whole (`kernel_output`), or a
-placeholder the kernel never touches (kept). Later calls with the signature allocate the
-outputs and buffers and launch the plans with the new addresses; nothing else runs.
+output the op returned, a buffer the kernel writes whole (`kernel_output`), a
+placeholder the kernel never touches (kept), or a stream's workspace (`run.workspace`:
+kept, and the call replayed on that stream only). Later calls with the signature
+allocate the outputs and buffers and launch the plans with the new addresses; nothing
+else runs.
 
 A call is recorded only when the op's work is all of that: a kernel argument made by any
 other torch operation (a `.contiguous()` copy, `y + bias`), inputs sharing memory, an
@@ -38,6 +40,11 @@ _state = threading.local()
 def on_gpu(t: torch.Tensor) -> bool:
     """Whether op kernels on t launch on a GPU (rather than run in the emulator)."""
     return not t.is_cpu
+
+
+def current_stream(device) -> int:
+    """The handle of the stream the device's work goes to now (0 off CUDA)."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 def replayable(fn):
@@ -146,6 +153,7 @@ class _Recorder:
     def __init__(self, tensors):
         self.inputs = tensors
         self.buffers, self.placeholders, self.launches = [], [], []
+        self.workspaces = []
 
     def launched(self, plan, args: dict) -> None:
         """A kernel launched (plan: pk.launch's, or None where nothing was launched)."""
@@ -171,7 +179,8 @@ class _Recorder:
             for s in {_storage(v) for v in args.values() if type(v) is torch.Tensor}:
                 if s in uses:
                     uses[s] += 1
-        keep = self.placeholders + [b for b in bufs if uses[_storage(b)] <= 1]
+        keep = self.placeholders + self.workspaces + \
+            [b for b in bufs if uses[_storage(b)] <= 1]
         bufs = [b for b in bufs if uses[_storage(b)] > 1]
         if not all(map(_whole, bufs)):
             return None
@@ -197,8 +206,9 @@ class _Recorder:
                 # an address (the plan re-encodes a tensor map of the same geometry there)
                 addressed.append((i, where[s], v.data_ptr() - base.data_ptr()))
             launches.append((plan, template, addressed))
+        stream = current_stream((ins + outs)[0].device) if self.workspaces else None
         return _Replay([_span_bytes(t) for t in ins], [_geometry(o) for o in outs],
-                       [_geometry(b) for b in bufs], launches, type(out), keep)
+                       [_geometry(b) for b in bufs], launches, type(out), keep, stream)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -222,20 +232,23 @@ def _geometry(t: torch.Tensor):
 class _Replay:
     """A recorded op call, made again on new tensors of the same signature."""
 
-    def __init__(self, spans, outs, bufs, launches, kind, keep):
+    def __init__(self, spans, outs, bufs, launches, kind, keep, stream=None):
         self.spans, self.outs, self.bufs = spans, outs, bufs
         self.launches, self.kind = launches, kind           # kind: the op's result type
         self.keep = keep                      # the tensors whose addresses it passes as is
+        self.stream = stream                  # the stream whose workspaces it passes
 
     def __call__(self, tensors, addresses):
         """The op's result on `tensors` (its inputs in argument order, at `addresses`), or
         None where inputs overlap in memory (the full path's checks decide whether that is
-        allowed). Launches are checked for nothing else: their scalars are the recorded
+        allowed) or the recorded call's workspaces belong to another stream. Launches are checked for nothing else: their scalars are the recorded
         call's, and the outputs and buffers are new (pk.launch's plan checks the rest for
         the signature). (Every replayed call runs this: it is written for speed.)"""
         if _overlapping(addresses, self.spans):
             return None
         device = tensors[0].device
+        if self.stream is not None and current_stream(device) != self.stream:
+            return None                           # another stream's workspaces
         empty = torch.empty_strided
         outs = [empty(s, st, dtype=dt, device=device) for s, st, dt in self.outs]
         bases = tensors + outs

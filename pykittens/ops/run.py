@@ -140,6 +140,31 @@ def run(kernel, args: dict, grid, consts: dict, outputs=()) -> None:
         args[name].copy_(from_numpy(got[name], args[name].dtype))
 
 
+_WORKSPACES: dict = {}
+
+
+def workspace(like: torch.Tensor, name: str, shape, dtype) -> torch.Tensor:
+    """A scratch tensor of `shape` on like's device that starts zeroed and that the
+    kernel leaves zeroed again (flags it raises and lowers) or writes before it reads (a
+    partial sum it hands between workgroups): kept per device, stream and `name`, grown
+    as needed, so calls reuse it without a memset. Launches on one stream follow each
+    other, so they never share it at once; a CUDA graph capture, and CPU tensors, get
+    fresh zeros (the capture records their memset)."""
+    n = int(np.prod(shape))
+    if not replay.on_gpu(like) or \
+            like.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(shape, dtype=dtype, device=like.device)
+    key = (like.device, replay.current_stream(like.device), name, dtype)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _WORKSPACES[key] = torch.zeros(max(n, 1), dtype=dtype, device=like.device)
+    t = buf[:n].view(shape)
+    rec = recorder()
+    if rec is not None:
+        rec.workspaces.append(t)
+    return t
+
+
 def placeholder(like: torch.Tensor, dims: int, dtype=None) -> torch.Tensor:
     """A tensor for a kernel parameter the chosen constants leave unread (an absent weight,
     a partial sum not asked for); 16-element rows keep the aligned build."""

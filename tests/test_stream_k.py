@@ -1,0 +1,128 @@
+"""gemm_sk: gemm_ws's persistent walk with its last blocks split in K between workgroups
+(pk.stream_walk). Each case is run by the emulator against float64 products; a K step
+taken twice or not at all, or a partial sum lost between a block's two workgroups,
+shows in the product."""
+import numpy as np
+import pytest
+
+import pykittens as pk
+from pykittens.kernels.gemm import gemm_sk, gemm_ws
+
+from conftest import rel_err
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+
+def _run(rng, m, n, steps, grid, bn=128, c_dtype=pk.bf16.np, tma_store=2,
+         wave_order="forward"):
+    k = 64 * steps
+    a = rng.standard_normal((m, k)).astype(pk.bf16.np)
+    b = rng.standard_normal((n, k)).astype(pk.bf16.np)
+    tm, tn = -(-m // 128), -(-n // bn)
+    slots = max(1, pk.StreamWalk.slots(tm * tn, grid, steps))
+    out = pk.emulate(gemm_sk, grid=(grid,), target="sm_90a", wave_order=wave_order,
+                     a=a, b=b, c=np.full((m, n), np.nan, c_dtype),
+                     part=np.full((slots * 128, bn), np.nan, np.float32),
+                     flags=np.zeros(slots * 8, np.int32), DT="bf16",
+                     OUT="f32" if c_dtype == np.float32 else "bf16", BN=bn, TM=tm, TN=tn,
+                     TMA_STORE=tma_store, STAGES=4)
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    return rel_err(out["c"], want), out["flags"]
+
+
+@pytest.mark.parametrize("m, n, steps, grid", [
+    (256, 256, 5, 3),      # 4 blocks, every one in the split rounds: 6, 7, 7 steps each
+    (384, 384, 3, 2),      # 9 blocks: 3 whole rounds, then 3 blocks split over 2
+    (200, 296, 2, 4),      # 6 ragged blocks over 4: one step of a block lent, one owned
+    (256, 256, 3, 2),      # 4 blocks over 2: nothing to split
+    (128, 384, 2, 5),      # 3 blocks, 5 workgroups: each block's 2 steps shared by 2
+    (128, 384, 7, 5),      # split-K: 21 steps over 5, each block's 7 by 2 or 3 workgroups
+    (128, 128, 3, 5),      # one block of 3 steps, 5 workgroups: two take none
+    (128, 256, 5, 7),      # 2 blocks of 5 steps over 7 workgroups: runs of 1 or 2
+    (256, 128, 9, 7),      # 2 blocks, 7 workgroups: 18 steps, runs of 2 or 3
+])
+def test_every_k_step_of_every_block_once(m, n, steps, grid, rng):
+    err, flags = _run(rng, m, n, steps, grid)
+    assert err < 1e-2
+    assert not flags.any()                      # lowered again for the next launch
+
+
+def test_split_blocks_with_f32_c_from_registers_consumers_first(rng):
+    """C stored from registers (TMA_STORE=0) in f32, so the sum of a block's two halves is
+    checked to f32 rounding, with the consumers running first (a flag wait that passes
+    early would read the NaNs the lender's slice starts as)."""
+    err, flags = _run(rng, 384, 256, 5, 4, bn=128, c_dtype=np.float32, tma_store=0,
+                      wave_order="reverse")
+    assert err < 1e-6 and not flags.any()
+
+
+def test_256_wide_blocks_split(rng):
+    err, _ = _run(rng, 384, 512, 3, 4, bn=256)
+    assert err < 1e-2
+
+
+def test_slots():
+    assert pk.StreamWalk.slots(512, 132, 64) == 116 + 132   # after whole rounds: one lender
+    assert pk.StreamWalk.slots(528, 132, 64) == 0           # whole rounds
+    # 32 blocks of 224 steps: runs of 54, so a block has at most 5 lenders
+    assert pk.StreamWalk.slots(32, 132, 224) == 32 * 5
+    assert pk.StreamWalk.slots(1, 4, 2) == 2                # 2 of 4 workgroups take a step
+
+
+def test_stream_walk_refusals():
+    a = np.zeros((128, 64), pk.bf16.np)
+    with pytest.raises(pk.KernelError, match="staged whole block"):
+        pk.emulate(gemm_sk, grid=(1,), target="sm_90a", a=a, b=a,
+                   c=np.zeros((128, 128), pk.bf16.np), part=np.zeros((128, 128), np.float32),
+                   flags=np.zeros(8, np.int32), DT="bf16", OUT="bf16", BN=128, TM=1, TN=1,
+                   TMA_STORE=1, STAGES=3)
+    with pytest.raises(pk.KernelError, match="number of tiles as a Python int"):
+        pk.stream_walk(0, 4)
+
+
+def _rule(m, n, k):
+    from pykittens.kernels import gemm_ws_launch
+    from pykittens.ops.matmul import ws_operands
+    return gemm_ws_launch(ws_operands("nt", m, k, n, 2), "sm_90a")[1]
+
+
+def test_the_launch_rule_splits_few_blocks_with_long_k():
+    """Split-K where at most half the SMs would have a block and each workgroup gets at
+    least SPLIT_K_MIN_STEPS K steps (the H200's measured wins), not otherwise."""
+    from pykittens.kernels import SPLIT_K_MIN_STEPS, gemm_split_k
+    (grid,), consts, slots = gemm_split_k(_rule(128, 4096, 14336), "sm_90a", 14336)
+    assert grid == 132 and consts["BN"] == 128 and "PERSISTENT" not in consts
+    # 32 blocks of 224 K steps in runs of 54: at most 5 lenders a block
+    assert slots == 32 * 5 and SPLIT_K_MIN_STEPS * 132 <= 32 * 224
+    assert gemm_split_k(_rule(128, 4096, 4096), "sm_90a", 4096) is None      # short shares
+    assert gemm_split_k(_rule(256, 8192, 8192), "sm_90a", 8192) is None      # 128 blocks
+    assert gemm_split_k(_rule(4096, 4096, 4096), "sm_90a", 4096) is None
+
+
+def test_linear_splits_k_on_cpu_tensors(monkeypatch):
+    """pykittens.ops.linear through gemm_sk (the rule's threshold lowered so a shape the
+    emulator runs quickly splits): forward and backward against float64, and the
+    workspace's flags left zero."""
+    import sys
+    import torch
+    import torch.nn.functional as F
+    import pykittens.ops as pko
+    import pykittens.kernels as K
+    M = sys.modules["pykittens.ops.matmul"]
+    monkeypatch.setattr(K, "SPLIT_K_MIN_STEPS", 0)
+    M._plan.cache_clear()
+    try:
+        kernel, grid, consts, slots = M._plan("sm_90a", "nt", 128, 512, 256, 2)
+        assert kernel is M.gemm_sk and grid == (16,) and slots
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(128, 512, generator=g).to(torch.bfloat16).requires_grad_()
+        w = (torch.randn(256, 512, generator=g) / 8).to(torch.bfloat16).requires_grad_()
+        y = pko.linear(x, w)
+        want = F.linear(x.double(), w.double())
+        assert ((y.double() - want).norm() / want.norm()).item() < 1e-2
+        y.double().sum().backward()                    # dY = 1: dX = 1 W, dW = 1^T X
+        ones = torch.ones(128, 256, dtype=torch.float64)
+        for got, want in ((x.grad, ones @ w.double()), (w.grad, ones.t() @ x.double())):
+            assert ((got.double() - want).norm() / want.norm()).item() < 1e-2
+    finally:
+        M._plan.cache_clear()
