@@ -2,7 +2,7 @@
 synccheck and initcheck, one process per tool, a table of what each reports.
 
     PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd rows_staged linear
-                                            clusters litmus]
+                                            clusters split litmus]
     PYTHONPATH=. python3 bench/sanitize.py --inner attention   # the kernels once (what the
                                                                # tools run)
     SANITIZE_TOOLS=racecheck,initcheck ... # only these tools
@@ -40,6 +40,8 @@ def _pykittens_kernels(name: str) -> list[str]:
                 "softmax|softmax_bwd)$"]
     if name in ("linear", "clusters"):
         return ["--kernel-name", "regex=^gemm_ws$"]
+    if name == "split":
+        return ["--kernel-name", "regex=^gemm_sk$"]
     if name != "library":
         return ["--kernel-name", "kns=attention"]
     from pykittens.kernels import KERNELS
@@ -210,6 +212,39 @@ def run_clusters():
     _verdict("clusters", wrong, "wrong results")
 
 
+def run_split():
+    """gemm_sk: blocks split in K between workgroups — split-K over fewer blocks than SMs
+    (each block's steps shared by 2 to 14 workgroups) and stream-K after a whole round —
+    ragged shapes, each launched twice on one workspace (the flags lowered by the first
+    launch are raised again by the second), against float32 torch."""
+    import torch
+    import torch.nn.functional as F
+    from pykittens.kernels import gemm_sk_plan, gemm_ws_launch
+    from pykittens.kernels.gemm import gemm_sk
+    from pykittens.runtime.launch import launch
+    wrong = 0
+    for m, k, n in ((256, 2048, 640), (1000, 776, 1528), (2304, 512, 2048), (128, 8192, 512)):
+        x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
+        w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
+        want = F.linear(x.float(), w.float())
+        _, rule = gemm_ws_launch({"a": x, "b": w, "c": want.bfloat16()}, "sm_90a")
+        grid, consts, slots = gemm_sk_plan(rule, "sm_90a", k)
+        part = torch.empty(128 * slots, consts["BN"], device="cuda")
+        # zeros copied up (a memcpy, which initcheck sees; a fill kernel it does not)
+        flags = torch.zeros(8 * slots, dtype=torch.int32).to("cuda")
+        for _ in range(2):
+            y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            launch(gemm_sk, grid=grid, a=x, b=w, c=y, part=part, flags=flags, **consts)
+            err = float((y.float() - want).norm() / want.norm())
+            if not err < 2e-2:
+                print("WRONG:", (m, k, n), grid, err)
+                wrong += 1
+        if flags.any():
+            print("FLAGS LEFT RAISED:", (m, k, n))
+            wrong += 1
+    _verdict("split", wrong, "wrong results")
+
+
 def _wrong_vs_float32(mine, ref, inputs, dy, what, outputs=False) -> int:
     """How many of mine's gradients for `dy` (and, with outputs, its output) are 2e-2 or
     more (relative) from float32 torch's `ref` on the same inputs; each printed with
@@ -241,7 +276,7 @@ def _verdict(name: str, wrong: int, what: str) -> None:
 
 
 KERNELS = {"library": run_library, "attention": run_attention, "rows_staged": run_rows_staged,
-           "linear": run_linear, "clusters": run_clusters,
+           "linear": run_linear, "clusters": run_clusters, "split": run_split,
            "attention_bwd": run_attention_bwd, "attention_bwd_prep": run_attention_bwd_prep}
 LITMUS = {0: "syncthreads", 1: "every-lane", 2: "warp-sync-lane0 (pk.arrive)",
           3: "lane0-only", 4: "none (a real race)"}

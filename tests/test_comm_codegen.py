@@ -249,3 +249,39 @@ def test_writes_through_a_view_count_for_every_rank(target):
     prog = compiler.lane_ir(exchange, target, W=WORLD)
     members = {f"{n}.p{i}" for n in ("y", "flags") for i in range(WORLD)}
     assert written_params(prog) == members | {"out"}
+
+
+@pk.kernel(num_waves=1)
+def local_flags(x: pk.gl[pk.f32, 2], flags: pk.gl[pk.i32, 1]):
+    """Flags between workgroups of one GPU (scope="gpu"): write, publish, count, wait."""
+    pk.store(x, pk.load(pk.rt((16, 64), pk.f32), x, (0, 0)), (16, 0))
+    pk.signal(flags, 0, 1, scope="gpu")
+    pk.signal(flags, 1, 1, add=True, scope="gpu")
+    pk.wait_flag(flags, 2, 1, scope="gpu")
+
+
+def test_gpu_scope_flags_release_and_acquire_at_gpu_scope():
+    """scope="gpu" gives PTX's .gpu forms, and on CDNA the agent scope's cache bits (sc1,
+    not the system scope's sc0 sc1) on the store, its write-back and the acquire's
+    invalidate."""
+    ptx = compiler.code_object(local_flags, "sm_90a")["ptx"]
+    ops = [x.split()[0] for x in ptx.splitlines() if "release" in x or "acquire" in x]
+    assert set(ops) == {"st.release.gpu.global.b32", "red.release.gpu.global.add.u32",
+                        "ld.acquire.gpu.global.b32"}, ops
+    for t in CDNA:
+        insts, _ = hsaco.instructions(amdgpu.disassemble(compiler.code_object(local_flags, t),
+                                                         t), "local_flags")
+        scoped = [(op, arg) for op, arg in insts
+                  if op in ("global_store_dword", "buffer_wbl2", "buffer_inv")
+                  or op == "global_load_dword" and "offset:8" in arg]
+        assert scoped and all(arg.endswith("sc1") and "sc0" not in arg
+                              for _, arg in scoped), scoped
+
+
+def test_flag_scope_names():
+    with pytest.raises(pk.KernelError, match="scope is one of 'system', 'gpu'"):
+        compiler.lane_ir(pk.kernel(num_waves=1)(_bad_scope), "sm_90a")
+
+
+def _bad_scope(flags: pk.gl[pk.i32, 1]):
+    pk.signal(flags, 0, 1, scope="device")

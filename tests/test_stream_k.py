@@ -88,13 +88,14 @@ def _rule(m, n, k):
 
 def test_the_launch_rule_splits_few_blocks_with_long_k():
     """Split-K where at most half the SMs would have a block and each workgroup gets at
-    least SPLIT_K_MIN_STEPS K steps (the H200's measured wins), not otherwise."""
+    least SPLIT_K_MIN_STEPS K steps (as the H200's measured wins), not otherwise."""
     from pykittens.kernels import SPLIT_K_MIN_STEPS, gemm_split_k
     (grid,), consts, slots = gemm_split_k(_rule(128, 4096, 14336), "sm_90a", 14336)
     assert grid == 132 and consts["BN"] == 128 and "PERSISTENT" not in consts
     # 32 blocks of 224 K steps in runs of 54: at most 5 lenders a block
     assert slots == 32 * 5 and SPLIT_K_MIN_STEPS * 132 <= 32 * 224
-    assert gemm_split_k(_rule(128, 4096, 4096), "sm_90a", 4096) is None      # short shares
+    assert gemm_split_k(_rule(128, 4096, 4096), "sm_90a", 4096) is not None  # 15.5 steps
+    assert gemm_split_k(_rule(128, 4096, 1024), "sm_90a", 1024) is None      # 3.9 steps
     assert gemm_split_k(_rule(256, 8192, 8192), "sm_90a", 8192) is None      # 128 blocks
     assert gemm_split_k(_rule(4096, 4096, 4096), "sm_90a", 4096) is None
 

@@ -14,6 +14,7 @@ DATALAYOUT = ("e-m:e-p:64:64-p1:64:64-p2:32:32-p3:32:32-p4:64:64-p5:32:32-p6:32:
 
 class AMDGPURenderer(Renderer):
     dialect_name = "amdgpu"
+    GPU_SCOPE = "agent"           # one GPU (LLVM AMDGPU memory model)
     # v_exp_f32 alone (about 1 ulp; subnormal results flush to zero), without the
     # v_ldexp rescaling LLVM's generic exp2 adds for them
     HARDWARE_MATH = {"exp2": "llvm.amdgcn.exp2.f32"}

@@ -710,10 +710,18 @@ class Renderer:
             off = self.op(f"add i32 {off.text}, {term.text}", "i32", 0)
         return off, ok
 
+    GPU_SCOPE = None                  # the target's LLVM syncscope for one GPU's agents
+
+    def syncscope(self, scope: str) -> str:
+        """The syncscope clause of an atomic at a flag's scope: none for "system" (LLVM's
+        default), the target's device scope for "gpu"."""
+        return "" if scope == "system" else f' syncscope("{self.GPU_SCOPE}")'
+
     def r_signal(self, op):
-        """Lane 0 of the wave stores (or adds) the value with release ordering at system
-        scope (LLVM's default syncscope): the backend's memory model adds the fences and
-        cache writebacks each chip needs. An index outside the tensor writes nothing."""
+        """Lane 0 of the wave stores (or adds) the value with release ordering at the op's
+        scope (system: LLVM's default syncscope): the backend's memory model adds the
+        fences and cache writebacks each chip needs. An index outside the tensor writes
+        nothing."""
         gl, *idx, value = op.srcs
         off, ok = self._element_at(gl, idx)
         v = self.read(value)
@@ -723,16 +731,18 @@ class Renderer:
         self.ins(f"br i1 {self._and(first, ok).text}, label %{do}, label %{done}")
         self.start_block(do)
         p = self.elem_ptr(gl, off)
+        scope = op.attrs.get("scope", "system")
         if op.attrs["add"]:
-            self.release_add(p, v)
+            self.release_add(p, v, scope)
         else:
-            self.ins(f"store atomic {v}, {GLOBAL_PTR} {p.text} release, align 4")
+            self.ins(f"store atomic {v}, {GLOBAL_PTR} {p.text}{self.syncscope(scope)} "
+                     f"release, align 4")
         self.ins(f"br label %{done}")
         self.start_block(done)
 
     def r_flag_wait(self, op):
-        """Every lane loads the flag with acquire ordering at system scope until it is >=
-        the value (signed; the dialect may branch on one lane's copy), pausing between
+        """Every lane loads the flag with acquire ordering at the op's scope until it is
+        >= the value (signed; the dialect may branch on one lane's copy), pausing between
         tries; an index outside the tensor does not wait. The loop carries no registers."""
         gl, *idx, value = op.srcs
         off, ok = self._element_at(gl, idx)
@@ -741,7 +751,9 @@ class Renderer:
         self.ins(f"br i1 {ok.text}, label %{head}, label %{done}")
         self.start_block(head)
         p = self.elem_ptr(gl, off)
-        got = self.op(f"load atomic i32, {GLOBAL_PTR} {p.text} acquire, align 4", "i32", 0)
+        scope = self.syncscope(op.attrs.get("scope", "system"))
+        got = self.op(f"load atomic i32, {GLOBAL_PTR} {p.text}{scope} acquire, align 4",
+                      "i32", 0)
         ready = self.op(f"icmp sge i32 {self.uniform(got).text}, {v.text}", "i1", 0)
         self.ins(f"br i1 {ready.text}, label %{done}, label %{pause}")
         self.start_block(pause)
@@ -751,9 +763,10 @@ class Renderer:
         if op.attrs.get("tma", True):
             self.after_flag_wait()
 
-    def release_add(self, p: Value, v: Value):
-        """*p += v atomically, with release ordering at system scope."""
-        self.ins(f"atomicrmw add {GLOBAL_PTR} {p.text}, {v} release, align 4")
+    def release_add(self, p: Value, v: Value, scope: str = "system"):
+        """*p += v atomically, with release ordering at `scope`."""
+        self.ins(f"atomicrmw add {GLOBAL_PTR} {p.text}, {v}{self.syncscope(scope)} release, "
+                 f"align 4")
 
     def wave_sync(self):
         """Order every lane's earlier accesses before lane 0's (none where a wave is one

@@ -26,6 +26,7 @@ def _asm_operands(lo: int, n: int) -> str:
 
 class NVPTXRenderer(Renderer):
     dialect_name = "nvptx"
+    GPU_SCOPE = "device"          # PTX .gpu
     # MUFU.EX2 / MUFU.LG2 (PTX ex2.approx, lg2.approx: about 2 ulp); flushing exp2's
     # subnormal results to zero saves the instruction that rescales them
     HARDWARE_MATH = {"exp2": "llvm.nvvm.ex2.approx.ftz.f", "log2": "llvm.nvvm.lg2.approx.f"}
@@ -161,10 +162,11 @@ class NVPTXRenderer(Renderer):
         "bar.warp.sync"): their earlier writes come before lane 0's release."""
         self.call("void", "llvm.nvvm.bar.warp.sync", ["i32 -1"])
 
-    def release_add(self, p, v):
-        """One red.release.sys: LLVM's NVPTX backend (22) drops both the ordering and the
-        scope of an atomicrmw (it prints a relaxed, GPU-scoped atom.global.add)."""
-        self.ins(f'call void asm sideeffect "red.release.sys.global.add.u32 [$0], $1;", '
+    def release_add(self, p, v, scope="system"):
+        """One red.release.sys (.gpu): LLVM's NVPTX backend (22) drops both the ordering
+        and the scope of an atomicrmw (it prints a relaxed, GPU-scoped atom.global.add)."""
+        sc = "sys" if scope == "system" else "gpu"
+        self.ins(f'call void asm sideeffect "red.release.{sc}.global.add.u32 [$0], $1;", '
                  f'"l,r,~{{memory}}"(ptr addrspace(1) {p.text}, {v})')
 
     def spin_pause(self):

@@ -534,11 +534,12 @@ def gemm_sk_plan(consts: dict, target, k: int, itemsize: int = 2):
 
 
 # split-K (gemm_sk over fewer blocks than SMs) where at most half the SMs would have a
-# block and each workgroup's share of the steps is at least this many K steps: on the
-# H200 (docs/PERF.md, 2026-12-04 fifth session) 1.14-1.64x gemm_ws at M = 128 and 256
-# rows against the Llama layers with K >= 8192, and slower where blocks fill more SMs or
-# shares are shorter (the partial sums' round trip then outweighs the steps)
-SPLIT_K_MIN_STEPS = 48
+# block and each workgroup's share is at least this many K steps. On the H200
+# (docs/PERF.md, 2026-12-04 fifth session, run TE) every measured product with at most
+# half the SMs' blocks gained: M = 128 and 256 rows against the Llama layers, 1.06x to
+# 1.87x gemm_ws, the shortest shares 15.5 K steps (128 x 4096 x 4096: 1.12x); with more
+# blocks (and after whole rounds, stream-K) the split products ran slower
+SPLIT_K_MIN_STEPS = 12
 
 
 def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2):

@@ -170,8 +170,8 @@ def gemm_sk(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     grid of G workgroups takes ceil(T / G) rounds of T blocks (and where the blocks are
     fewer than the workgroups, split-K: each block's steps are shared by several). A split
     block's workgroups meet through `part` (f32, 128 rows a lender's slot, BN columns:
-    its partial sums) and `flags` (i32, 8 a slot, zero before the launch and left zero
-    after it): pk.StreamWalk.slots(T, G, K steps) slots. The workgroups of the grid must all be running at once (at
+    its partial sums) and `flags` (i32, 8 a slot: counters of lenders, zero before the
+    launch and left zero after it): pk.StreamWalk.slots(T, G, K steps) slots. The workgroups of the grid must all be running at once (at
     most one per SM, as the launch rule's grid). Constants as gemm_ws's (16-bit operands,
     TMA_STORE 0 or 2)."""
     ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
@@ -412,39 +412,44 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
         pk.cluster_sync()
 
 
+# lenders' partial sums a stream walk's owner loads at once, by block width (all in
+# flight together beside the accumulator: a load of 16 x 64 f32 is 32 registers a lane)
+LENT_AT_ONCE = {128: 2, 256: 1}
+
+
 def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
     """The end of a stream walk's piece for consumer warpgroup g: a whole block is stored;
     a block's later K steps (lent) leave their sums in `part` (f32, 128 rows a lender's
-    slot, walk.lend_slot; one 16-row slice per consumer wave) and the wave raises its flag
-    in `flags` (i32, 8 a slot); a block's first steps (owned) wait for each lender's flag
-    (the same wave's), add their sums to theirs in order while storing C, and lower the
-    flags again for the next launch."""
+    slot, walk.lend_slot; one 16-row slice per consumer wave) and the wave counts itself
+    in the block's counter in `flags` (i32, 8 a block: one per consumer wave, at the
+    block's first slot); a block's first steps (owned) wait until every lender has counted
+    itself, add the lenders' sums to theirs in order while storing C (LENT_AT_ONCE
+    lenders' loads in flight at once), and zero the counter for the next launch."""
     part, flags = stream
     wave = pk.wave_id() % 4
+    at_once = LENT_AT_ONCE[acc.shape[1]]
 
     def row(slot):                    # this wave's slice of a slot's partial block
         return slot * 128 + 64 * g + 16 * wave
-
-    def flag(slot):
-        return slot * 8 + 4 * g + wave
+    counter = walk.slot(seg, 0) * 8 + 4 * g + wave
 
     def lent(piece, c0):              # the lenders' sums of acc's columns c0 ..
         total = pk.zeros(piece.type)
-        for j in pk.range(lenders):
-            total += pk.load(piece.type, part, (row(walk.slot(seg, j)), c0), inside=True)
+        past = walk.slot(seg, lenders) * 128     # (rows of lenders past the last read 0)
+        for j in pk.range(0, lenders, at_once):
+            for u in pk.static_range(at_once):
+                total += pk.load(piece.type, part, (row(walk.slot(seg, j + u)), c0),
+                                 **({"end": (past, None)} if u else {"inside": True}))
         return total
     with pk.if_(walk.lends(seg)):
-        mine = walk.lend_slot(seg)
-        pk.store(part, acc, (row(mine), 0), inside=True)
-        pk.signal(flags, flag(mine), 1)
+        pk.store(part, acc, (row(walk.lend_slot(seg)), 0), inside=True)
+        pk.signal(flags, counter, 1, add=True, scope="gpu")
     with pk.else_():
         with pk.if_(walk.owns_split(seg)):
             lenders = walk.lenders(seg)
-            for j in pk.range(lenders):
-                pk.wait_flag(flags, flag(walk.slot(seg, j)), 1, tma=False)
+            pk.wait_flag(flags, counter, lenders, tma=False, scope="gpu")
             store(g, acc, m0, n0, t, seg.tile, plus=lent)
-            for j in pk.range(lenders):
-                pk.signal(flags, flag(walk.slot(seg, j)), 0)
+            pk.signal(flags, counter, 0, scope="gpu")
         with pk.else_():
             store(g, acc, m0, n0, t, seg.tile)
 

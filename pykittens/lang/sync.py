@@ -197,24 +197,38 @@ def _flag(name, flags, index, value):
     return (flags.v, *idx, as_index(value, f"a pk.{name} value").v)
 
 
-def signal(flags, index, value, *, add: bool = False) -> None:
+SCOPES = ("system", "gpu")       # who a flag publishes to: other GPUs too, or this one's
+
+
+def _scope(name, scope):
+    if scope not in SCOPES:
+        raise error(f"pk.{name} scope is one of {', '.join(map(repr, SCOPES))}, not "
+                    f"{scope!r}")
+    return scope
+
+
+def signal(flags, index, value, *, add: bool = False, scope: str = "system") -> None:
     """Publish to other workgroups and GPUs: flags[index] = value (add=True: += value,
     atomically), written by one lane of the calling wave with release semantics at system
     scope, so whoever sees the new value with pk.wait_flag also sees everything this wave
     wrote before, and what it saw of others (a pk.barrier() first brings in the other
-    waves' writes). `flags` is an i32 tensor, local or a peer's (`f.peer(r)`)."""
-    current().emit("signal", None, _flag("signal", flags, index, value), add=bool(add))
+    waves' writes). `flags` is an i32 tensor, local or a peer's (`f.peer(r)`).
+    scope="gpu": for workgroups of this GPU only (a cheaper release: no write reaches
+    past the GPU's own memory)."""
+    current().emit("signal", None, _flag("signal", flags, index, value), add=bool(add),
+                   scope=_scope("signal", scope))
 
 
-def wait_flag(flags, index, value, *, tma: bool = True) -> None:
+def wait_flag(flags, index, value, *, tma: bool = True, scope: str = "system") -> None:
     """Wait until flags[index] >= value (acquire, system scope): afterwards the calling
     wave sees everything the signals that raised it published. Flags only grow: count
     calls (an epoch) rather than resetting them. Every wave that reads the published data
     waits itself, or is ordered after a wave that did (pk.barrier, an mbarrier).
     tma=True: TMA copies the wave issues next may read that data (on Hopper a proxy fence
-    follows the wait); tma=False saves the fence where only ordinary loads read it."""
+    follows the wait); tma=False saves the fence where only ordinary loads read it.
+    scope="gpu": an acquire for signals of this GPU's workgroups only (pk.signal's)."""
     current().emit("flag_wait", None, _flag("wait_flag", flags, index, value),
-                   tma=bool(tma))
+                   tma=bool(tma), scope=_scope("wait_flag", scope))
 
 
 @contextlib.contextmanager

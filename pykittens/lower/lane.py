@@ -65,10 +65,12 @@ Op kinds (attrs in brackets):
   wgmma_wait(*accs)[in_flight]       wait until at most `in_flight` groups run; accs readable
   peer(*members, rank)               one rank's tensor of a pk.peers (the members are its gl
                                      parameters): a tensor operand for the ops above
-  signal(gl, *index, value)[add]     lane 0 of the wave: flags[index] = value (add: +=),
-                                     release at system scope
-  flag_wait(gl, *index, value)[tma]  the wave waits until flags[index] >= value (acquire,
-                                     system scope; tma: TMA copies may read what it publishes)
+  signal(gl, *index, value)[add, scope]
+                                     lane 0 of the wave: flags[index] = value (add: +=),
+                                     release at `scope` ("system", or "gpu": this GPU)
+  flag_wait(gl, *index, value)[tma, scope]
+                                     the wave waits until flags[index] >= value (acquire at
+                                     `scope`; tma: TMA copies may read what it publishes)
 """
 from __future__ import annotations
 

@@ -785,11 +785,12 @@ class _Lowering:
         self.env[op.dst] = self.emit("peer", view, (*members, rank))
 
     def op_signal(self, op):
-        self.emit("signal", None, tuple(self.val(s) for s in op.srcs), add=op.attrs["add"])
+        self.emit("signal", None, tuple(self.val(s) for s in op.srcs), add=op.attrs["add"],
+                  scope=op.attrs.get("scope", "system"))
 
     def op_flag_wait(self, op):
         self.emit("flag_wait", None, tuple(self.val(s) for s in op.srcs),
-                  tma=op.attrs.get("tma", True))
+                  tma=op.attrs.get("tma", True), scope=op.attrs.get("scope", "system"))
 
     def op_arrive(self, op):
         if op.attrs.get("remote"):          # on the barrier of cluster workgroup srcs[1]
