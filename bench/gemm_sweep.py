@@ -55,8 +55,8 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
                           layout=layout, **rule)
 
 
-STEPS = ("candidates", "sweep", "store", "cluster", "early", "fence", "stream", "skinny",
-         "layouts", "fp8")                                                   # GPU run's
+STEPS = ("candidates", "sweep", "store", "cluster", "early", "fence", "stream", "grid",
+         "skinny", "split_op", "layouts", "fp8")                             # GPU run's
 
 
 def builds(steps=STEPS):
@@ -68,7 +68,7 @@ def builds(steps=STEPS):
                 yield {**c, "DT": "bf16", "OUT": "bf16"}
     for step, plans in (("store", _store_plans), ("cluster", _cluster_plans),
                         ("early", _early_plans), ("fence", _fence_plans),
-                        ("stream", _stream_plans)):
+                        ("stream", _stream_plans), ("grid", _grid_plans)):
         if step in steps:
             for m, n, k in sweep_shapes():
                 for plan in plans(m, n, k).values():
@@ -78,6 +78,15 @@ def builds(steps=STEPS):
             for n, k in LLAMA:
                 for plan in _skinny_plans(m, n, k).values():
                     yield {**plan, "DT": "bf16", "OUT": "bf16"}
+    if "split_op" in steps:                  # the forward's and the gradients' products
+        import importlib
+        from pykittens.kernels.gemm import gemm_sk
+        M = importlib.import_module("pykittens.ops.matmul")
+        for m, n, k in ((128, 4096, 14336), (256, 4096, 4096), (128, 8192, 28672)):
+            for form, dims in (("nt", (m, k, n)), ("nn", (m, n, k)), ("tn", (n, m, k))):
+                kernel, _, consts, _ = M._plan(TARGET, form, *dims, 2)
+                yield {**consts, "DT": "bf16", "OUT": "bf16",
+                       **({STREAM: True} if kernel is gemm_sk else {})}
     if "layouts" in steps:
         for layout in ("nt", "nn", "tn"):
             for m, n, k in LAYOUT_SHAPES + ((1000, 1528, 776),):
@@ -196,13 +205,14 @@ def _cluster_plans(m, n, k) -> dict:
 EARLY = "early launch"
 BUILD = "built with"
 STREAM = "stream-K"          # the plan's gemm_ws launch as gemm_sk (kernels.gemm_sk_plan)
+GRID = "grid"                # the plan's persistent grid, where not the launch rule's
 
 
 def _launch_of(plan) -> tuple[dict, bool]:
     """(gemm_ws's constants, launched early where pk.launch would) of a plan (for a STREAM
     plan, gemm_sk's: gemm_ws's but those gemm_sk fixes)."""
     from pykittens.kernels import SK_FIXED
-    consts = {k: v for k, v in plan.items() if k not in (EARLY, BUILD, STREAM)}
+    consts = {k: v for k, v in plan.items() if k not in (EARLY, BUILD, STREAM, GRID)}
     if plan.get(STREAM):
         consts = {k: v for k, v in consts.items() if k not in SK_FIXED}
     return consts, plan.get(EARLY, True)
@@ -211,7 +221,9 @@ def _launch_of(plan) -> tuple[dict, bool]:
 def _grid_of(plan, k) -> tuple[int]:
     """The grid of a plan for K = k."""
     from pykittens.kernels import gemm_sk_plan, gemm_ws_grid
-    consts = {key: v for key, v in plan.items() if key not in (EARLY, BUILD, STREAM)}
+    consts = {key: v for key, v in plan.items() if key not in (EARLY, BUILD, STREAM, GRID)}
+    if GRID in plan:
+        return (plan[GRID],)
     if plan.get(STREAM):
         return gemm_sk_plan(consts, TARGET, k)[0]
     return gemm_ws_grid(consts, TARGET)
@@ -284,6 +296,21 @@ def _stream_plans(m, n, k) -> dict:
     _, rule = _plan("nt", m, n, k)
     from pykittens.kernels import gemm_sk_plan
     return {"rule": rule, "other": {**rule, STREAM: gemm_sk_plan(rule, TARGET, k) is not None}}
+
+
+def _grid_plans(m, n, k) -> dict:
+    """The launch rule ("rule": one workgroup per SM) and the same launch on the fewest
+    workgroups that walk its blocks in as many rounds ("other": for 2^k blocks on 132
+    SMs, 128, so every round is whole)."""
+    from pykittens.kernels import gemm_ws_grid
+    _, rule = _plan("nt", m, n, k)
+    blocks, (grid,) = rule["TM"] * rule["TN"], gemm_ws_grid(rule, TARGET)
+    rounds = -(-blocks // grid)
+    return {"rule": rule, "other": {**rule, GRID: -(-blocks // rounds)}}
+
+
+def _describe_grid(plans) -> str:
+    return f"{plans['rule']['BN']} one per SM / {plans['other'][GRID]} workgroups"
 
 
 def _describe_stream(plans) -> str:
@@ -389,6 +416,60 @@ def step_skinny(rows, details):
     geo = math.exp(sum(map(math.log, best)) / len(best))
     rows.append(["skinny", f"best: {len(best)} shapes", "", "", "", f"geomean {geo:.3f}",
                  f"min {min(best):.3f}", ""])
+
+
+def step_grid(rows, details):
+    """The launch rule (a workgroup per SM) against the same launch on the fewest
+    workgroups that take as many rounds of blocks (_grid_plans), and cuBLAS."""
+    _step_pair("grid", _grid_plans, _describe_grid, rows, details)
+
+
+def step_split_op(rows, details):
+    """pykittens.ops.linear where the launch rule splits K (gemm_sk through the op's
+    per-stream workspace): forward and backward against float32 torch, calls replayed on
+    one stream and on a second one, a CUDA graph of the op replayed twice (its captured
+    workspace zeroed by the capture's own memset), and the op's time against cuBLAS's."""
+    import torch
+    import torch.nn.functional as F
+    import pykittens.ops as pko
+    from pykittens.tune import graph_time
+    M = sys.modules["pykittens.ops.matmul"]
+    for m, n, k in ((128, 4096, 14336), (256, 4096, 4096), (128, 8192, 28672)):
+        x, w = _rand(m, k), _rand(n, k) / 4
+        kernel = M._plan(TARGET, "nt", m, k, n, 2)[0]
+        ref = F.linear(x.float(), w.float())
+        errs = [_rel(pko.linear(x, w), ref) for _ in range(3)]          # full, then replayed
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            errs += [_rel(pko.linear(x, w), ref) for _ in range(3)]
+        torch.cuda.current_stream().wait_stream(side)
+        graph, out = torch.cuda.CUDAGraph(), None
+        with torch.cuda.graph(graph):
+            out = pko.linear(x, w)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            graph.replay()
+            errs.append(_rel(out, ref))
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        dy = _rand(m, n)
+        pko.linear(xg, wg).backward(dy)
+        xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
+        F.linear(xf, wf).backward(dy.float())
+        errs += [_rel(xg.grad, xf.grad), _rel(wg.grad, wf.grad)]
+        t_cublas, t_op = interleaved([lambda: F.linear(x, w), lambda: pko.linear(x, w)],
+                                     _reps(2 * m * n * k))
+        flops = 2 * m * n * k
+        err = max(errs)
+        details.append({"step": "split_op", "shape": [m, n, k], "kernel": kernel.name,
+                        "rel_errs": errs, "cublas_tflops": flops / t_cublas / 1e12,
+                        "op_tflops": flops / t_op / 1e12})
+        print(f"{m}x{n}x{k}: {kernel.name}, errors {', '.join(f'{e:.1e}' for e in errs)}; "
+              f"cuBLAS {flops / t_cublas / 1e12:.0f}, op {flops / t_op / 1e12:.0f} TFLOP/s",
+              flush=True)
+        rows.append(["split_op", f"{m}x{n}x{k}", f"{flops / t_cublas / 1e12:.0f}", "",
+                     f"{flops / t_op / 1e12:.0f}", f"{t_cublas / t_op:.3f}", kernel.name,
+                     "ok" if err < 2e-2 else "FAIL"])
 
 
 def step_fence(rows, details):
@@ -646,7 +727,8 @@ def main() -> int:
                                     "sweep": step_sweep, "fp8": step_fp8,
                                     "store": step_store, "cluster": step_cluster,
                                     "early": step_early, "fence": step_fence,
-                                    "stream": step_stream, "skinny": step_skinny}, env,
+                                    "stream": step_stream, "grid": step_grid,
+                                    "skinny": step_skinny, "split_op": step_split_op}, env,
                      header=header)
 
 

@@ -57,7 +57,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, form: str) -> torch.Tensor:
     args = {"a": a_in.contiguous(), "b": b_in.contiguous(), "c": c}
     if slots:                                            # split-K: where blocks meet
         args["part"] = workspace(a, "gemm_sk.part", (128 * slots, consts["BN"]),
-                                 torch.float32)
+                                 torch.float32, zeroed=False)
         args["flags"] = workspace(a, "gemm_sk.flags", (8 * slots,), torch.int32)
     run(kernel, args, grid, consts, ("c",))
     return c

@@ -143,17 +143,19 @@ def run(kernel, args: dict, grid, consts: dict, outputs=()) -> None:
 _WORKSPACES: dict = {}
 
 
-def workspace(like: torch.Tensor, name: str, shape, dtype) -> torch.Tensor:
-    """A scratch tensor of `shape` on like's device that starts zeroed and that the
-    kernel leaves zeroed again (flags it raises and lowers) or writes before it reads (a
-    partial sum it hands between workgroups): kept per device, stream and `name`, grown
-    as needed, so calls reuse it without a memset. Launches on one stream follow each
-    other, so they never share it at once; a CUDA graph capture, and CPU tensors, get
-    fresh zeros (the capture records their memset)."""
+def workspace(like: torch.Tensor, name: str, shape, dtype, zeroed: bool = True
+              ) -> torch.Tensor:
+    """A scratch tensor of `shape` on like's device that the kernel leaves as it found it:
+    zeroed (`zeroed`: flags it raises and lowers again), or whose every element it writes
+    before reading it (a partial sum handed between workgroups). Kept per device, stream
+    and `name`, grown as needed, so calls reuse it without a memset; launches on one stream
+    follow each other, so they never share it at once. A CUDA graph capture, and CPU
+    tensors, get a new one (zeroed ones by a memset the capture records)."""
     n = int(np.prod(shape))
     if not replay.on_gpu(like) or \
             like.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(shape, dtype=dtype, device=like.device)
+        return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype,
+                                                         device=like.device)
     key = (like.device, replay.current_stream(like.device), name, dtype)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < n:
