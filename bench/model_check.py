@@ -88,7 +88,8 @@ def prebuild() -> int:
     return 0
 
 
-def measure(families=("rate", "gemm", "attention", "attention_bwd", "rows")) -> list[dict]:
+def measure(families=("rate", "gemm", "attention", "attention_bwd", "ramp", "rows")
+            ) -> list[dict]:
     """The GPU run: each family of `families` timed (module docstring)."""
     import torch
 
@@ -140,6 +141,13 @@ def measure(families=("rate", "gemm", "attention", "attention_bwd", "rows")) -> 
                         "tflops": 2.5 * flops / (t_all - sec) / 1e12})
             print(f"attention backward {bsz}x{hq}x{hkv}x{n}x{d} causal={causal}: "
                   f"{out[-1]['tflops']:.0f} TFLOP/s", flush=True)
+    if "ramp" in families:
+        from pykittens.bench.gpu import copy_ramp
+        r = copy_ramp()
+        out.append({"family": "ramp", **r})
+        pts = ", ".join(f"{p['bytes'] >> 20} MiB {p['s'] * 1e6:.1f} µs" for p in r["points"])
+        print(f"copy: {r['fixed_s'] * 1e6:.2f} µs + bytes / {r['bytes_per_s'] / 1e12:.3f} "
+              f"TB/s ({pts})", flush=True)
     if "rows" not in families:
         return out
     ops_bandwidth._state.update(t0=time.time(), results=[])
@@ -240,6 +248,9 @@ def table(results) -> str:
         foot.append(f"wgmma loop {rate['shape']}: {rate['tflops']:.0f} TFLOP/s at "
                     f"{rate['clock_mhz_median']:.0f} MHz = {rate['flops_per_clk_per_sm']:.0f} "
                     "FLOPs an SM a clock")
+    for ramp in (r for r in results if r["family"] == "ramp"):
+        foot.append(f"copy in a CUDA graph: {ramp['fixed_s'] * 1e6:.2f} µs + bytes / "
+                    f"{ramp['bytes_per_s'] / 1e12:.3f} TB/s")
     for rate in (r for r in results if r["family"] == "tma reduce"):
         foot.append(f"{rate['shape']}: {rate['bytes_per_s'] / 1e12:.2f} TB/s at "
                     f"{rate['clock_mhz_median']:.0f} MHz = {rate['bytes_per_clk_per_sm']:.1f} "

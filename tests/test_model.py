@@ -187,16 +187,20 @@ def test_shortest_cycle_leaves_out_the_optional_blocks():
 
 
 def test_row_kernels_stream_their_bytes_at_the_measured_copy_rate():
-    """A row kernel's modeled time is its tensors' bytes at the H200's measured copy
-    bandwidth (cited); a norm's backward also writes its partial column sums, which
-    column_sum reads back."""
+    """A row kernel's modeled time is a copy kernel's of as many bytes on the H200: its
+    measured fixed start and drain plus the bytes at the measured copy bandwidth (both
+    cited); a norm's backward also writes its partial column sums, which column_sum reads
+    back."""
     from pykittens.targets import get
     bw, src = get("sm_90a").fact("copy_bytes_per_s/H200")
     assert "measured" in src and 4e12 < bw < 4.8e12
+    fixed, src = get("sm_90a").fact("kernel_fixed_s/H200")
+    assert "measured" in src and 0 < fixed < 1e-5
     m, n = 4096, 12288
     fwd = model("rmsnorm", "sm_90a", (m, n))
     assert fwd["bound"] == "dram"
-    assert fwd["time_s"] == pytest.approx((2 * m * n * 2 + n * 2 + 4 * m) / bw)
+    assert fwd["time_s"] == pytest.approx(fixed + (2 * m * n * 2 + n * 2 + 4 * m) / bw)
+    assert "kernel_fixed_s/H200" in fwd["constants"]
     bwd = model("rmsnorm_bwd", "sm_90a", (m, n))
     grid = library_plan("rmsnorm_bwd", "sm_90a", (m, n), "bf16").grid
     assert bwd["dram_bytes"] > 3 * m * n * 2 + 4 * n * grid[0] - 1

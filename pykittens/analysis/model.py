@@ -626,8 +626,9 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
       special-function unit its exponentials take; the workgroups handed to the SMs as
       they free up; DRAM from the cache simulator (head-first order); the backward's
       passes before and after the main one streamed at the measured copy bandwidth.
-    - row kernels, shape (rows, cols): streaming, so the launch's tensor bytes at the
-      device-to-device copy bandwidth measured on the H200."""
+    - row kernels, shape (rows, cols): streaming, so as a copy kernel of the launch's
+      tensor bytes runs on the H200 (a fixed start and drain, and the bytes at the
+      measured device-to-device copy bandwidth)."""
     t = targets.get(target)
     if t.name != "sm_90a":
         raise ValueError(f"{kernel_name} is modelled on sm_90a, not {t.name}; pick --target "
@@ -644,16 +645,17 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
         if not t.has_fact(f"copy_bytes_per_s/{chip}"):
             raise ValueError(f"the row kernels' model needs a copy bandwidth measured on the "
                              f"chip; {chip} has none (pick --chip H200)")
-        bw = _fact(t, f"copy_bytes_per_s/{chip}", used)
-        time_s = lp.tensor_bytes / bw
+        time_s = _streamed(t, chip, lp.tensor_bytes, used)
         return {"kernel": kernel_name, "target": t.name, "chip": chip, "shape": list(shape),
                 "dtype": dtype, "time_s": time_s, "bound": "dram",
                 "dram_bytes": lp.tensor_bytes, "grid": list(lp.grid),
                 "modeled_bytes_per_s": lp.tensor_bytes / time_s,
                 "partial_sums": list(lp.partial_sums),
                 "assumptions": ["streaming: every tensor of the launch read or written once, "
-                                "at the device-to-device copy bandwidth measured on the chip",
-                                "instruction issue, barriers, latency and the launch itself "
+                                "as a copy kernel of as many bytes takes on the chip (its "
+                                "fixed start and drain among back-to-back kernels, and the "
+                                "bytes at the measured copy bandwidth)",
+                                "instruction issue, barriers and latency beyond a copy's "
                                 "are not counted"],
                 "constants": used}
     b, hq, hkv, n, d = shape
@@ -688,8 +690,8 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     bound = max(cycles, key=cycles.get)
     time_s = cycles[bound] * iters / run_clock
     flops = 4.0 * b * hq * n * n * d * (0.5 if causal else 1.0) * (2.5 if bwd else 1.0)
-    if bwd:                          # the passes before and after: streaming, at the copy rate
-        time_s += lp.tensor_bytes / _fact(t, f"copy_bytes_per_s/{chip}", used)
+    if bwd:                          # the passes before and after: streaming, as copies
+        time_s += _streamed(t, chip, lp.tensor_bytes, used, kernels=2)
     return {
         "kernel": kernel_name, "target": t.name, "chip": chip, "shape": list(shape),
         "causal": bool(causal), "dtype": dtype, "modeled_tflops": flops / time_s / 1e12,
@@ -725,6 +727,15 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
             "bandwidth"] if bwd else []),
         "constants": used,
     }
+
+
+def _streamed(t, chip, nbytes, used, kernels=1) -> float:
+    """Seconds `kernels` streaming kernels take to read and write `nbytes` in all: as copy
+    kernels of as many bytes run among back-to-back kernels on the chip — a fixed start and
+    drain each (where measured) and the bytes at the measured copy bandwidth."""
+    fixed = _fact(t, f"kernel_fixed_s/{chip}", used) \
+        if t.has_fact(f"kernel_fixed_s/{chip}") else 0.0
+    return kernels * fixed + nbytes / _fact(t, f"copy_bytes_per_s/{chip}", used)
 
 
 def _dram_bytes(t, m, n, k, bm, bn, bk, dtype, out, spec, persistent) -> int:

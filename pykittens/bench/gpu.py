@@ -164,6 +164,24 @@ def copy_ceiling(nbytes: int = 1 << 30) -> tuple[float, dict]:
     return max(memcpy, kernel), {"memcpy_bytes_per_s": memcpy, "sm_copy_bytes_per_s": kernel}
 
 
+def copy_ramp(mib=(64, 128, 256, 512, 1024)) -> dict:
+    """What a streaming kernel costs beyond its bytes: an SM copy kernel (torch.mul into
+    another tensor) replayed in CUDA graphs at each size (MiB moved: read + written), and
+    the least-squares line time = fixed + moved / bandwidth through those points (the
+    fixed part: its start and drain among back-to-back kernels)."""
+    points = []
+    for size in mib:
+        n = size * (1 << 20) // 4                 # bf16 elements read (and as many written)
+        src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        points.append((4 * n, graph_time(lambda: torch.mul(src, 1, out=dst))))
+        del src, dst
+    moved, secs = (np.array(v, dtype=float) for v in zip(*points))
+    slope, fixed = np.polyfit(moved, secs, 1)
+    return {"fixed_s": float(fixed), "bytes_per_s": float(1 / slope),
+            "points": [{"bytes": int(b), "s": float(t)} for b, t in points]}
+
+
 def summary_rows(results: list[dict]) -> list[list]:
     rows = []
     for r in results:

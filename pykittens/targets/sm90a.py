@@ -87,6 +87,11 @@ MUFU_PER_CLK = 16
 # 2026-12-02, median 4.288 (docs/perf/ops-bandwidth-2026-12-02*.json); the data sheet's
 # 4.8 TB/s is not reached by any copy.
 H200_COPY_BYTES_PER_S = 4.288e12
+# What a streaming kernel costs beyond its bytes among back-to-back kernels: an SM copy
+# (torch.mul into another tensor) in CUDA graphs at 64 MiB to 1 GiB moved, the
+# least-squares line through the five times 1.92 µs + bytes / 4.301 TB/s
+# (bench/model_check.py --only ramp, docs/PERF.md 2026-12-04 fifth session, run TH)
+H200_KERNEL_FIXED_S = 1.92e-6
 # What back-to-back wgmma reach with nothing else to do: bench/gpu_clock.py's wgmma loop (one
 # workgroup an SM, two warpgroups issuing m64n256 from registers and shared memory, no
 # memory traffic), its FLOP/s over the SM clock sampled meanwhile: bf16 853 TFLOP/s at
@@ -121,6 +126,10 @@ PERF_FACTS = (
     ("copy_bytes_per_s/H200", H200_COPY_BYTES_PER_S,
      "measured on an H200 (bench/ops_bandwidth.py copy, docs/PERF.md): a 1 GiB device-to-"
      "device copy, median of twelve runs, 4.27-4.30 TB/s"),
+    ("kernel_fixed_s/H200", H200_KERNEL_FIXED_S,
+     "measured on an H200 (bench/model_check.py --only ramp, docs/PERF.md run TH): an SM "
+     "copy kernel in CUDA graphs at 64 MiB to 1 GiB moved, the fixed part of the line "
+     "through its times (1.92 us + bytes / 4.301 TB/s)"),
     ("wgmma_flops_per_clk/bf16", WGMMA_BF16_FLOPS_PER_CLK,
      "measured on an H200 (bench/gpu_clock.py's wgmma loop, docs/PERF.md run MA): back-to-"
      "back bf16 wgmma m64n256k16, 853 TFLOP/s at 1770 MHz over 132 SMs; n128 and n64, A "
