@@ -397,6 +397,24 @@ def _gemm_nt_inputs(shape, dtype, rng):
             "c": np.zeros((m, n), np.float32)}
 
 
+def _gemm_sk_inputs(shape, dtype, rng):
+    """gemm_sk's: gemm_ws's operands, and the lenders' memory its sm_90a launch needs."""
+    i = _gemm_nt_inputs(shape, dtype, rng)
+    _, consts, slots = _gemm_sk_plan_of(i, "sm_90a")
+    return {**i, "part": np.zeros((128 * slots, consts["BN"]), np.float32),
+            "flags": np.zeros(8 * slots, np.int32)}
+
+
+def _gemm_sk_plan_of(i, target):
+    m, k = i["a"].shape
+    _, rule = gemm_ws_launch(i, target)
+    plan = gemm_sk_plan(rule, target, k, rows.itemsize(i["a"]))
+    if plan is None:
+        raise ValueError(f"gemm_sk splits nothing of a {m} x {i['b'].shape[0]} x {k} "
+                         f"product (its blocks fill whole rounds of the grid); use gemm_ws")
+    return plan
+
+
 def _gemm_nt_ref(i):
     return {"c": _f64(i["a"]) @ _f64(i["b"]).T}
 
@@ -660,6 +678,14 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                # K = 4096, docs/PERF.md)
                tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_nt_torch,
                targets=("sm_90a",)),          # TMA + warpgroup MMA, warp-specialised: Hopper
+    KernelSpec("gemm_sk", gemm_sk, _gemm_sk_inputs, _gemm_nt_ref,
+               lambda i, t: _gemm_sk_plan_of(i, t)[:2], ("c",),
+               shapes=((128, 128, 128), (150, 200, 304), (64, 272, 96)),
+               gpu_shapes=((128, 4096, 14336),), dtypes=("bf16", "f16"),
+               compile_consts={"DT": "bf16", "OUT": "bf16", "TM": 32, "TN": 16,
+                               "TMA_STORE": 2},
+               tol={"bf16": 1e-5, "f16": 1e-5}, torch_reference=_gemm_nt_torch,
+               targets=("sm_90a",)),          # gemm_ws's pipeline: Hopper
     KernelSpec("gemm_pingpong", gemm_pingpong, _gemm_nt_inputs, _gemm_nt_ref,
                lambda i, t: gemm_pingpong_launch(i["a"].shape[0], i["b"].shape[0],
                                                  i["a"].shape[1], t),
