@@ -530,6 +530,12 @@ def gemm_ws_grid(consts: dict, target) -> tuple[int]:
 SK_FIXED = {"PERSISTENT": 1, "PROMOTE": 0, "PINGPONG": 0, "CLUSTER": 1}
 
 
+def _blocks_and_steps(consts: dict, k: int, itemsize: int) -> tuple[int, int]:
+    """(output blocks, K steps a block) of a gemm_ws launch over K = k: a K step is one
+    128-byte row of each operand."""
+    return consts["TM"] * consts["TN"], -(-k * itemsize // 128)
+
+
 def gemm_sk_plan(consts: dict, target, k: int, itemsize: int = 2):
     """(grid, constants, slots) of gemm_sk for the gemm_ws launch `consts` over K = k of
     `itemsize`-byte operands (the same blocks, order and pipeline; its last blocks, or all
@@ -543,7 +549,7 @@ def gemm_sk_plan(consts: dict, target, k: int, itemsize: int = 2):
     if any(consts.get(key, 0 if key != "CLUSTER" else 1) != v for key, v in SK_FIXED.items()) \
             or consts.get("TMA_STORE", 0) == 1:
         return None
-    blocks, steps = consts["TM"] * consts["TN"], -(-k * itemsize // 128)
+    blocks, steps = _blocks_and_steps(consts, k, itemsize)
     grid = min(get(target).num_cus, blocks * steps)     # every workgroup a K step
     slots = StreamWalk.slots(blocks, grid, steps)
     if not slots:
@@ -565,7 +571,7 @@ def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2):
     in K (SPLIT_K_MIN_STEPS), else None."""
     from ..targets import get
     cus = get(target).num_cus
-    blocks, steps = consts["TM"] * consts["TN"], -(-k * itemsize // 128)
+    blocks, steps = _blocks_and_steps(consts, k, itemsize)
     if blocks > cus // 2 or blocks * steps < SPLIT_K_MIN_STEPS * cus:
         return None
     return gemm_sk_plan(consts, target, k, itemsize)

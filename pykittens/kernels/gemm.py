@@ -171,9 +171,9 @@ def gemm_sk(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     fewer than the workgroups, split-K: each block's steps are shared by several). A split
     block's workgroups meet through `part` (f32, 128 rows a lender's slot, BN columns:
     its partial sums) and `flags` (i32, 8 a slot: counters of lenders, zero before the
-    launch and left zero after it): pk.StreamWalk.slots(T, G, K steps) slots. The workgroups of the grid must all be running at once (at
-    most one per SM, as the launch rule's grid). Constants as gemm_ws's (16-bit operands,
-    TMA_STORE 0 or 2)."""
+    launch and left zero after it): pk.StreamWalk.slots(T, G, K steps) slots. The
+    workgroups of the grid must all be running at once (at most one per SM, as the launch
+    rule's grid). Constants as gemm_ws's (16-bit operands, TMA_STORE 0 or 2)."""
     ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
                 ws_store(c, OUT, BN, TMA_STORE), DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=1,
                 PROMOTE=0, LAYOUT=LAYOUT, stream=(part, flags))
@@ -278,7 +278,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     block (B stored N x K), which each workgroup loads 1/n of into all of them.
 
     stream=(part, flags): the persistent walk splits the last blocks in K (pk.stream_walk)
-    so every workgroup takes the same number of K steps; a block's two workgroups meet
+    so every workgroup takes the same number of K steps; a split block's workgroups meet
     through `part` and `flags` (stream_finish)."""
     if LAYOUT not in LAYOUTS:
         raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
@@ -433,7 +433,7 @@ def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
         return slot * 128 + 64 * g + 16 * wave
     counter = walk.slot(seg, 0) * 8 + 4 * g + wave
 
-    def lent(piece, c0):              # the lenders' sums of acc's columns c0 ..
+    def lent(lenders, piece, c0):     # the lenders' sums of acc's columns c0 ..
         total = pk.zeros(piece.type)
         past = walk.slot(seg, lenders) * 128     # (rows of lenders past the last read 0)
         for j in pk.range(0, lenders, at_once):
@@ -448,7 +448,8 @@ def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
         with pk.if_(walk.owns_split(seg)):
             lenders = walk.lenders(seg)
             pk.wait_flag(flags, counter, lenders, tma=False, scope="gpu")
-            store(g, acc, m0, n0, t, seg.tile, plus=lent)
+            store(g, acc, m0, n0, t, seg.tile,
+                  plus=lambda piece, c0: lent(lenders, piece, c0))
             pk.signal(flags, counter, 0, scope="gpu")
         with pk.else_():
             store(g, acc, m0, n0, t, seg.tile)

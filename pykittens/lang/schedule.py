@@ -246,7 +246,6 @@ class StreamWalk:
         self.g1 = self.base + minimum(runner + 1, self.runners) * self.shared // self.runners
         pieces = where(self.g1 > self.g0, (self.g1 - 1) // steps - self.g0 // steps + 1, 0)
         self.mine = self.rounds + pieces
-        self.persistent = True
 
     def __iter__(self):
         return iter(ops.range(self.mine))

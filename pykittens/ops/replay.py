@@ -241,9 +241,10 @@ class _Replay:
     def __call__(self, tensors, addresses):
         """The op's result on `tensors` (its inputs in argument order, at `addresses`), or
         None where inputs overlap in memory (the full path's checks decide whether that is
-        allowed) or the recorded call's workspaces belong to another stream. Launches are checked for nothing else: their scalars are the recorded
-        call's, and the outputs and buffers are new (pk.launch's plan checks the rest for
-        the signature). (Every replayed call runs this: it is written for speed.)"""
+        allowed) or the recorded call's workspaces belong to another stream. Launches
+        are checked for nothing else: their scalars are the recorded call's, and the
+        outputs and buffers are new (pk.launch's plan checks the rest for the signature).
+        (Every replayed call runs this: it is written for speed.)"""
         if _overlapping(addresses, self.spans):
             return None
         device = tensors[0].device
