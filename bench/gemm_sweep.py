@@ -373,7 +373,15 @@ def _skinny_plans(m, n, k) -> dict:
         _, c = _plan("nt", m, n, k, bn=bn)
         if gemm_sk_plan(c, TARGET, k) is not None:
             plans[f"split {bn}"] = {**c, STREAM: True}
+            if bn == 128 and SKINNY_STAGES:           # more of B in flight a workgroup
+                plans[f"split {bn} x{SKINNY_STAGES}"] = {**c, STREAM: True,
+                                                         "STAGES": SKINNY_STAGES}
     return plans
+
+
+# GEMM_SKINNY_STAGES=n: the skinny step also times 128-wide split blocks with n ring
+# stages (six fit beside C's staging: docs/PERF.md run TL)
+SKINNY_STAGES = int(os.environ.get("GEMM_SKINNY_STAGES", "0"))
 
 
 def step_skinny(rows, details):
