@@ -8,7 +8,9 @@ GPU machine (repo root, PTX prebuilt: bench/gemm_sweep.py --prebuild store):
 
 M N K on the command line (default 8192³), bf16, C = X W^T. With --fp8: e4m3 operands,
 bf16 C, the launch rule's promoted gemm_ws (PTX: bench/gemm_sweep.py --prebuild fp8) and
-torch._scaled_mm with its default accumulation (-k regex:'gemm|nvjet|xmma|cutlass|sm90')."""
+torch._scaled_mm with its default accumulation (-k regex:'gemm|nvjet|xmma|cutlass|sm90').
+With --op: pykittens.ops.linear as users call it (gemm_sk where the launch rule splits K;
+PTX: bench/gemm_sweep.py --prebuild split_op for its shapes) and F.linear."""
 from __future__ import annotations
 
 import sys
@@ -22,11 +24,13 @@ def main(argv) -> int:
     from pykittens.kernels.gemm import gemm_ws
     from pykittens.runtime.launch import launch
     import gemm_sweep                                  # bench/, this script's directory
-    fp8 = "--fp8" in argv
-    argv = [a for a in argv if a != "--fp8"]
+    fp8, op = "--fp8" in argv, "--op" in argv
+    argv = [a for a in argv if a not in ("--fp8", "--op")]
     m, n, k = (int(a) for a in argv) if argv else (8192, 8192, 8192)
     if fp8:
         return _fp8(m, n, k)
+    if op:
+        return _op(m, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 4
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 4
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -36,6 +40,20 @@ def main(argv) -> int:
     torch.cuda.synchronize()
     err = float((y.float() - ref.float()).norm() / ref.float().norm())
     print(f"gemm_ws {consts} against cuBLAS: relative difference {err:.1e}")
+    return 0 if err < 1e-2 else 1
+
+
+def _op(m, n, k) -> int:
+    """pykittens.ops.linear (the kernel its launch rule picks) and F.linear, once each."""
+    import pykittens.ops as pko
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 4
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 4
+    y = pko.linear(x, w)
+    ref = F.linear(x, w)
+    torch.cuda.synchronize()
+    err = float((y.float() - ref.float()).norm() / ref.float().norm())
+    kernel = sys.modules["pykittens.ops.matmul"]._plan("sm_90a", "nt", m, k, n, 2)[0].name
+    print(f"pykittens.ops.linear ({kernel}) against cuBLAS: relative difference {err:.1e}")
     return 0 if err < 1e-2 else 1
 
 

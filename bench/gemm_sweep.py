@@ -376,7 +376,16 @@ def _skinny_plans(m, n, k) -> dict:
             if bn == 128 and SKINNY_STAGES:           # more of B in flight a workgroup
                 plans[f"split {bn} x{SKINNY_STAGES}"] = {**c, STREAM: True,
                                                          "STAGES": SKINNY_STAGES}
+            if bn == 128 and SKINNY_64:               # 64-wide blocks, C from registers
+                narrow = {k_: v for k_, v in c.items() if k_ != "TMA_STORE"}
+                narrow.update(BN=64, TN=-(-n // 64), MAP="row-major")
+                for stages in (4, 8):
+                    plans[f"split 64 x{stages}"] = {**narrow, STREAM: True, "STAGES": stages}
     return plans
+
+
+# GEMM_SKINNY_64=1: the skinny step also times 64-wide split blocks (4 and 8 ring stages)
+SKINNY_64 = os.environ.get("GEMM_SKINNY_64", "0") == "1"
 
 
 # GEMM_SKINNY_STAGES=n: the skinny step also times 128-wide split blocks with n ring

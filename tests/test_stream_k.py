@@ -61,6 +61,13 @@ def test_256_wide_blocks_split(rng):
     assert err < 1e-2
 
 
+def test_64_wide_blocks_split_with_c_from_registers(rng):
+    """64-wide blocks (not the launch rule's; C stored from registers): 16 blocks of 9
+    steps over 20 workgroups, four lenders' loads at once."""
+    err, flags = _run(rng, 256, 512, 9, 20, bn=64, c_dtype=np.float32, tma_store=0)
+    assert err < 1e-6 and not flags.any()
+
+
 def test_slots():
     assert pk.StreamWalk.slots(512, 132, 64) == 116 + 132   # after whole rounds: one lender
     assert pk.StreamWalk.slots(528, 132, 64) == 0           # whole rounds

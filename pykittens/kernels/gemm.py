@@ -414,7 +414,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
 # lenders' partial sums a stream walk's owner loads at once, by block width (all in
 # flight together beside the accumulator: a load of 16 x 64 f32 is 32 registers a lane)
-LENT_AT_ONCE = {128: 2, 256: 1}
+LENT_AT_ONCE = {64: 4, 128: 2, 256: 1}
 
 
 def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
