@@ -9,12 +9,16 @@ and the op replaying the tuned choice; then gemm_ws reading MN-major operands as
     PYKITTENS_CACHE=$PWD/.pkc_gemm python3 bench/gemm_sweep.py --prebuild    # no GPU: PTX
                                             # (--prebuild store: that step's builds only)
     PYKITTENS_CACHE=$PWD/.pkc_gemm PYTHONPATH=. python3 bench/gemm_sweep.py   # on the GPU
-    ... bench/gemm_sweep.py layouts fp8     # only those steps (candidates, layouts, sweep,
-                                            # fp8, store, cluster, early)
+    ... bench/gemm_sweep.py layouts fp8     # only those steps (STEPS)
 
-`store`, `cluster` and `early` time the launch rule against one other launch of each shape:
-C stored another way; the same launch in clusters of two workgroups that share B's blocks
-(TMA multicast); the same launch as usual instead of early (runtime.cuda.EARLY_LAUNCH).
+`store`, `cluster`, `early`, `fence`, `stream` and `grid` time the launch rule against one
+other launch of each shape: C stored another way; the same launch in clusters of two
+workgroups that share B's blocks (TMA multicast); the same launch as usual instead of
+early (runtime.cuda.EARLY_LAUNCH); every ring release fenced; the last blocks split in K
+(gemm_sk, stream-K); the fewest workgroups that take as many rounds. `skinny` times
+products of 128 to 1024 rows (gemm_ws's rule, gemm_sk at either block width, cuBLAS) and
+`split_op` pykittens.ops.linear where it splits K (checked on replayed calls, a second
+stream, a CUDA graph and its gradients).
 `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
 child process with a time limit, so a build that faults or hangs the GPU is named before the
 tuner times it.

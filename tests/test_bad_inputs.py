@@ -611,6 +611,10 @@ LIB = [
     ("gemm_ws K", lambda: gemm_ws_launch({"a": Z(128, 100), "b": Z(128, 100)}, "sm_90a"),
      ValueError, r"gemm_ws copies A and B by TMA: each stored row of A must be a multiple "
                  r"of 16 bytes, got K = 100 \(200 bytes\); pad K"),
+    ("gemm_sk nothing to split", lambda: KERNELS["gemm_sk"].launch(
+        {"a": Z(128 * 132, 64), "b": Z(128, 64)}, "sm_90a"),
+     ValueError, r"gemm_sk splits nothing of a 16896 x 128 x 64 product \(its blocks fill "
+                 r"whole rounds of the grid\); use gemm_ws"),
     ("layernorm TMA", lambda: ln_tma_consts(9000), ValueError,
      r"the TMA schedule stages at most 8192 columns, not 9000"),
     ("unknown target", lambda: attention_fwd_launch({"q": Z(1, 2, 64, 64),

@@ -86,6 +86,27 @@ def test_stream_walk_refusals():
     with pytest.raises(pk.KernelError, match="number of tiles as a Python int"):
         pk.stream_walk(0, 4)
 
+    @pk.kernel(num_waves=1)
+    def segments_without_steps(x: pk.gl[pk.f32, 2]):
+        walk = pk.tile_walk(4, persistent=True)
+        for t in walk:
+            walk.segment(t)
+    with pytest.raises(pk.KernelError, match=r"walk.segment needs the K steps a tile: "
+                                             r"pk.tile_walk\(..., steps=\)"):
+        pk.emulate(segments_without_steps, np.zeros((16, 64), np.float32), grid=1)
+
+    @pk.kernel(num_waves=12)
+    def promoted_stream(a: pk.gl[pk.e4m3, 2], b: pk.gl[pk.e4m3, 2], c: pk.gl[pk.bf16, 2],
+                        part: pk.gl[pk.f32, 2], flags: pk.gl[pk.i32, 1]):
+        from pykittens.kernels.gemm import ws_pipeline, ws_store
+        ws_pipeline(a, b, 2, lambda i: (0, 128 * i), ws_store(c, "bf16", 128, 0), DT="e4m3",
+                    BN=128, STAGES=3, PERSISTENT=1, PROMOTE=1, stream=(part, flags))
+    with pytest.raises(pk.KernelError, match="splits blocks in K .* without PROMOTE"):
+        f8 = np.zeros((128, 128), pk.e4m3.np)
+        pk.emulate(promoted_stream, f8, f8, np.zeros((128, 256), pk.bf16.np),
+                   np.zeros((128, 128), np.float32), np.zeros(8, np.int32), grid=1,
+                   target="sm_90a")
+
 
 def _rule(m, n, k):
     from pykittens.kernels import gemm_ws_launch
