@@ -212,11 +212,16 @@ STREAM = "stream-K"          # the plan's gemm_ws launch as gemm_sk (kernels.gem
 GRID = "grid"                # the plan's persistent grid, where not the launch rule's
 
 
+def _ws_consts(plan) -> dict:
+    """A plan's gemm_ws constants: the plan without this script's own keys."""
+    return {k: v for k, v in plan.items() if k not in (EARLY, BUILD, STREAM, GRID)}
+
+
 def _launch_of(plan) -> tuple[dict, bool]:
     """(gemm_ws's constants, launched early where pk.launch would) of a plan (for a STREAM
     plan, gemm_sk's: gemm_ws's but those gemm_sk fixes)."""
     from pykittens.kernels import SK_FIXED
-    consts = {k: v for k, v in plan.items() if k not in (EARLY, BUILD, STREAM, GRID)}
+    consts = _ws_consts(plan)
     if plan.get(STREAM):
         consts = {k: v for k, v in consts.items() if k not in SK_FIXED}
     return consts, plan.get(EARLY, True)
@@ -225,12 +230,11 @@ def _launch_of(plan) -> tuple[dict, bool]:
 def _grid_of(plan, k) -> tuple[int]:
     """The grid of a plan for K = k."""
     from pykittens.kernels import gemm_sk_plan, gemm_ws_grid
-    consts = {key: v for key, v in plan.items() if key not in (EARLY, BUILD, STREAM, GRID)}
     if GRID in plan:
         return (plan[GRID],)
     if plan.get(STREAM):
-        return gemm_sk_plan(consts, TARGET, k)[0]
-    return gemm_ws_grid(consts, TARGET)
+        return gemm_sk_plan(_ws_consts(plan), TARGET, k)[0]
+    return gemm_ws_grid(_ws_consts(plan), TARGET)
 
 
 def _stream_args(plan, k) -> dict:
@@ -239,9 +243,41 @@ def _stream_args(plan, k) -> dict:
         return {}
     import torch
     from pykittens.kernels import gemm_sk_plan
-    _, consts, slots = gemm_sk_plan(_launch_of({**plan, STREAM: False})[0], TARGET, k)
+    _, consts, slots = gemm_sk_plan(_ws_consts(plan), TARGET, k)
     return {"part": torch.empty(128 * slots, consts["BN"], device="cuda"),
             "flags": torch.zeros(8 * slots, device="cuda", dtype=torch.int32)}
+
+
+def _time_plans(plans: dict, m, n, k) -> tuple[dict, float]:
+    """({"cublas": TFLOP/s, name: TFLOP/s of each plan}, the largest relative error of the
+    plans' products against cuBLAS's) on random (m, k) x (n, k) operands: each plan
+    launched once on a NaN-poisoned C and checked, then all timed with F.linear in
+    interleaved rounds."""
+    import torch
+    import torch.nn.functional as F
+    from pykittens.runtime import cuda as rc
+    from pykittens.runtime.launch import launch
+    flops = 2 * m * n * k
+    x, w = _rand(m, k), _rand(n, k)
+    ref = F.linear(x, w)
+
+    def call_of(plan):
+        c, early = _launch_of(plan)
+        kernel, building = _kernel_of(plan)
+        y, extra, grid = torch.full_like(ref, float("nan")), _stream_args(plan, k), \
+            _grid_of(plan, k)
+
+        def call():
+            with mock.patch.object(rc, "EARLY_LAUNCH", rc.EARLY_LAUNCH and early), building():
+                launch(kernel, grid=grid, a=x, b=w, c=y, **extra, **c)
+        return call, y
+    calls, err = {}, 0.0
+    for name, plan in plans.items():
+        calls[name], y = call_of(plan)
+        calls[name]()
+        err = max(err, _rel(y, ref))
+    times = interleaved([lambda: F.linear(x, w)] + list(calls.values()), _reps(flops))
+    return {name: flops / t / 1e12 for name, t in zip(["cublas", *calls], times)}, err
 
 
 _KERNELS: dict = {}
@@ -402,38 +438,21 @@ def step_skinny(rows, details):
     blocks than SMs, or not many more): gemm_ws's launch rule against its blocks split in K
     between workgroups (gemm_sk, split-K where the blocks are fewer than the SMs), at
     either block width, and cuBLAS; medians of interleaved rounds."""
-    import torch
-    import torch.nn.functional as F
-    from pykittens.runtime.launch import launch
     best = []
     for m in SKINNY_TOKENS:
         for n, k in LLAMA:
-            flops = 2 * m * n * k
-            x, w = _rand(m, k), _rand(n, k)
-            ref = F.linear(x, w)
             plans = _skinny_plans(m, n, k)
-            calls, err = {}, 0.0
-            for name, plan in plans.items():
-                y, extra = torch.full_like(ref, float("nan")), _stream_args(plan, k)
-                c = _launch_of(plan)[0]
-                kernel = _kernel_of(plan)[0]
-                calls[name] = (lambda kernel=kernel, c=c, y=y, extra=extra, g=_grid_of(plan, k):
-                               launch(kernel, grid=g, a=x, b=w, c=y, **extra, **c))
-                calls[name]()
-                err = max(err, _rel(y, ref))
-            times = interleaved([lambda: F.linear(x, w)] + list(calls.values()), _reps(flops))
-            tf = {name: flops / t / 1e12 for name, t in zip(["cublas", *calls], times)}
-            top = max((nm for nm in calls), key=lambda nm: tf[nm])
+            tf, err = _time_plans(plans, m, n, k)
+            top = max(plans, key=lambda nm: tf[nm])
             best.append(tf[top] / tf["cublas"])
             details.append({"step": "skinny", "shape": [m, n, k], "tflops": tf, "rel_err": err,
                             "plans": plans})
-            line = ", ".join(f"{nm} {tf[nm]:.0f}" for nm in calls)
+            line = ", ".join(f"{nm} {tf[nm]:.0f}" for nm in plans)
             print(f"{m}x{n}x{k}: cuBLAS {tf['cublas']:.0f}, {line} TFLOP/s, err {err:.1e}",
                   flush=True)
             rows.append(["skinny", f"{m}x{n}x{k}", f"{tf['cublas']:.0f}", f"{tf['rule']:.0f}",
                          f"{tf[top]:.0f}", f"{tf['rule'] / tf['cublas']:.3f} / "
                          f"{tf[top] / tf['cublas']:.3f}", top, "ok" if err < 1e-2 else "FAIL"])
-            del x, w, ref
     geo = math.exp(sum(map(math.log, best)) / len(best))
     rows.append(["skinny", f"best: {len(best)} shapes", "", "", "", f"geomean {geo:.3f}",
                  f"min {min(best):.3f}", ""])
@@ -525,31 +544,11 @@ def _max_clusters() -> int:
 def _step_pair(step, plans_of, describe, rows, details):
     """The launch rule against another launch (plans_of(m, n, k): {"rule", "other"}) and
     cuBLAS on the sweep's shapes, medians of interleaved rounds."""
-    import torch
-    import torch.nn.functional as F
-    from pykittens.runtime import cuda as rc
-    from pykittens.runtime.launch import launch
     ratios = {"rule": [], "other": []}
     for m, n, k in sweep_shapes():
-        flops, reps = 2 * m * n * k, _reps(2 * m * n * k)
-        x, w = _rand(m, k), _rand(n, k)
-        ref = F.linear(x, w)
         plans = plans_of(m, n, k)
-        ys = {name: torch.full_like(ref, float("nan")) for name in plans}
-        def run_plan(plan, y, extra):
-            c, early = _launch_of(plan)
-            kernel, building = _kernel_of(plan)
-            with mock.patch.object(rc, "EARLY_LAUNCH", rc.EARLY_LAUNCH and early), building():
-                launch(kernel, grid=_grid_of(plan, k), a=x, b=w, c=y, **extra, **c)
-        calls = {name: (lambda p=p, y=ys[name], e=_stream_args(p, k): run_plan(p, y, e))
-                 for name, p in plans.items()}
-        err = 0.0
-        for name, call in calls.items():
-            call()
-            err = max(err, _rel(ys[name], ref))
-        times = interleaved([lambda: F.linear(x, w)] + list(calls.values()), reps)
-        tf = {name: flops / t / 1e12 for name, t in zip(["cublas", *calls], times)}
-        for name in calls:
+        tf, err = _time_plans(plans, m, n, k)
+        for name in plans:
             ratios[name].append(tf[name] / tf["cublas"])
         details.append({"step": step, "shape": [m, n, k], "tflops": tf, "rel_err": err,
                         "plans": plans})
@@ -560,7 +559,6 @@ def _step_pair(step, plans_of, describe, rows, details):
                      f"{tf['other']:.0f}", f"{tf['rule'] / tf['cublas']:.3f} / "
                      f"{tf['other'] / tf['cublas']:.3f}", names,
                      "ok" if err < 1e-2 else "FAIL"])
-        del x, w, ref, ys
     for name, r in ratios.items():
         if r:
             geo = math.exp(sum(map(math.log, r)) / len(r))
