@@ -12,10 +12,13 @@ does per clock (targets/sm90a.py, wgmma_flops_per_clk); the other forms the libr
 and attention's with one warpgroup issuing alone (WGMMA_FORMS). And the TMA unit's
 reductions into L2 (`tma_reduce_loop`: one wave an SM adding f32 tiles one after another, as
 attention_bwd's dQ writer does), by how many workgroups add into the same tile
-(targets/sm90a.py, tma_reduce_bytes_per_s).
+(targets/sm90a.py, tma_reduce_bytes_per_s). And what an arrive fenced for the async proxy
+costs (`fence_loop`: a wgmma group, a tile stored, the fenced arrive; targets/sm90a.py,
+async_fence_clk).
 
     PYTHONPATH=. python3 bench/gpu_clock.py          # on the GPU
     PYTHONPATH=. python3 bench/gpu_clock.py --latency   # only the wgmma latencies
+    PYTHONPATH=. python3 bench/gpu_clock.py --fence     # only the fenced arrives
 
 Prints one row per (shape, contender) and the idle clocks; writes $OUT/gpu_clock.json."""
 from __future__ import annotations
@@ -201,7 +204,71 @@ def tma_reduce_rate(share: int = 1, in_flight: int = 0) -> dict:
     return r
 
 
+FENCE_STEPS = 2048
+
+
+@pk.kernel(num_waves=4)
+def fence_loop(a: pk.gl[pk.bf16, 2], b: pk.gl[pk.bf16, 2], c: pk.gl[pk.f32, 2],
+               STEPS: pk.const = FENCE_STEPS, MMA: pk.const = 1, IN_FLIGHT: pk.const = 1,
+               STORE: pk.const = 1, ARRIVE: pk.const = 1):
+    """One warpgroup, STEPS times: a wgmma group (m64n128 bf16, A from registers; MMA),
+    one left in flight (IN_FLIGHT) or waited for; then each wave stores a 16 x 64 bf16
+    tile of registers into shared memory (STORE) and arrives on an mbarrier (ARRIVE): the
+    arrive that hands a tile written by ordinary stores to the async proxy, so the code
+    generator puts `fence.proxy.async` before it (SASS: MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC.S),
+    as attention_bwd's consumers do twice a step (dS for the other group, dQ for its
+    writer). What the fence costs, and whether it waits for the group in flight."""
+    sb = pk.empty(pk.st((128, 64), pk.bf16, swizzle=8))
+    pk.load(sb, b, (0, 0))
+    st = pk.empty(pk.st((64, 64), pk.bf16, swizzle=8))
+    bar = pk.mbarrier(4)
+    pk.barrier()
+    ta = pk.load(pk.rt((16, 64), pk.bf16, role="a"), a, (16 * pk.wave_id(), 0))
+    acc = pk.zeros(pk.rt((16, 128), pk.f32, role="acc"))
+    x = pk.zeros(pk.rt((16, 64), pk.f32))
+    for _ in pk.range(STEPS):
+        if MMA:
+            pk.mma_ABt(acc, ta, sb, in_flight=IN_FLIGHT)
+        if STORE:
+            x += 1.0                      # a new tile each step: no store is loop-invariant
+            pk.store(st, x.cast(pk.bf16), (16 * pk.wave_id(), 0))
+        if ARRIVE:
+            pk.arrive(bar)
+    pk.mma_wait(acc)
+    pk.store(c, acc, (16 * pk.wave_id() + 64 * pk.program_id(0), 0))
+
+
+# (name, MMA, IN_FLIGHT, STORE, ARRIVE); the fence comes only with wgmma in the kernel
+FENCE_FORMS = (("group in flight", 1, 1, 0, 0), ("group waited", 1, 0, 0, 0),
+               ("in flight, store", 1, 1, 1, 0), ("in flight, store, fenced arrive", 1, 1, 1, 1),
+               ("waited, store", 1, 0, 1, 0), ("waited, store, fenced arrive", 1, 0, 1, 1))
+
+
+def fence_cost() -> list[dict]:
+    """fence_loop's forms on every SM (one workgroup an SM): clocks a step each. A fenced
+    arrive costs its form less the same without it; if it waits for the group in flight,
+    "in flight, store, fenced arrive" takes as long as "waited, store, fenced arrive"."""
+    a = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
+    b = torch.randn(128, 64, device="cuda").to(torch.bfloat16)
+    c = torch.zeros(64 * SMS, 128, device="cuda", dtype=torch.float32)
+    out = []
+    for name, mma, in_flight, store, arrive in FENCE_FORMS:
+        got = sample(lambda: pk.launch(fence_loop, a, b, c, grid=SMS, MMA=mma,
+                                       IN_FLIGHT=in_flight, STORE=store, ARRIVE=arrive),
+                     seconds=2.0)
+        clk = got["clock_mhz_median"] * 1e6 / (got["calls_per_s"] * FENCE_STEPS)
+        out.append({"shape": name, "contender": "fence loop", "mma": mma,
+                    "in_flight": in_flight, "store": store, "arrive": arrive, **got,
+                    "clk_per_step": clk})
+        print(f"fence loop, {name}: {clk:.0f} clocks a step", flush=True)
+    return out
+
+
 def main() -> int:
+    if "--fence" in sys.argv:                 # only the fenced arrives
+        with open(os.path.join(os.environ.get("OUT", "."), "gpu_clock_fence.json"), "w") as f:
+            json.dump({"runs": fence_cost()}, f, indent=1)
+        return 0
     if "--latency" in sys.argv:               # only the wgmma latencies
         out = [wgmma_latency(*form) for form in LATENCY_FORMS]
         with open(os.path.join(os.environ.get("OUT", "."), "gpu_clock_latency.json"), "w") as f:
@@ -222,6 +289,7 @@ def main() -> int:
     out += [wgmma_rate(*form) for form in WGMMA_FORMS]
     out += [wgmma_latency(*form) for form in LATENCY_FORMS]
     out += [tma_reduce_rate(share) for share in TMA_REDUCE_SHARES]
+    out += fence_cost()
     idle = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.limit",
                            "--format=csv,noheader"], capture_output=True, text=True).stdout
     print(f"idle: {idle.strip()}  (SM clock, max SM clock, power limit)")

@@ -224,6 +224,46 @@ def test_attention_backward_reads_its_five_products_and_the_interior_loop():
     assert causal["iterations_per_cu"] < 0.6 * res["iterations_per_cu"]
 
 
+@needs_sass
+def test_attention_backward_consumers_fence_and_hand_over_ds():
+    """Each consumer of attention_bwd's main pass (D = 128) fences twice an iteration (dS
+    stored for the other group, its dQ block for the writer) and waits once for the other
+    group's dS; stepped with the measured fence, the waits bound the pass, above the
+    tensor cores' time."""
+    res = model("attention_bwd", "sm_90a", (4, 16, 16, 4096, 128))
+    from pykittens.analysis.model import _hopper_loops
+    from pykittens.targets import get
+    lp = library_plan("attention_bwd", "sm_90a", (4, 16, 16, 4096, 128), "bf16")
+    _, loops = _hopper_loops(lp.kernel, get("sm_90a"), {**lp.consts, "DT": "bf16"})
+    for *_, events in loops:
+        kinds = [e[0] for e in events]
+        assert kinds.count("fence") == 2 and kinds.count("sync") == 1
+    assert res["bound"] == "waits" and res["cycles"]["waits"] > 1.2 * res["cycles"]["matrix"]
+    assert "async_fence_clk" in res["constants"]
+
+
+def test_the_fence_benchmark_multiplies_and_stores():
+    """bench/gpu_clock.py's fence_loop (what the fence's cost was measured with), in the
+    emulator, in its fenced form: each workgroup's 64 rows of c are STEPS x (a @ b.T)."""
+    import os
+    import sys
+
+    import ml_dtypes
+    import numpy as np
+
+    import pykittens as pk
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+    from gpu_clock import fence_loop
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 64)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((128, 64)).astype(ml_dtypes.bfloat16)
+    c = np.zeros((128, 128), np.float32)
+    out = pk.emulate(fence_loop, a, b, c, grid=2, STEPS=3, target="sm_90a")["c"]
+    want = 3 * (a.astype(np.float64) @ b.astype(np.float64).T)
+    assert np.allclose(out[:64], want, rtol=1e-5, atol=1e-3)
+    assert np.allclose(out[64:], want, rtol=1e-5, atol=1e-3)
+
+
 # ---- the consumers' waits (Hopper): their events read from SASS, then stepped through
 
 def _sass(opcode, operands=""):
@@ -246,6 +286,23 @@ def test_loop_events_split_at_groups_and_waits():
     assert _loop_events(path) == [("alu", 3, 0), ("mma", 2 * 2 * 64 * 128 * 16),
                                   ("alu", 1, 0), ("wait", 1), ("alu", 3, 1), ("wait", 0),
                                   ("alu", 1, 0)]
+
+
+def test_loop_events_mark_fences_and_hand_overs():
+    """A MEMBAR (fence.proxy.async's) is a fence; an mbarrier the consumer arrives at and
+    then waits on is a hand-over between consumers (numbered in the iteration), while a wait
+    on a barrier it did not arrive at (a producer's copy) is not an event."""
+    from pykittens.analysis.model import _loop_events
+    path = [_sass("SYNCS.PHASECHK.TRANS64.TRYWAIT", "P1, [R9+URZ+0x20800], R0"),
+            _sass("STSM.16.MT88.4", "[R153], R188"), _sass("MEMBAR.ALL.CTA"),
+            _sass("FENCE.VIEW.ASYNC.S"), _sass("SYNCS.ARRIVE.TRANS64.A1T0", "RZ, [UR9], RZ"),
+            _sass("SYNCS.PHASECHK.TRANS64.TRYWAIT", "P1, [UR9], R20"),
+            _sass("STS.128", "[R7+UR8+0x29000], R152"), _sass("MEMBAR.ALL.CTA"),
+            _sass("SYNCS.ARRIVE.TRANS64.A1T0", "RZ, [UR6], RZ"),
+            _sass("SYNCS.ARRIVE.TRANS64.A1T0", "RZ, [UR4], RZ"),
+            _sass("SYNCS.PHASECHK.TRANS64.TRYWAIT", "P1, [UR4], R21")]
+    assert _loop_events(path) == [("alu", 3, 0), ("fence",), ("alu", 3, 0), ("sync", 0),
+                                  ("alu", 2, 0), ("fence",), ("alu", 3, 0), ("sync", 1)]
 
 
 RATE = 1000.0                       # FLOPs a clock: a group of F FLOPs takes F / 1000 clocks
@@ -282,6 +339,38 @@ def test_a_waited_group_adds_its_latency_and_a_pipelined_one_does_not():
            ("alu", 300, 0), ("wait", 0), ("alu", 200, 0)]
     assert _overlap_cycles([two], RATE, 1, 8, False, latency=60) == \
         pytest.approx(1260, abs=4)
+
+
+def test_a_fence_completes_after_the_products_and_its_own_time():
+    """A fence after `wait 1` holds the consumer until its group in flight is done (1000)
+    and then 100 clocks; with nothing in flight only the 100 (the H200's fenced arrive,
+    bench/gpu_clock.py --fence: it took the group's time with one in flight)."""
+    from pykittens.analysis.model import _overlap_cycles
+    fenced = [("mma", 1000 * RATE), ("wait", 1), ("alu", 10, 0), ("fence",), ("alu", 10, 0)]
+    assert _overlap_cycles([fenced], RATE, 1, 8, False, fence=100) == \
+        pytest.approx(1000 + 100 + 10, abs=4)
+    waited = [("mma", 1000 * RATE), ("wait", 0), ("alu", 10, 0), ("fence",), ("alu", 10, 0)]
+    assert _overlap_cycles([waited], RATE, 1, 8, False, fence=100) == \
+        pytest.approx(1000 + 10 + 100 + 10, abs=4)
+    assert _overlap_cycles([waited], RATE, 1, 8, False) == pytest.approx(1020, abs=4)
+
+
+def test_a_hand_over_holds_each_consumer_until_all_arrive():
+    """Two consumers started 500 clocks apart, each a 500-clock product (waited) and 400
+    instructions: apart, each issues under the other's product (1000 an iteration: the
+    tensor cores). With a hand-over after the product each waits for the other's, so they
+    run in step: both products share the tensor cores (1000), then both consumers' 400
+    instructions at half a slot each (800): 1800. Loops with differing numbers of
+    hand-overs are stepped without them."""
+    from pykittens.analysis.model import _overlap_cycles
+    free = [("mma", 500 * RATE), ("wait", 0), ("alu", 400, 0)]
+    synced = [("mma", 500 * RATE), ("wait", 0), ("sync", 0), ("alu", 400, 0)]
+    assert _overlap_cycles([free] * 2, RATE, 1, 8, False, stagger=500) == \
+        pytest.approx(1000, rel=0.01)
+    assert _overlap_cycles([synced] * 2, RATE, 1, 8, False, stagger=500) == \
+        pytest.approx(1800, rel=0.01)
+    assert _overlap_cycles([synced, free], RATE, 1, 8, False, stagger=500) == \
+        pytest.approx(1000, rel=0.01)
 
 
 def test_two_consumers_in_step_or_apart():
@@ -334,7 +423,8 @@ def test_attention_backward_adds_dq_at_the_measured_reduce_rate():
     """With the atomic dQ schedule each iteration adds its 64-row query block's dQ over the
     workgroup's keys (64 x D f32) into L2 by the TMA unit, as every key block of the head
     does into the same rows (N / 128 of them): the SMs' bytes at the rate measured for that
-    many workgroups a tile (the nearest measured), in cycles at the kernel's clock."""
+    many workgroups a tile (the nearest measured), in cycles at the kernel's clock, shown
+    beside the resources (docs/PERF.md run OA: not what bounds the pass)."""
     from pykittens.analysis.model import _nearest_share
     from pykittens.targets import get
     t = get("sm_90a")
@@ -345,8 +435,9 @@ def test_attention_backward_adds_dq_at_the_measured_reduce_rate():
         rate, src = t.fact(f"tma_reduce_bytes_per_s/{share}")
         clock = res["constants"]["load_clock_hz/H200"][0]
         assert "measured" in src
-        assert res["cycles"]["reduce"] == pytest.approx(64 * d * 4 * 132 / rate * clock,
+        assert res["beside"]["reduce"] == pytest.approx(64 * d * 4 * 132 / rate * clock,
                                                         abs=0.1)
+        assert "reduce" not in res["cycles"]          # beside the resources, not a bound
     lp = library_plan("attention_bwd", "sm_90a", (2, 4, 4, 2048, 128), "bf16")
     assert lp.reduce_bytes == 64 * 128 * 4 and lp.consts["DQ_ATOMIC"] == 1
 

@@ -20,15 +20,16 @@ every workgroup resident on it), the cycles each resource needs:
 - dram: the launch's HBM bytes from the cache simulator for the launch's grid mapping, over
   the data-sheet bandwidth, spread over the busiest CU's iterations;
 - waits (Hopper): the consumer warpgroups stepped through their loops' waits for their own
-  wgmma groups, sharing the tensor cores, issue slots and special-function units
-  (_overlap_cycles): what the others, each summed alone, leave out;
-- reduce (Hopper attention backward): dQ's additions into its f32 sum by the TMA unit, at
-  the rate measured on the H200 for as many workgroups adding into the same rows. Not a
-  cause: with each key block adding into rows of its own (a rotated walk, docs/PERF.md run
-  OA) the main pass took the same time where this model predicted 22-46% faster. What
-  bounds it is the consumers' own dQ work (dS staged for each other, a fully waited
-  product, f32 blocks stored and fenced), which the waits stepping does not see; this
-  resource's figure stands beside it, not for it.
+  wgmma groups, their fenced arrives and the barriers they hand tiles over at, sharing the
+  tensor cores, issue slots and special-function units (_overlap_cycles): what the others,
+  each summed alone, leave out.
+
+Beside them, not a bound (Hopper attention backward): dQ's additions into its f32 sum by the
+TMA unit at the rate measured on the H200 for as many workgroups adding into the same rows
+(`beside`, "reduce"). With each key block adding into rows of its own (a rotated walk,
+docs/PERF.md run OA) the main pass took the same time where a bound by it predicted 22-46%
+faster; what holds the consumers is their own dQ work (dS handed to each other through a
+barrier, f32 blocks stored and fenced), which the waits step through.
 
 Time = the largest of them x the busiest CU's iterations / clock: the resources are assumed
 to overlap completely (CDNA: the 8-wave ping-pong runs one group's MFMA cluster beside the
@@ -235,9 +236,19 @@ def _loop_events(path) -> list[tuple]:
     """One iteration of a consumer's loop (its SASS path, in program order) as what it waits
     on: ("alu", instructions, MUFU instructions) runs it issues, ("mma", FLOPs) each wgmma
     group it commits (the HGMMAs up to the one marked gsb0), ("wait", n) each
-    WARPGROUP.DEPBAR.LE gsb0, n (until at most n of its groups are unfinished)."""
+    WARPGROUP.DEPBAR.LE gsb0, n (until at most n of its groups are unfinished), ("fence",)
+    each MEMBAR (what fence.proxy.async before an arrive becomes), and ("sync", i) the i-th
+    mbarrier of the iteration it arrives at and then waits on (SYNCS.ARRIVE, then
+    SYNCS.PHASECHK on the same address: a hand-over between the consumers, such as
+    attention_bwd's dS). Waits on barriers it does not arrive at (the producer's copies) are
+    taken as passed: the producer runs ahead."""
     from .cubin import WGMMA_OPS
-    events, issued, mufu, flops = [], 0, 0, 0
+    events, issued, mufu, flops, arrived, syncs = [], 0, 0, 0, set(), 0
+
+    def cut(event):
+        nonlocal issued, mufu
+        events.extend([("alu", issued, mufu), event])
+        issued = mufu = 0
     for ins in path:
         issued += 1
         mufu += ins.op == "MUFU"
@@ -245,11 +256,20 @@ def _loop_events(path) -> list[tuple]:
             m, n, k = map(int, _SHAPE.match(ins.opcode).groups())
             flops += 2 * m * n * k
             if "gsb0" in ins.operands:
-                events += [("alu", issued, mufu), ("mma", flops)]
-                issued = mufu = flops = 0
+                cut(("mma", flops))
+                flops = 0
         elif ins.opcode.startswith("WARPGROUP.DEPBAR"):
-            events += [("alu", issued, mufu), ("wait", int(ins.operands.split(",")[-1], 0))]
-            issued = mufu = 0
+            cut(("wait", int(ins.operands.split(",")[-1], 0)))
+        elif ins.op == "MEMBAR":
+            cut(("fence",))
+        elif ins.op == "SYNCS" and "[" in ins.operands:
+            where = ins.operands[ins.operands.index("["):ins.operands.index("]") + 1]
+            if ".ARRIVE" in ins.opcode:
+                arrived.add(where)
+            elif ".PHASECHK" in ins.opcode and where in arrived:
+                arrived.discard(where)
+                cut(("sync", syncs))
+                syncs += 1
     events.append(("alu", issued, mufu))
     return [e for e in events if e[0] != "alu" or e[1]]
 
@@ -263,11 +283,15 @@ WAITS = ("waits: each consumer steps through its loop's SASS, committing its wgm
          "a consumer's instructions and MUFU share the issue slots and special-function "
          "units with the others'; a group's results are there a measured latency after "
          "its products are done (wgmma_latency_clk; the next group's products run "
-         "meanwhile); the mean over the consumers' relative starts (_waits_cycles)")
+         "meanwhile); an arrive fenced for the async proxy (MEMBAR) completes a measured "
+         "time after the consumer's groups' products are done (async_fence_clk); a "
+         "barrier every consumer arrives at and waits on holds each until all have "
+         "arrived; the mean over the consumers' relative starts (_waits_cycles)")
 
 
 def _waits_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
-                  pingpong: bool, latency: float = 0.0) -> tuple[float, list[float]]:
+                  pingpong: bool, latency: float = 0.0, fence: float = 0.0
+                  ) -> tuple[float, list[float]]:
     """(mean, per phase) of _overlap_cycles over PHASES relative starts of the consumers:
     consumer c starting c x s cycles after the first, s = k / PHASES of an iteration's
     tensor-core time over (consumers - 1), k = 0 .. PHASES - 1. Nothing in a schedule
@@ -282,14 +306,14 @@ def _waits_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
     tensor = sum(f for ev in loops for kind, *arg in ev if kind == "mma" for f in arg) / rate
     spread = tensor / max(1, len(loops) - 1)
     per = [_overlap_cycles(loops, rate, issue, mufu_clocks, pingpong,
-                           stagger=spread * k / PHASES, latency=latency)
+                           stagger=spread * k / PHASES, latency=latency, fence=fence)
            for k in range(PHASES)]
     return sum(per) / len(per), per
 
 
 def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
                     pingpong: bool, iterations: int = 24, stagger: float = 0.0,
-                    latency: float = 0.0) -> float:
+                    latency: float = 0.0, fence: float = 0.0) -> float:
     """Cycles an SM takes per iteration of every consumer (`loops`: each consumer's
     _loop_events, all resident at once), stepping the consumers through their waits. The
     tensor cores run the groups committed and not finished at `rate` FLOPs a clock, shared
@@ -300,10 +324,18 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
     sub-partition). Ping-pong: a consumer commits the first group of round r only after the
     one before it has committed all of its round r (the first: the last's round r - 1).
     A group's results are there `latency` cycles after its products are done (a wait
-    holds until then; the tensor cores go on with the next group meanwhile).
+    holds until then; the tensor cores go on with the next group meanwhile). A "fence"
+    holds until the consumer's groups' products are done, then `fence` cycles more (the
+    H200's fenced arrive: bench/gpu_clock.py --fence). The i-th "sync" of an iteration holds
+    a consumer until every consumer has reached its i-th sync of the same iteration (loops
+    whose syncs differ in number are stepped without them).
     Consumer c starts `c x stagger` cycles after the first. The steady state's cycles per
     iteration, from the second half of `iterations`."""
     consumers = len(loops)
+    if len({sum(e[0] == "sync" for e in ev) for ev in loops}) > 1:
+        loops = [[e for e in ev if e[0] != "sync"] for ev in loops]
+    held = [None] * consumers          # when a consumer's fence completes (None: not in one)
+    synced = {}                        # (sync, iteration) -> consumers there
     first = [next(i for i, e in enumerate(ev) if e[0] == "mma") for ev in loops]
     last = [max(i for i, e in enumerate(ev) if e[0] == "mma") for ev in loops]
     pc = [0] * consumers
@@ -314,6 +346,9 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
     draining = [[] for _ in range(consumers)]   # when done groups' results are there
     clock, step = 0.0, 2.0
     while min(len(d) for d in done) < iterations:
+        if clock > 1e8:
+            raise RuntimeError("the consumers' loops never finish an iteration: a sync or "
+                               "ping-pong turn none of them can pass")
         busy = [c for c in range(consumers) if queue[c]]
         for c in busy:                 # the tensor cores
             queue[c][0] -= rate / len(busy) * step
@@ -343,6 +378,19 @@ def _overlap_cycles(loops: list, rate: float, issue: float, mufu_clocks: float,
                     while draining[c] and draining[c][0] <= clock:   # in time order
                         draining[c].pop(0)
                     if len(queue[c]) + len(draining[c]) > arg[0]:
+                        break
+                elif kind == "fence":
+                    if held[c] is None:
+                        if queue[c]:
+                            break
+                        held[c] = clock + fence
+                    if clock < held[c]:
+                        break
+                    held[c] = None
+                elif kind == "sync":
+                    there = synced.setdefault((arg[0], len(done[c])), set())
+                    there.add(c)
+                    if len(there) < consumers:
                         break
                 else:
                     if pingpong and pc[c] == first[c] and \
@@ -408,9 +456,12 @@ def _hopper_cycles(t, dtype, loops, fills, consts_used, pingpong=False):
               "issue": sum(n for n, _, _, _ in loops) / issue,
               "mufu": sum(32 * f for _, _, f, _ in loops) / mufu_rate,
               "lds": (reads + fills) / smem_bw}
-    cycles["waits"], per_phase = _waits_cycles([ev for _, _, _, ev in loops], per_sm, issue,
-                                               32 / mufu_rate, pingpong,
-                                               _fact(t, "wgmma_latency_clk", consts_used))
+    events = [ev for _, _, _, ev in loops]
+    fenced = any(e[0] == "fence" for ev in events for e in ev)
+    cycles["waits"], per_phase = _waits_cycles(
+        events, per_sm, issue, 32 / mufu_rate, pingpong,
+        _fact(t, "wgmma_latency_clk", consts_used),
+        _fact(t, "async_fence_clk", consts_used) if fenced else 0.0)
     detail = {"wgmma_loops": len(loops), "wgmma_per_loop": [len(s) for _, s, _, _ in loops],
               "wgmma_shape": "x".join(map(str, loops[0][1][0][:3])),
               "instructions_per_loop": [n for n, _, _, _ in loops],
@@ -684,9 +735,10 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
     hbm = dict(t.hbm_bytes_per_s_by_chip).get(chip, t.hbm_bytes_per_s)
     used["hbm_bytes_per_s"] = (hbm, f"targets/{t.name}: {chip} data sheet peak memory bandwidth")
     cycles["dram"] = dram_bytes / hbm * run_clock / iters
+    beside = {}
     if lp.reduce_bytes:              # one wave adds each dQ tile after the last has been read
         rate = _fact(t, f"tma_reduce_bytes_per_s/{_nearest_share(t, lp.reduce_share)}", used)
-        cycles["reduce"] = lp.reduce_bytes * t.num_cus / rate * run_clock
+        beside["reduce"] = round(lp.reduce_bytes * t.num_cus / rate * run_clock, 1)
     bound = max(cycles, key=cycles.get)
     time_s = cycles[bound] * iters / run_clock
     flops = 4.0 * b * hq * n * n * d * (0.5 if causal else 1.0) * (2.5 if bwd else 1.0)
@@ -697,7 +749,8 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
         "causal": bool(causal), "dtype": dtype, "modeled_tflops": flops / time_s / 1e12,
         "bound": bound,
         "near_bound": [r for r, c in cycles.items() if r != bound and c >= 0.95 * cycles[bound]],
-        "cycles": {r: round(c, 1) for r, c in cycles.items()}, "time_s": time_s,
+        "cycles": {r: round(c, 1) for r, c in cycles.items()}, "beside": beside,
+        "time_s": time_s,
         "iterations_per_cu": iters, "tiles": len(lp.iterations), "grid": list(lp.grid),
         "block": [lp.bm, lp.bn, d], "dram_bytes": dram_bytes,
         "matrix_peak_tflops": matrix_peak_flops(t, dtype, chip) / 1e12,
@@ -719,12 +772,11 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
             "FLOP/s count 4 B Hq N^2 D (halved for causal), 2.5 times that for the backward",
         ] + ([
             "backward: its main pass's DRAM is the forward's order's (K and V once, Q and "
-            "dO streamed); dQ's additions into its f32 sum (reduce) at the rate one wave "
-            "adding tile after tile by the TMA unit reaches (measured) - not the pass's "
-            "cause: adding into rows of its own per key block, it took the same time "
-            "(docs/PERF.md run OA); the passes before "
-            "(delta) and after (dQ's rounding) stream their tensors at the measured copy "
-            "bandwidth"] if bwd else []),
+            "dO streamed); dQ's additions into its f32 sum at the rate one wave adding tile "
+            "after tile by the TMA unit reaches (measured) are shown beside the resources, "
+            "not as one: adding into rows of its own per key block, the pass took the same "
+            "time (docs/PERF.md run OA); the passes before (delta) and after (dQ's "
+            "rounding) stream their tensors at the measured copy bandwidth"] if bwd else []),
         "constants": used,
     }
 
@@ -768,6 +820,8 @@ def format_table(res: dict) -> str:
              f"{'resource':10s} {'cycles/iteration/CU':>20s}"]
     for r, c in res["cycles"].items():
         lines.append(f"{r:10s} {c:20.1f}{'  <- bound' if r == res['bound'] else ''}")
+    for r, c in res.get("beside", {}).items():
+        lines.append(f"{r:10s} {c:20.1f}  (beside the resources, not a bound)")
     lines.append(f"iterations on the busiest CU: {res['iterations_per_cu']}; tiles "
                  f"{res['tiles']}, block {'x'.join(map(str, res['block']))}; DRAM "
                  f"{res['dram_bytes'] / 1e9:.3f} GB")

@@ -99,14 +99,21 @@ H200_KERNEL_FIXED_S = 1.92e-6
 # per-clock rates (4096 / 8192).
 WGMMA_BF16_FLOPS_PER_CLK = 3650
 WGMMA_FP8_FLOPS_PER_CLK = 7328
-# What the TMA unit's reductions into L2 reach with one wave an SM adding 64 x 64 f32 tiles
-# one after another (bench/gpu_clock.py's tma_reduce_loop, docs/PERF.md run NC), by how many
-# workgroups add into the same tile: TB/s over the chip.
 # clocks a waited wgmma group's results take beyond its tensor-core time: one warpgroup an
 # SM waiting for each K step's group before the next, against the same loop with one in
 # flight (bench/gpu_clock.py wgmma_latency, docs/PERF.md run OC): 48-66 over seven forms
 # (bf16 n64 / n128 / n256, e4m3 n128 / n256, A from registers or shared memory), median 61
 WGMMA_LATENCY_CLK = 61
+# clocks an arrive fenced for the async proxy costs (fence.proxy.async before the arrive
+# that hands over a tile written by ordinary stores; SASS MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC.S):
+# one warpgroup an SM storing a 16 x 64 tile a wave each step, with the arrive against
+# without it, its group waited for (bench/gpu_clock.py --fence, docs/PERF.md run UB): 544
+# against 447 clocks a step. With the group in flight instead the fenced step took 416
+# against 311: the fence does not complete before the group's products do.
+ASYNC_FENCE_CLK = 97
+# What the TMA unit's reductions into L2 reach with one wave an SM adding 64 x 64 f32 tiles
+# one after another (bench/gpu_clock.py's tma_reduce_loop, docs/PERF.md run NC), by how many
+# workgroups add into the same tile: TB/s over the chip.
 TMA_REDUCE_BYTES_PER_S = {1: 3.12e12, 8: 2.31e12, 32: 1.75e12, 132: 1.38e12}
 _WP = "NVIDIA H100 Tensor Core GPU Architecture white paper"
 PERF_FACTS = (
@@ -142,6 +149,11 @@ PERF_FACTS = (
      "measured on an H200 (bench/gpu_clock.py's wgmma_latency, docs/PERF.md run OC): the "
      "clocks a group waited for takes beyond the same group pipelined, 48-66 over seven "
      "forms, median 61"),
+    ("async_fence_clk", ASYNC_FENCE_CLK,
+     "measured on an H200 (bench/gpu_clock.py --fence, docs/PERF.md run UB): a step of one "
+     "warpgroup storing a tile and arriving fenced for the async proxy, 544 clocks against "
+     "447 without the arrive (its wgmma group waited for); with the group in flight 416 "
+     "against 311: the fence completes after the group's products"),
     *((f"tma_reduce_bytes_per_s/{share}", rate,
        "measured on an H200 (bench/gpu_clock.py's tma_reduce_loop, docs/PERF.md run NC): one "
        f"wave an SM adding 64 x 64 f32 tiles by the TMA unit, {share} workgroup"
