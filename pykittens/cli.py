@@ -321,8 +321,7 @@ def _gemm_plan(kernel_name, target, m, n, k, dtype, out_dtype):
 def cmd_model(a) -> int:
     from .analysis import model as perf
     if a.kernel not in perf.MODELED:
-        raise CliError(f"no performance model for {a.kernel!r}: use one of "
-                       f"{', '.join(perf.MODELED)}")
+        raise CliError(perf.not_modeled(a.kernel))
     try:
         extra = {"causal": True} if a.causal else {}
         res = perf.model(a.kernel, a.target, a.shape, a.dtype, plan=library_plan,

@@ -52,7 +52,19 @@ MODELED = {"gemm_ws": ("sm_90a",), "gemm_pingpong": ("gfx942", "gfx950"),
            "gemm_basic": ("gfx942", "gfx950"), "attention_fwd": ("sm_90a",),
            "attention_bwd": ("sm_90a",),
            **{k: ("sm_90a",) for k in ROWS}}
+# library kernels with no model yet, and why (named in the error asking for one)
+UNMODELED = {"gemm_sk": "split-K's time is set by how its workgroups' reads of B meet DRAM "
+                        "(the consumers wait for the ring's copies at 2.8 TB/s, docs/PERF.md "
+                        "run UC), which a bytes-over-bandwidth figure does not see"}
 _FP8 = {"e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"}
+
+
+def not_modeled(kernel_name: str) -> str:
+    """The error text for a kernel with no performance model."""
+    why = f" ({kernel_name} is not: {UNMODELED[kernel_name]})" if kernel_name in UNMODELED \
+        else ""
+    return (f"no performance model for {kernel_name!r}{why}; modelled kernels: "
+            f"{', '.join(MODELED)}")
 
 
 @dataclass(frozen=True)
@@ -542,8 +554,7 @@ def model(kernel_name: str, target, shape, dtype: str = "bf16", *, plan=None,
     if kernel_name in ("attention_fwd", "attention_bwd") or kernel_name in ROWS:
         return _model_sm90(kernel_name, target, shape, dtype, plan, chip, **overrides)
     if kernel_name not in MODELED:
-        raise ValueError(f"no performance model for {kernel_name!r}; modelled kernels: "
-                         f"{', '.join(MODELED)}")
+        raise ValueError(not_modeled(kernel_name))
     t = targets.get(target)
     if t.name not in MODELED[kernel_name]:
         raise ValueError(f"{kernel_name} is modelled on {', '.join(MODELED[kernel_name])}, not "
