@@ -6,9 +6,9 @@ Hopper library kernel family timed in one run, and the model's figure for each b
     PYKITTENS_CACHE=$PWD/.pkc_m PYTHONPATH=.:bench python3 bench/model_check.py --clocks  # H200
     PYTHONPATH=.:bench python3 bench/model_check.py --table docs/perf/model-check-....json
 
-The GPU run, in order: the tensor cores' rate per clock with nothing else to do
-(bench/gpu_clock.py's wgmma loop, for the record: the model does not take it unless its
-target file does); gemm_ws as the library launches it (bf16 and e4m3 promoted, medians of
+The GPU run, in order: the tensor cores' rate per clock with nothing else to do, the TMA
+unit's reductions and a fenced arrive's clocks (bench/gpu_clock.py, for the record: the
+model does not take them unless its target file does); gemm_ws as the library launches it (bf16 and e4m3 promoted, medians of
 CUDA-graph replays); pykittens.ops.attention (the forward's kernel alone); the row ops
 forward and backward through pykittens.ops (bench/ops_bandwidth.py's `copy` and `ops`
 steps). Details go to $OUT/model_check.json. `--table` prints measured against modeled
@@ -51,11 +51,15 @@ def builds():
     from pykittens.kernels.attention import attention_fwd, attention_fwd_launch
     from pykittens.kernels.attention_bwd import attention_bwd_launch
     from pykittens.kernels.gemm import gemm_ws
-    from gpu_clock import TMA_REDUCE_SHARES, WGMMA_FORMS, tma_reduce_loop
+    from gpu_clock import FENCE_FORMS, TMA_REDUCE_SHARES, WGMMA_FORMS, fence_loop, \
+        tma_reduce_loop
     for dt, n, a_smem, warpgroups in WGMMA_FORMS:
         yield wgmma_loop, {"DT": dt, "N": n, "A_SMEM": a_smem, "num_waves": 4 * warpgroups}
     for share in TMA_REDUCE_SHARES:
         yield tma_reduce_loop, {"SHARE": share}
+    for _, mma, in_flight, store, arrive in FENCE_FORMS:
+        yield fence_loop, {"MMA": mma, "IN_FLIGHT": in_flight, "STORE": store,
+                           "ARRIVE": arrive}
     for m, n, k, dt in GEMMS:
         yield gemm_ws, _gemm_plan(m, n, k, dt)[1]
     for b, hq, hkv, n, d, causal in ATTENTION:
@@ -103,6 +107,8 @@ def measure(families=("rate", "gemm", "attention", "attention_bwd", "ramp", "row
            for form in gpu_clock.WGMMA_FORMS if "rate" in families]
     out += [{"family": "tma reduce", **gpu_clock.tma_reduce_rate(share)}
             for share in gpu_clock.TMA_REDUCE_SHARES if "rate" in families]
+    out += [{"family": "fence", **r} for r in gpu_clock.fence_cost()] \
+        if "rate" in families else []
     for m, n, k, dt in GEMMS if "gemm" in families else ():
         grid, consts = _gemm_plan(m, n, k, dt)
         a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
@@ -251,6 +257,12 @@ def table(results) -> str:
     for ramp in (r for r in results if r["family"] == "ramp"):
         foot.append(f"copy in a CUDA graph: {ramp['fixed_s'] * 1e6:.2f} µs + bytes / "
                     f"{ramp['bytes_per_s'] / 1e12:.3f} TB/s")
+    fence = {r["shape"]: r["clk_per_step"] for r in results if r["family"] == "fence"}
+    if fence:
+        foot.append("fenced arrive: {:.0f} clocks with its group waited, {:.0f} with one in "
+                    "flight".format(fence["waited, store, fenced arrive"] - fence["waited, store"],
+                                    fence["in flight, store, fenced arrive"]
+                                    - fence["in flight, store"]))
     for rate in (r for r in results if r["family"] == "tma reduce"):
         foot.append(f"{rate['shape']}: {rate['bytes_per_s'] / 1e12:.2f} TB/s at "
                     f"{rate['clock_mhz_median']:.0f} MHz = {rate['bytes_per_clk_per_sm']:.1f} "
