@@ -4,6 +4,7 @@ fused all-gather + GEMM and GEMM + reduce-scatter against torch's sequential bas
 
     PYTHONPATH=. python3 bench/comm.py            # every GPU of the host, one process each
     PYTHONPATH=. python3 bench/comm.py correctness
+    PYKITTENS_CACHE=$PWD/.pkc_comm PYTHONPATH=. python3 bench/comm.py --prebuild   # no GPU
 
 Shapes: Llama-3-70B (hidden 8192, MLP 28672, 64 query / 8 KV heads of 128) split over the
 ranks (TP = number of GPUs), M = 4096, 8192, 16384 tokens: the MLP's gate+up projection
@@ -187,7 +188,8 @@ def _worker(rank, world, port, steps, out_path):
             x, w = rand(ms, k), rand(n, k, scale=k ** -0.5)
             if kind == "ag":
                 f = pkc._fused_all_gather_linear
-                variants = {"default": {}, "no proxy fence (unsafe)": {"FENCE": 0}}
+                variants = {"default": {}, "no proxy fence (unsafe)": {"FENCE": 0},
+                            **AG_VARIANTS}
             else:
                 f = pkc._fused_linear_reduce_scatter
                 variants = {"default": {}, "signal at once (DEFER=0)": {"DEFER": 0}}
@@ -226,7 +228,66 @@ def _worker(rank, world, port, steps, out_path):
     dist.destroy_process_group()
 
 
+# all-gather + GEMM's other constants tried in the `variants` step
+AG_VARIANTS = {"C from registers, 4 stages": {"TMA_STORE": 0, "STAGES": 4}}
+
+
+def builds(world: int = 2):
+    """(kernel, constants) of the builds the correctness, performance and variants steps
+    launch (the fused kernels of every case, and pykittens.ops.linear's GEMM alone), for
+    `--prebuild` on a machine without GPUs."""
+    from pykittens.kernels import comm as K
+    from pykittens.ops.matmul import _plan
+    fused = [(kind, ms, k, n) for _, kind, ms, k, n in cases(world)]
+    fused += [("ag", 256, 512, 512), ("ag", 1024, 4096, 1024), ("rs", 512, 768, 256),
+              ("rs", 2048, 1024, 2048)]
+    for kind, ms, k, n in fused:
+        if kind == "ag":
+            consts = {"WORLD": world, **K.ws_plan(ms, k, n, 2)}
+            yield K.ag_gemm_ws, consts
+            for v in ({"FENCE": 0}, *AG_VARIANTS.values()):
+                yield K.ag_gemm_ws, {**consts, **v}
+            m = world * ms
+        else:
+            consts = K.ws_plan(ms // world, k, n, 2, staged_c=False)
+            yield K.gemm_rs_ws, consts
+            yield K.gemm_rs_ws, {**consts, "DEFER": 0}
+            yield K.rs_reduce, {"BM": 128, "BN": consts["BN"], "SIGNALS": K.WS_SIGNALS}
+            m = ms
+        kernel, _, consts, _ = _plan("sm_90a", "nt", m, k, n, 2)
+        yield kernel, consts
+
+
+def _as_launched(kernel, consts: dict, world: int = 2) -> dict:
+    """consts as pk.launch completes them from bf16 tensors and pk.Peers of `world` ranks:
+    each tensor's named element type, and WORLD."""
+    out = dict(consts)
+    for p in kernel.params:
+        if p.kind in ("gl", "peers") and isinstance(p.type.dtype, str):
+            out.setdefault(p.type.dtype, "bf16")
+    if "WORLD" in kernel.const_defaults:
+        out.setdefault("WORLD", world)
+    return out
+
+
+def prebuild() -> int:
+    from pykittens import compiler
+    from pykittens.toolchain import nvptx
+    t0, seen = time.time(), set()
+    for kernel, consts in builds():
+        consts = _as_launched(kernel, consts)
+        key = (kernel.name, repr(sorted(consts.items())))
+        if key not in seen:
+            seen.add(key)
+            nvptx.compile_ptx(compiler.llvm_ir(kernel, "sm_90a", aligned=True, **consts),
+                              "sm_90a")
+    print(f"{len(seen)} builds in {time.time() - t0:.0f} s")
+    return 0
+
+
 def main() -> int:
+    if "--prebuild" in sys.argv:            # the PTX of every build, into PYKITTENS_CACHE
+        return prebuild()
     steps = sys.argv[1:] or ["correctness", "performance"]
     world = torch.cuda.device_count()
     if world < 2:

@@ -155,3 +155,33 @@ def test_linear_splits_k_on_cpu_tensors(monkeypatch):
             assert ((got.double() - want).norm() / want.norm()).item() < 1e-2
     finally:
         M._plan.cache_clear()
+
+
+def test_the_dram_stream_benchmark_reads_each_workgroups_slab():
+    """bench/dram_stream.py's stream_reads (how split-K's reads of B meet DRAM), in the
+    emulator: 4 workgroups over a 128 x 512 matrix, 64 rows and half of K each, two copies
+    a stage in two stages: each wave's 16 x 64 sum is its rows of the first copy of each
+    step (columns k0 + 128 s .. + 64), summed over the steps."""
+    import os
+    import sys
+
+    import ml_dtypes
+    import numpy as np
+
+    import pykittens as pk
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+    from dram_stream import stream_reads
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal((128, 512)).astype(ml_dtypes.bfloat16)
+    a = rng.standard_normal((128, 512)).astype(ml_dtypes.bfloat16)
+    out = np.zeros((4 * 64, 64), np.float32)
+    got = pk.emulate(stream_reads, b, a, out, grid=4, K=512, ROWS=64, SPLIT=2, STAGES=2,
+                     BOXES=2, A=1, LATE=1, target="sm_90a")["out"]
+    bf = b.astype(np.float64)
+    for w in range(4):
+        r0, k0 = 64 * (w // 2), 256 * (w % 2)
+        for wave in range(4):
+            rows = slice(r0 + 16 * wave, r0 + 16 * wave + 16)
+            want = sum(bf[rows, k0 + 128 * s: k0 + 128 * s + 64] for s in range(2))
+            assert np.allclose(got[64 * w + 16 * wave: 64 * w + 16 * wave + 16], want,
+                               rtol=1e-6, atol=1e-5)

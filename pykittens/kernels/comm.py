@@ -155,8 +155,12 @@ def _shard_block(i, TMS, TN, first_rank, WORLD, MAP, BN, TARGET):
 
 
 # what a sending wave of ag_gemm_ws moves at a time through its registers (each block then
-# signals): 8 x 32 16-bit elements fit the producer warpgroup's budget without spilling
+# signals): 8 x 32 16-bit elements fit the producer warpgroup's budget without spilling;
+# each tile is loaded once and stored to every rank; SEND_AT_ONCE tiles are loaded before
+# any is stored (loads in flight at once: 2 spill 56 bytes a lane in the 40 registers of
+# gemm.PRODUCER_REGS, 4 spill 176)
 SEND_ROWS, SEND_COLS = 8, 32
+SEND_AT_ONCE = 1
 
 
 @pk.kernel(num_waves=12)
@@ -187,14 +191,22 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
         senders = n * pk.num_programs(0)
         first = pk.program_id(0) * n + i
         jobs = ms // SEND_ROWS
+        cols = _cdiv(K, SEND_COLS)
         for t in pk.range((jobs - first + senders - 1) // senders):
             r0 = (first + t * senders) * SEND_ROWS
+            for k in pk.range(0, cols, SEND_AT_ONCE):
+                # each tile loaded once (past K: zeros, not stored), then stored to every
+                # rank, this rank's buffer first
+                tiles = [pk.load(pk.rt((SEND_ROWS, SEND_COLS), DT), x,
+                                 (r0, (k + u) * SEND_COLS)) for u in range(SEND_AT_ONCE)]
+                for d in pk.static_range(WORLD):
+                    to_d, at = to.peer((me + d) % WORLD), me * ms + r0
+                    pk.store(to_d, tiles[0], (at, k * SEND_COLS))
+                    for u in pk.static_range(1, SEND_AT_ONCE):
+                        with pk.if_(k + u < cols):
+                            pk.store(to_d, tiles[u], (at, (k + u) * SEND_COLS))
             for d in pk.range(WORLD):
-                dst = (me + d) % WORLD
-                for k in pk.range(_cdiv(K, SEND_COLS)):
-                    rows = pk.load(pk.rt((SEND_ROWS, SEND_COLS), DT), x, (r0, k * SEND_COLS))
-                    pk.store(to.peer(dst), rows, (me * ms + r0, k * SEND_COLS))
-                pk.signal(ready.peer(dst), (me, r0 // CHUNK), 1, add=True)
+                pk.signal(ready.peer((me + d) % WORLD), (me, r0 // CHUNK), 1, add=True)
 
     ws_pipeline(gathered, w, WORLD * TMS * TN,
                 lambda i: _shard_block(i, TMS, TN, me, WORLD, MAP, BN, TARGET),
