@@ -51,7 +51,7 @@ def test_cli_table(capsys):
     (["model", "scaled_add", "--target", "gfx950", "--shape", "1", "2", "3"],
      "no performance model"),
     (["model", "gemm_sk", "--target", "sm_90a", "--shape", "128", "4096", "14336"],
-     "gemm_sk is not: split-K's time is set by"),
+     "gemm_sk is not: its consumers wait for the ring's copies"),
     (["model", "softmax", "--target", "gfx950", "--shape", "64", "64"], "pick --target sm_90a"),
     (["model", "softmax", "--target", "sm_90a", "--shape", "64", "64", "64"],
      "takes --shape ROWS COLS"),

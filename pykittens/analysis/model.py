@@ -53,9 +53,10 @@ MODELED = {"gemm_ws": ("sm_90a",), "gemm_pingpong": ("gfx942", "gfx950"),
            "attention_bwd": ("sm_90a",),
            **{k: ("sm_90a",) for k in ROWS}}
 # library kernels with no model yet, and why (named in the error asking for one)
-UNMODELED = {"gemm_sk": "split-K's time is set by how its workgroups' reads of B meet DRAM "
-                        "(the consumers wait for the ring's copies at 2.8 TB/s, docs/PERF.md "
-                        "run UC), which a bytes-over-bandwidth figure does not see"}
+UNMODELED = {"gemm_sk": "its consumers wait for the ring's copies, B arriving at 2.8 TB/s "
+                        "where the same reads alone stream at 3.5 (docs/PERF.md runs UC, "
+                        "UE): a loss inside its workgroups that no term of the model "
+                        "accounts for yet"}
 _FP8 = {"e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"}
 
 
