@@ -271,18 +271,8 @@ def _as_launched(kernel, consts: dict, world: int = 2) -> dict:
 
 
 def prebuild() -> int:
-    from pykittens import compiler
-    from pykittens.toolchain import nvptx
-    t0, seen = time.time(), set()
-    for kernel, consts in builds():
-        consts = _as_launched(kernel, consts)
-        key = (kernel.name, repr(sorted(consts.items())))
-        if key not in seen:
-            seen.add(key)
-            nvptx.compile_ptx(compiler.llvm_ir(kernel, "sm_90a", aligned=True, **consts),
-                              "sm_90a")
-    print(f"{len(seen)} builds in {time.time() - t0:.0f} s")
-    return 0
+    from prebuild import ptx                     # bench/, this script's directory
+    return ptx((kernel, _as_launched(kernel, consts)) for kernel, consts in builds())
 
 
 def main() -> int:

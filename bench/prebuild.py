@@ -13,6 +13,19 @@ from pykittens import compiler
 from pykittens.toolchain import nvptx
 
 
+def ptx(builds, target: str = "sm_90a") -> int:
+    """Compile the PTX of each distinct (kernel, constants) of `builds` (aligned) into the
+    cache, printing how many and how long; 0 (a script's exit status)."""
+    t0, seen = time.time(), set()
+    for kernel, consts in builds:
+        key = (kernel.name, repr(sorted(consts.items())))
+        if key not in seen:
+            seen.add(key)
+            nvptx.compile_ptx(compiler.llvm_ir(kernel, target, aligned=True, **consts), target)
+    print(f"{len(seen)} builds in {time.time() - t0:.0f} s")
+    return 0
+
+
 def attention():
     import numpy as np
     from pykittens.kernels.attention import attention_fwd, attention_fwd_launch, hopper_schedules
