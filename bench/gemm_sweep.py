@@ -230,10 +230,10 @@ def _launch_of(plan) -> tuple[dict, bool]:
 def _grid_of(plan, k) -> tuple[int]:
     """The grid of a plan for K = k."""
     from pykittens.kernels import gemm_sk_plan, gemm_ws_grid
+    if plan.get(STREAM):
+        return gemm_sk_plan(_ws_consts(plan), TARGET, k, grid=plan.get(GRID))[0]
     if GRID in plan:
         return (plan[GRID],)
-    if plan.get(STREAM):
-        return gemm_sk_plan(_ws_consts(plan), TARGET, k)[0]
     return gemm_ws_grid(_ws_consts(plan), TARGET)
 
 
@@ -243,7 +243,7 @@ def _stream_args(plan, k) -> dict:
         return {}
     import torch
     from pykittens.kernels import gemm_sk_plan
-    _, consts, slots = gemm_sk_plan(_ws_consts(plan), TARGET, k)
+    _, consts, slots = gemm_sk_plan(_ws_consts(plan), TARGET, k, grid=plan.get(GRID))
     return {"part": torch.empty(128 * slots, consts["BN"], device="cuda"),
             "flags": torch.zeros(8 * slots, device="cuda", dtype=torch.int32)}
 
@@ -406,7 +406,8 @@ SKINNY_TOKENS = (128, 256, 512, 1024)     # M of the skinny step: few blocks, lo
 def _skinny_plans(m, n, k) -> dict:
     """The launch rule (gemm_ws), the same blocks split in K (gemm_sk), and gemm_sk with
     the other block width, where each splits anything."""
-    from pykittens.kernels import gemm_sk_plan
+    from pykittens.kernels import gemm_sk_plan, split_grid
+    from pykittens.targets import get as get_target
     _, rule = _plan("nt", m, n, k)
     plans = {"rule": rule}
     for bn in (rule["BN"], 384 - rule["BN"]):
@@ -416,6 +417,12 @@ def _skinny_plans(m, n, k) -> dict:
             if bn == 128 and SKINNY_STAGES:           # more of B in flight a workgroup
                 plans[f"split {bn} x{SKINNY_STAGES}"] = {**c, STREAM: True,
                                                          "STAGES": SKINNY_STAGES}
+            sms = get_target(TARGET).num_cus
+            grid = split_grid(c["TM"] * c["TN"], -(-k * 2 // 128), sms)
+            if bn == 128 and SKINNY_ALIGNED and grid and grid != sms:
+                # as many workgroups as split every block into equal runs: none crosses
+                # from one block into the next
+                plans[f"split {bn} on {grid}"] = {**c, STREAM: True, GRID: grid}
             if bn == 128 and SKINNY_64:               # 64-wide blocks, C from registers
                 narrow = {k_: v for k_, v in c.items() if k_ != "TMA_STORE"}
                 narrow.update(BN=64, TN=-(-n // 64), MAP="row-major")
@@ -426,6 +433,12 @@ def _skinny_plans(m, n, k) -> dict:
 
 # GEMM_SKINNY_64=1: the skinny step also times 64-wide split blocks (4 and 8 ring stages)
 SKINNY_64 = os.environ.get("GEMM_SKINNY_64", "0") == "1"
+
+
+# GEMM_SKINNY_ALIGNED=1: the skinny step also times 128-wide split blocks on the workgroups
+# that split every block into equal runs (a multiple of the blocks, at most one an SM: what
+# pykittens.ops takes since runs UF, UG, kernels.split_grid) beside one workgroup an SM
+SKINNY_ALIGNED = os.environ.get("GEMM_SKINNY_ALIGNED", "0") == "1"
 
 
 # GEMM_SKINNY_STAGES=n: the skinny step also times 128-wide split blocks with n ring

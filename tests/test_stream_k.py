@@ -119,13 +119,28 @@ def test_the_launch_rule_splits_few_blocks_with_long_k():
     least SPLIT_K_MIN_STEPS K steps (as the H200's measured wins), not otherwise."""
     from pykittens.kernels import SPLIT_K_MIN_STEPS, gemm_split_k
     (grid,), consts, slots = gemm_split_k(_rule(128, 4096, 14336), "sm_90a", 14336)
-    assert grid == 132 and consts["BN"] == 128 and "PERSISTENT" not in consts
-    # 32 blocks of 224 K steps in runs of 54: at most 5 lenders a block
-    assert slots == 32 * 5 and SPLIT_K_MIN_STEPS * 132 <= 32 * 224
+    assert grid == 128 and consts["BN"] == 128 and "PERSISTENT" not in consts
+    # 32 blocks of 224 K steps in runs of 56 on 128 workgroups (split_grid): four runs,
+    # four slots, a block (on 132, runs of 54 crossing blocks took five)
+    assert slots == 32 * 4 and SPLIT_K_MIN_STEPS * 132 <= 32 * 224
     assert gemm_split_k(_rule(128, 4096, 4096), "sm_90a", 4096) is not None  # 15.5 steps
     assert gemm_split_k(_rule(128, 4096, 1024), "sm_90a", 1024) is None      # 3.9 steps
     assert gemm_split_k(_rule(256, 8192, 8192), "sm_90a", 8192) is None      # 128 blocks
     assert gemm_split_k(_rule(4096, 4096, 4096), "sm_90a", 4096) is None
+
+
+def test_split_grid_gives_every_block_equal_runs():
+    """The split launch's grid: as many runs a block as one workgroup a CU allows, where
+    they cut every block's K steps evenly (so no run crosses into the next block); none
+    where they do not, or where a block would get one run."""
+    from pykittens.kernels import split_grid
+    assert split_grid(32, 224, 132) == 128          # 4 runs of 56 a block
+    assert split_grid(32, 64, 132) == 128           # 4 runs of 16
+    assert split_grid(16, 224, 132) == 128          # 8 runs of 28
+    assert split_grid(48, 100, 132) == 96           # 2 runs of 50
+    assert split_grid(48, 101, 132) is None         # 2 runs would not be equal
+    assert split_grid(10, 90, 132) is None          # 13 runs would not be equal
+    assert split_grid(112, 64, 132) is None         # one run a block: nothing splits
 
 
 def test_linear_splits_k_on_cpu_tensors(monkeypatch):

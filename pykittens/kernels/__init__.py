@@ -536,21 +536,21 @@ def _blocks_and_steps(consts: dict, k: int, itemsize: int) -> tuple[int, int]:
     return consts["TM"] * consts["TN"], -(-k * itemsize // 128)
 
 
-def gemm_sk_plan(consts: dict, target, k: int, itemsize: int = 2):
+def gemm_sk_plan(consts: dict, target, k: int, itemsize: int = 2, grid: int | None = None):
     """(grid, constants, slots) of gemm_sk for the gemm_ws launch `consts` over K = k of
     `itemsize`-byte operands (the same blocks, order and pipeline; its last blocks, or all
     of them where they are fewer than the workgroups, split in K so every workgroup takes
     the same number of K steps), or None where gemm_sk does not apply (not persistent,
     promoted fp8, ping-pong, clusters, C staged whole) or nothing would split (the blocks
     fill whole rounds of the grid). gemm_sk's `part` then has 128 x slots rows of BN f32,
-    `flags` 8 x slots i32 (zeros)."""
+    `flags` 8 x slots i32 (zeros). `grid`: that many workgroups (default one an SM)."""
     from ..lang.schedule import StreamWalk
     from ..targets import get
     if any(consts.get(key, 0 if key != "CLUSTER" else 1) != v for key, v in SK_FIXED.items()) \
             or consts.get("TMA_STORE", 0) == 1:
         return None
     blocks, steps = _blocks_and_steps(consts, k, itemsize)
-    grid = min(get(target).num_cus, blocks * steps)     # every workgroup a K step
+    grid = min(grid or get(target).num_cus, blocks * steps)     # every workgroup a K step
     slots = StreamWalk.slots(blocks, grid, steps)
     if not slots:
         return None
@@ -568,13 +568,25 @@ SPLIT_K_MIN_STEPS = 12
 
 def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2):
     """gemm_sk_plan of the gemm_ws launch `consts` where the launch rule splits its blocks
-    in K (SPLIT_K_MIN_STEPS), else None."""
+    in K (SPLIT_K_MIN_STEPS), else None; on as many workgroups as split every block into
+    equal runs (split_grid) where there are such."""
     from ..targets import get
     cus = get(target).num_cus
     blocks, steps = _blocks_and_steps(consts, k, itemsize)
     if blocks > cus // 2 or blocks * steps < SPLIT_K_MIN_STEPS * cus:
         return None
-    return gemm_sk_plan(consts, target, k, itemsize)
+    return gemm_sk_plan(consts, target, k, itemsize, grid=split_grid(blocks, steps, cus))
+
+
+def split_grid(blocks: int, steps: int, cus: int) -> int | None:
+    """The most workgroups, at most one a CU, that split each of `blocks` blocks of `steps`
+    K steps into equal runs (so no workgroup's run crosses from one block into the next),
+    or None where no grid of two or more runs a block does. On the H200 (docs/PERF.md,
+    2026-12-04 sixth session, runs UF, UG) 128 workgroups for 32 blocks against the 132 of
+    one a CU: 128 x 4096 x 4096 1.085-1.104x, 128 x 8192 x 28672 1.05x, 256 x 4096 x 14336
+    1.04-1.05x, the others within 1.5%."""
+    parts = cus // blocks
+    return blocks * parts if parts > 1 and steps % parts == 0 else None
 
 
 def _gemm_wgmma_launch(i, target):
