@@ -428,6 +428,10 @@ def _skinny_plans(m, n, k) -> dict:
                 narrow.update(BN=64, TN=-(-n // 64), MAP="row-major")
                 for stages in (4, 8):
                     plans[f"split 64 x{stages}"] = {**narrow, STREAM: True, "STAGES": stages}
+                grid64 = split_grid(narrow["TM"] * narrow["TN"], -(-k * 2 // 128), sms)
+                if SKINNY_ALIGNED and grid64:
+                    plans[f"split 64 x8 on {grid64}"] = {**narrow, STREAM: True, "STAGES": 8,
+                                                         GRID: grid64}
     return plans
 
 
