@@ -579,9 +579,10 @@ def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2):
 
 
 def split_grid(blocks: int, steps: int, cus: int) -> int | None:
-    """The most workgroups, at most one a CU, that split each of `blocks` blocks of `steps`
-    K steps into equal runs (so no workgroup's run crosses from one block into the next),
-    or None where no grid of two or more runs a block does. On the H200 (docs/PERF.md,
+    """blocks x (cus // blocks) workgroups, as many runs a block as one workgroup a CU
+    allows, where that many cut each block's `steps` K steps into equal runs (so no
+    workgroup's run crosses from one block into the next); None where they do not, or
+    where a block would get one run. On the H200 (docs/PERF.md,
     2026-12-04 sixth session, runs UF, UG) 128 workgroups for 32 blocks against the 132 of
     one a CU: 128 x 4096 x 4096 1.085-1.104x, 128 x 8192 x 28672 1.05x, 256 x 4096 x 14336
     1.04-1.05x, the others within 1.5%."""
