@@ -79,7 +79,7 @@ def builds(steps=STEPS):
                     yield {**plan, "DT": "bf16", "OUT": "bf16"}
     if "skinny" in steps:
         for m in SKINNY_TOKENS:
-            for n, k in LLAMA:
+            for n, k in SKINNY_LAYERS:
                 for plan in _skinny_plans(m, n, k).values():
                     yield {**plan, "DT": "bf16", "OUT": "bf16"}
     if "split_op" in steps:                  # the forward's and the gradients' products
@@ -400,7 +400,13 @@ def step_stream(rows, details):
     _step_pair("stream", _stream_plans, _describe_stream, rows, details)
 
 
-SKINNY_TOKENS = (128, 256, 512, 1024)     # M of the skinny step: few blocks, long K
+# M of the skinny step: few blocks, long K (GEMM_SKINNY_TOKENS="16,64,..." for others),
+# against the Llama layers' (N, K) or GEMM_SKINNY_LAYERS="4096x8192,..."
+SKINNY_TOKENS = tuple(int(m) for m in os.environ.get("GEMM_SKINNY_TOKENS",
+                                                     "128,256,512,1024").split(","))
+SKINNY_LAYERS = tuple(tuple(int(d) for d in nk.split("x"))
+                      for nk in os.environ["GEMM_SKINNY_LAYERS"].split(",")) \
+    if os.environ.get("GEMM_SKINNY_LAYERS") else LLAMA
 
 
 def _skinny_plans(m, n, k) -> dict:
@@ -457,7 +463,7 @@ def step_skinny(rows, details):
     either block width, and cuBLAS; medians of interleaved rounds."""
     best = []
     for m in SKINNY_TOKENS:
-        for n, k in LLAMA:
+        for n, k in SKINNY_LAYERS:
             plans = _skinny_plans(m, n, k)
             tf, err = _time_plans(plans, m, n, k)
             top = max(plans, key=lambda nm: tf[nm])

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("module_cache")
 
 
 def _run(rng, m, n, steps, grid, bn=128, c_dtype=pk.bf16.np, tma_store=2,
-         wave_order="forward"):
+         wave_order="forward", stages=4):
     k = 64 * steps
     a = rng.standard_normal((m, k)).astype(pk.bf16.np)
     b = rng.standard_normal((n, k)).astype(pk.bf16.np)
@@ -25,7 +25,7 @@ def _run(rng, m, n, steps, grid, bn=128, c_dtype=pk.bf16.np, tma_store=2,
                      part=np.full((slots * 128, bn), np.nan, np.float32),
                      flags=np.zeros(slots * 8, np.int32), DT="bf16",
                      OUT="f32" if c_dtype == np.float32 else "bf16", BN=bn, TM=tm, TN=tn,
-                     TMA_STORE=tma_store, STAGES=4)
+                     TMA_STORE=tma_store, STAGES=stages)
     want = a.astype(np.float64) @ b.astype(np.float64).T
     return rel_err(out["c"], want), out["flags"]
 
@@ -66,6 +66,14 @@ def test_64_wide_blocks_split_with_c_from_registers(rng):
     steps over 20 workgroups, four lenders' loads at once."""
     err, flags = _run(rng, 256, 512, 9, 20, bn=64, c_dtype=np.float32, tma_store=0)
     assert err < 1e-6 and not flags.any()
+
+
+def test_the_narrow_split_build_on_even_runs(rng):
+    """The launch rule's 64-wide split (kernels.NARROW_SPLIT: eight stages, C from
+    registers) on even runs: 4 blocks of 12 steps over 8 workgroups, two runs of 6 a
+    block, so the ring wraps within a run."""
+    err, flags = _run(rng, 128, 256, 12, 8, bn=64, tma_store=0, stages=8)
+    assert err < 1e-2 and not flags.any()
 
 
 def test_slots():
@@ -127,6 +135,22 @@ def test_the_launch_rule_splits_few_blocks_with_long_k():
     assert gemm_split_k(_rule(128, 4096, 1024), "sm_90a", 1024) is None      # 3.9 steps
     assert gemm_split_k(_rule(256, 8192, 8192), "sm_90a", 8192) is None      # 128 blocks
     assert gemm_split_k(_rule(4096, 4096, 4096), "sm_90a", 4096) is None
+
+
+def test_the_launch_rule_narrows_full_row_blocks_that_split_evenly():
+    """64-wide split blocks (NARROW_SPLIT) where they split evenly and m fills A's 128-row
+    blocks, in the nt layout the H200 measured; 128-wide otherwise."""
+    from pykittens.kernels import NARROW_SPLIT, gemm_split_k
+
+    def plan(m, n, k, **over):
+        return gemm_split_k({**_rule(m, n, k), **over}, "sm_90a", k, m=m, n=n)
+    (grid,), consts, _ = plan(128, 4096, 14336)
+    assert grid == 128 and consts["BN"] == 64 and consts["TN"] == 64 and \
+        consts["STAGES"] == NARROW_SPLIT["STAGES"] and "TMA_STORE" not in consts
+    assert plan(16, 4096, 14336)[1]["BN"] == 128          # rows past m: zeros read
+    assert plan(256, 4096, 14336)[1]["BN"] == 128         # 128 narrow blocks: one run each
+    assert plan(128, 4096, 14336, LAYOUT="nn")[1]["BN"] == 128
+    assert gemm_split_k(_rule(128, 4096, 14336), "sm_90a", 14336)[1]["BN"] == 128  # no m
 
 
 def test_split_grid_gives_every_block_equal_runs():

@@ -566,15 +566,32 @@ def gemm_sk_plan(consts: dict, target, k: int, itemsize: int = 2, grid: int | No
 SPLIT_K_MIN_STEPS = 12
 
 
-def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2):
-    """gemm_sk_plan of the gemm_ws launch `consts` where the launch rule splits its blocks
-    in K (SPLIT_K_MIN_STEPS), else None; on as many workgroups as split every block into
-    equal runs (split_grid) where there are such."""
+# split-K's blocks 64 wide where they split evenly and A's 128-row blocks are full: on the
+# H200 (docs/PERF.md, 2026-12-04 sixth session, runs UH, UJ) 128 x 4096 x K against 128-wide
+# blocks on even runs, K = 4096 / 8192 / 14336 / 28672: 1.03 (0.99 in UH), 1.06, 1.08
+# (1.07), 1.02x; with 16 rows (A zero-filled past them) 0.96, 0.80, 0.82, 0.74x: not there
+NARROW_SPLIT = {"BN": 64, "STAGES": 8, "MAP": "row-major"}
+
+
+def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2, m: int | None = None,
+                 n: int | None = None):
+    """gemm_sk_plan of the gemm_ws launch `consts` (of an m x n product, `nt` layout, where
+    given) where the launch rule splits its blocks in K (SPLIT_K_MIN_STEPS), else None; on
+    as many workgroups as split every block into equal runs (split_grid) where there are
+    such, with NARROW_SPLIT's 64-wide blocks where those split evenly and m is a multiple
+    of 128."""
     from ..targets import get
     cus = get(target).num_cus
     blocks, steps = _blocks_and_steps(consts, k, itemsize)
     if blocks > cus // 2 or blocks * steps < SPLIT_K_MIN_STEPS * cus:
         return None
+    if m is not None and m % 128 == 0 and consts["BN"] == 128 and \
+            consts.get("LAYOUT", "nt") == "nt":
+        narrow = {**{key: v for key, v in consts.items() if key != "TMA_STORE"},
+                  **NARROW_SPLIT, "TN": -(-n // NARROW_SPLIT["BN"])}
+        grid = split_grid(narrow["TM"] * narrow["TN"], steps, cus)
+        if grid:
+            return gemm_sk_plan(narrow, target, k, itemsize, grid=grid)
     return gemm_sk_plan(consts, target, k, itemsize, grid=split_grid(blocks, steps, cus))
 
 

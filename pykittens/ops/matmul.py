@@ -175,7 +175,7 @@ def _plan(target: str, form: str, m: int, k: int, n: int, itemsize: int):
     if layout is not None:
         grid, consts = gemm_ws_launch(ws_operands(layout, m, k, n, itemsize), target,
                                       layout=layout)
-        split = gemm_split_k(consts, target, k, itemsize)
+        split = gemm_split_k(consts, target, k, itemsize, m=m, n=n)
         if split is not None:
             return (gemm_sk, *split)
         return gemm_ws, grid, consts, 0
