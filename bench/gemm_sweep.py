@@ -412,10 +412,11 @@ SKINNY_LAYERS = tuple(tuple(int(d) for d in nk.split("x"))
 def _skinny_plans(m, n, k) -> dict:
     """The launch rule (gemm_ws), the same blocks split in K (gemm_sk), and gemm_sk with
     the other block width, where each splits anything."""
-    from pykittens.kernels import gemm_sk_plan, split_grid
+    from pykittens.kernels import gemm_sk_plan, narrow_split, split_grid
     from pykittens.targets import get as get_target
     _, rule = _plan("nt", m, n, k)
     plans = {"rule": rule}
+    sms, steps = get_target(TARGET).num_cus, -(-k * 2 // 128)       # bf16 K steps
     for bn in (rule["BN"], 384 - rule["BN"]):
         _, c = _plan("nt", m, n, k, bn=bn)
         if gemm_sk_plan(c, TARGET, k) is not None:
@@ -423,18 +424,16 @@ def _skinny_plans(m, n, k) -> dict:
             if bn == 128 and SKINNY_STAGES:           # more of B in flight a workgroup
                 plans[f"split {bn} x{SKINNY_STAGES}"] = {**c, STREAM: True,
                                                          "STAGES": SKINNY_STAGES}
-            sms = get_target(TARGET).num_cus
-            grid = split_grid(c["TM"] * c["TN"], -(-k * 2 // 128), sms)
+            grid = split_grid(c["TM"] * c["TN"], steps, sms)
             if bn == 128 and SKINNY_ALIGNED and grid and grid != sms:
                 # as many workgroups as split every block into equal runs: none crosses
                 # from one block into the next
                 plans[f"split {bn} on {grid}"] = {**c, STREAM: True, GRID: grid}
             if bn == 128 and SKINNY_64:               # 64-wide blocks, C from registers
-                narrow = {k_: v for k_, v in c.items() if k_ != "TMA_STORE"}
-                narrow.update(BN=64, TN=-(-n // 64), MAP="row-major")
+                narrow = narrow_split(c, n)
                 for stages in (4, 8):
                     plans[f"split 64 x{stages}"] = {**narrow, STREAM: True, "STAGES": stages}
-                grid64 = split_grid(narrow["TM"] * narrow["TN"], -(-k * 2 // 128), sms)
+                grid64 = split_grid(narrow["TM"] * narrow["TN"], steps, sms)
                 if SKINNY_ALIGNED and grid64:
                     plans[f"split 64 x8 on {grid64}"] = {**narrow, STREAM: True, "STAGES": 8,
                                                          GRID: grid64}

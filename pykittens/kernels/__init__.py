@@ -587,12 +587,18 @@ def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2, m: int | None 
         return None
     if m is not None and m % 128 == 0 and consts["BN"] == 128 and \
             consts.get("LAYOUT", "nt") == "nt":
-        narrow = {**{key: v for key, v in consts.items() if key != "TMA_STORE"},
-                  **NARROW_SPLIT, "TN": -(-n // NARROW_SPLIT["BN"])}
+        narrow = narrow_split(consts, n)
         grid = split_grid(narrow["TM"] * narrow["TN"], steps, cus)
         if grid:
             return gemm_sk_plan(narrow, target, k, itemsize, grid=grid)
     return gemm_sk_plan(consts, target, k, itemsize, grid=split_grid(blocks, steps, cus))
+
+
+def narrow_split(consts: dict, n: int) -> dict:
+    """The gemm_ws launch `consts` of an N = n product with NARROW_SPLIT's 64-wide blocks
+    (C from registers: no TMA_STORE)."""
+    return {**{key: v for key, v in consts.items() if key != "TMA_STORE"}, **NARROW_SPLIT,
+            "TN": -(-n // NARROW_SPLIT["BN"])}
 
 
 def split_grid(blocks: int, steps: int, cus: int) -> int | None:
