@@ -156,11 +156,9 @@ def _shard_block(i, TMS, TN, first_rank, WORLD, MAP, BN, TARGET):
 
 # what a sending wave of ag_gemm_ws moves at a time through its registers (each block then
 # signals): 8 x 32 16-bit elements fit the producer warpgroup's budget without spilling;
-# each tile is loaded once and stored to every rank; SEND_AT_ONCE tiles are loaded before
-# any is stored (loads in flight at once: 2 spill 56 bytes a lane in the 40 registers of
-# gemm.PRODUCER_REGS, 4 spill 176)
+# each tile is loaded once and stored to every rank (two or four tiles loaded before any
+# is stored spilled 56 / 176 bytes a lane in gemm.PRODUCER_REGS' 40 registers)
 SEND_ROWS, SEND_COLS = 8, 32
-SEND_AT_ONCE = 1
 
 
 @pk.kernel(num_waves=12)
@@ -194,17 +192,10 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
         cols = _cdiv(K, SEND_COLS)
         for t in pk.range((jobs - first + senders - 1) // senders):
             r0 = (first + t * senders) * SEND_ROWS
-            for k in pk.range(0, cols, SEND_AT_ONCE):
-                # each tile loaded once (past K: zeros, not stored), then stored to every
-                # rank, this rank's buffer first
-                tiles = [pk.load(pk.rt((SEND_ROWS, SEND_COLS), DT), x,
-                                 (r0, (k + u) * SEND_COLS)) for u in range(SEND_AT_ONCE)]
-                for d in pk.static_range(WORLD):
-                    to_d, at = to.peer((me + d) % WORLD), me * ms + r0
-                    pk.store(to_d, tiles[0], (at, k * SEND_COLS))
-                    for u in pk.static_range(1, SEND_AT_ONCE):
-                        with pk.if_(k + u < cols):
-                            pk.store(to_d, tiles[u], (at, (k + u) * SEND_COLS))
+            for k in pk.range(cols):
+                rows = pk.load(pk.rt((SEND_ROWS, SEND_COLS), DT), x, (r0, k * SEND_COLS))
+                for d in pk.static_range(WORLD):          # this rank's buffer first
+                    pk.store(to.peer((me + d) % WORLD), rows, (me * ms + r0, k * SEND_COLS))
             for d in pk.range(WORLD):
                 pk.signal(ready.peer((me + d) % WORLD), (me, r0 // CHUNK), 1, add=True)
 
