@@ -8,10 +8,10 @@ Hopper library kernel family timed in one run, and the model's figure for each b
 
 The GPU run, in order: the tensor cores' rate per clock with nothing else to do, the TMA
 unit's reductions and a fenced arrive's clocks (bench/gpu_clock.py, for the record: the
-model does not take them unless its target file does); gemm_ws as the library launches it (bf16 and e4m3 promoted, medians of
-CUDA-graph replays); pykittens.ops.attention (the forward's kernel alone); the row ops
-forward and backward through pykittens.ops (bench/ops_bandwidth.py's `copy` and `ops`
-steps). Details go to $OUT/model_check.json. `--table` prints measured against modeled
+model does not take them unless its target file does); gemm_ws as the library launches it
+(bf16 and e4m3 promoted, medians of CUDA-graph replays); pykittens.ops.attention (the
+forward's kernel alone); the row ops forward and backward through pykittens.ops
+(bench/ops_bandwidth.py's `copy` and `ops` steps). Details go to $OUT/model_check.json. `--table` prints measured against modeled
 for a saved run, with the error (model - measured) / measured of each; it needs the
 toolchain (ptxas, cuobjdump) but no GPU. `--clocks`: the SM clock and power under cuBLAS,
 gemm_ws, attention and rms_norm, a few seconds each; `--only F,G`: those families of rate,
