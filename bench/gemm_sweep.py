@@ -16,7 +16,8 @@ other launch of each shape: C stored another way; the same launch in clusters of
 workgroups that share B's blocks (TMA multicast); the same launch as usual instead of
 early (runtime.cuda.EARLY_LAUNCH); every ring release fenced; the last blocks split in K
 (gemm_sk, stream-K); the fewest workgroups that take as many rounds. `skinny` times
-products of 128 to 1024 rows (gemm_ws's rule, gemm_sk at either block width, cuBLAS) and
+products of 128 to 1024 rows (gemm_ws's rule, gemm_sk at either block width, cuBLAS),
+`decode` products of 1 to 64 rows (A's rows copied or whole 128-row blocks), and
 `split_op` pykittens.ops.linear where it splits K (checked on replayed calls, a second
 stream, a CUDA graph and its gradients).
 `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
@@ -60,7 +61,7 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
 
 
 STEPS = ("candidates", "sweep", "store", "cluster", "early", "fence", "stream", "grid",
-         "skinny", "split_op", "layouts", "fp8")                             # GPU run's
+         "skinny", "decode", "split_op", "layouts", "fp8")                   # GPU run's
 
 
 def builds(steps=STEPS):
@@ -81,6 +82,11 @@ def builds(steps=STEPS):
         for m in SKINNY_TOKENS:
             for n, k in SKINNY_LAYERS:
                 for plan in _skinny_plans(m, n, k).values():
+                    yield {**plan, "DT": "bf16", "OUT": "bf16"}
+    if "decode" in steps:
+        for m in DECODE_TOKENS:
+            for n, k in DECODE_LAYERS:
+                for plan in _decode_plans(m, n, k).values():
                     yield {**plan, "DT": "bf16", "OUT": "bf16"}
     if "split_op" in steps:                  # the forward's and the gradients' products
         import importlib
@@ -480,6 +486,68 @@ def step_skinny(rows, details):
                  f"min {min(best):.3f}", ""])
 
 
+# M of the decode step: a decode batch's tokens (GEMM_DECODE_TOKENS="1,8,..." for others)
+# against the weights a decode step reads: Llama-3 8B's fused QKV, output, fused gate and
+# up, down and LM head; 70B's output and down (N, K)
+DECODE_TOKENS = tuple(int(m) for m in os.environ.get("GEMM_DECODE_TOKENS",
+                                                     "1,16,64").split(","))
+DECODE_LAYERS = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
+                 (8192, 8192), (8192, 28672))
+
+
+def _decode_plans(m, n, k) -> dict:
+    """pykittens.ops.linear's launch (A_ROWS: A's rows copied, no more), the same launch
+    copying 128-row blocks of A, and, where it splits 128-wide blocks in K, the same with
+    six and eight ring stages and 64-wide blocks on even runs (8 and 12 stages); where
+    64-wide blocks fill more than half the SMs, those over all of K (12 stages)."""
+    from pykittens.kernels import SK_FIXED, gemm_split_k, narrow_split, split_grid
+    from pykittens.targets import get as get_target
+    _, rule = _plan("nt", m, n, k)
+    split = gemm_split_k(rule, TARGET, k, m=m, n=n)
+    op = rule if split is None else {**split[1], **SK_FIXED, STREAM: True, GRID: split[0][0]}
+    plans = {"op": op, "A 128 rows": {key: v for key, v in op.items() if key != "A_ROWS"}}
+    sms = get_target(TARGET).num_cus
+    narrow = narrow_split(rule, n)
+    if op.get(STREAM) and op["BN"] == 128:
+        for stages in (6, 8):                           # more of B in flight a workgroup
+            plans[f"split 128 x{stages}"] = {**op, "STAGES": stages}
+        grid = split_grid(narrow["TM"] * narrow["TN"], -(-k * 2 // 128), sms)
+        if grid:
+            for stages in (8, 12):
+                plans[f"split 64 x{stages}"] = {**narrow, STREAM: True, GRID: grid,
+                                                "STAGES": stages}
+    if sms // 2 < narrow["TN"] <= sms:                  # 64-wide blocks fill the SMs: whole K
+        plans["64 x12"] = {**narrow, "STAGES": 12}
+    return plans
+
+
+def step_decode(rows, details):
+    """Decode-sized products (M = DECODE_TOKENS rows, 1 to 64, against a decode step's
+    weights): the op's launch, which copies only A's rows, against the same launch copying
+    whole 128-row blocks of A (the TMA unit zero-filling the rest), 64-wide split blocks,
+    and cuBLAS; medians of interleaved rounds. Weights under 50 MB stay in L2 between the
+    graph's calls (4096 x 4096, 6144 x 4096), as they would not in a model's decode step."""
+    best = []
+    for m in DECODE_TOKENS:
+        for n, k in DECODE_LAYERS:
+            plans = _decode_plans(m, n, k)
+            tf, err = _time_plans(plans, m, n, k)
+            top = max(plans, key=lambda nm: tf[nm])
+            best.append(tf["op"] / tf["cublas"])
+            details.append({"step": "decode", "shape": [m, n, k], "tflops": tf,
+                            "rel_err": err, "plans": plans})
+            line = ", ".join(f"{nm} {tf[nm]:.1f}" for nm in plans)
+            print(f"{m}x{n}x{k}: cuBLAS {tf['cublas']:.1f}, {line} TFLOP/s, err {err:.1e}",
+                  flush=True)
+            rows.append(["decode", f"{m}x{n}x{k}", f"{tf['cublas']:.1f}", f"{tf['op']:.1f}",
+                         f"{tf[top]:.1f}", f"{tf['op'] / tf['cublas']:.3f} / "
+                         f"{tf['A 128 rows'] / tf['cublas']:.3f}", top,
+                         "ok" if err < 1e-2 else "FAIL"])
+    geo = math.exp(sum(map(math.log, best)) / len(best))
+    rows.append(["decode", f"op: {len(best)} shapes", "", "", "", f"geomean {geo:.3f}",
+                 f"min {min(best):.3f}", ""])
+
+
 def step_grid(rows, details):
     """The launch rule (a workgroup per SM) against the same launch on the fewest
     workgroups that take as many rounds of blocks (_grid_plans), and cuBLAS."""
@@ -769,7 +837,8 @@ def main() -> int:
                                     "store": step_store, "cluster": step_cluster,
                                     "early": step_early, "fence": step_fence,
                                     "stream": step_stream, "grid": step_grid,
-                                    "skinny": step_skinny, "split_op": step_split_op}, env,
+                                    "skinny": step_skinny, "decode": step_decode,
+                                    "split_op": step_split_op}, env,
                      header=header)
 
 

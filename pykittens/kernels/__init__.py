@@ -510,8 +510,17 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     # fourth branch), else 4
     stages = 3 if promote and not tma_store else 4
     consts = {**consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": promote,
-              **({"TMA_STORE": tma_store} if tma_store else {})}
+              **({"TMA_STORE": tma_store} if tma_store else {}), **a_rows(m, layout)}
     return gemm_ws_grid(consts, target), consts
+
+
+def a_rows(m: int, layout: str = "nt") -> dict:
+    """gemm_ws's A_ROWS for A of m rows stored M x K where m <= 64 (a decode step's
+    tokens): the power of two from 8 that holds them, so each K step copies no rows past
+    A's ({} otherwise: a block's 128)."""
+    if m > 64 or layout[0] != "n":
+        return {}
+    return {"A_ROWS": max(8, 1 << (m - 1).bit_length())}
 
 
 def gemm_ws_grid(consts: dict, target) -> tuple[int]:

@@ -6,6 +6,8 @@ on Hopper). Then the Hopper GEMMs (gemm_wgmma, gemm_ws and its warp-specialised 
 Workgroups find their output tile through a chiplet-aware grid mapping (MAP, over a TM x TN
 tile grid on TARGET, the pk.target constant: the target being compiled for): the launcher picks it with the cache simulator (chiplet.auto_mapping),
 e.g. XCD chunking with a window on CDNA, L2-grouped rasterisation on Hopper."""
+import contextlib
+
 import pykittens as pk
 from pykittens import chiplet
 
@@ -84,7 +86,7 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, PERSISTENT: pk.const = 0,
             PROMOTE: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
             TN: pk.const = 0, LAYOUT: pk.const = "nt", PINGPONG: pk.const = 0,
-            CLUSTER: pk.const = 1, TARGET: pk.target = None):
+            CLUSTER: pk.const = 1, A_ROWS: pk.const = 128, TARGET: pk.target = None):
     """Hopper: C = A @ B.T (B stored N x K, as a linear layer's weight), bf16/f16 or fp8
     (e4m3/e5m2) operands, f32 accumulation, 128 x BN output blocks.
 
@@ -131,7 +133,13 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     they read the same block of B, so each has the TMA unit copy half of it into both
     (multicast), halving what B's blocks cost the L2. On the H200 that ran 1% slower than
     the same launch without clusters (docs/PERF.md, run FB): the launch rule does not take
-    it."""
+    it.
+
+    A_ROWS (a multiple of 8 up to 64; A stored M x K, TM = 1): A has at most that many rows,
+    as a decode step's tokens. The producer copies only those rows each K step, and only
+    the first consumer warpgroup multiplies: copies past the tensor's rows, which the TMA
+    unit fills with zeros, slowed the copies of B beside them by a quarter to two fifths
+    on the H200 (docs/PERF.md, run UL). Rows of A past A_ROWS would be left out of C."""
     if PINGPONG and (BN != 128 or TMA_STORE):
         raise pk.KernelError(f"gemm_ws PINGPONG=1 holds two 128-wide accumulators a "
                              f"warpgroup and stores C from registers: BN=128, TMA_STORE=0 "
@@ -155,7 +163,8 @@ def gemm_ws(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             return output_tile(MAP, TM, TN, 128, BN, TARGET, i)
     ws_pipeline(a, b, TM * TN // CLUSTER, tile_of, ws_store(c, OUT, BN, TMA_STORE),
                 DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT, PROMOTE=PROMOTE,
-                LAYOUT=LAYOUT, PINGPONG=PINGPONG, CLUSTER=CLUSTER)
+                LAYOUT=LAYOUT, PINGPONG=PINGPONG, CLUSTER=CLUSTER,
+                A_ROWS=few_rows(A_ROWS, TM))
 
 
 @pk.kernel(num_waves=12)
@@ -164,7 +173,7 @@ def gemm_sk(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, MAP: pk.const = "row-major",
             TM: pk.const = 0, TN: pk.const = 0, LAYOUT: pk.const = "nt",
-            TARGET: pk.target = None):
+            A_ROWS: pk.const = 128, TARGET: pk.target = None):
     """gemm_ws, persistent, whose last blocks are split in K between workgroups
     (pk.stream_walk): every workgroup takes the same number of K steps, where gemm_ws's
     grid of G workgroups takes ceil(T / G) rounds of T blocks (and where the blocks are
@@ -176,7 +185,18 @@ def gemm_sk(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     rule's grid). Constants as gemm_ws's (16-bit operands, TMA_STORE 0 or 2)."""
     ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
                 ws_store(c, OUT, BN, TMA_STORE), DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=1,
-                PROMOTE=0, LAYOUT=LAYOUT, stream=(part, flags))
+                PROMOTE=0, LAYOUT=LAYOUT, stream=(part, flags), A_ROWS=few_rows(A_ROWS, TM))
+
+
+def few_rows(a_rows, tm) -> int:
+    """gemm_ws's A_ROWS, checked: 128 (a block's two 64-row halves), or a multiple of 8 up
+    to 64 where there is one row of blocks (TM = 1)."""
+    if a_rows != 128 and not (isinstance(a_rows, int) and 8 <= a_rows <= 64 and
+                              a_rows % 8 == 0 and tm == 1):
+        raise pk.KernelError(f"gemm_ws A_ROWS is 128, or a multiple of 8 up to 64 where A "
+                             f"has no more rows (one row of blocks, TM = 1); got "
+                             f"A_ROWS={a_rows!r} with TM={tm}")
+    return a_rows
 
 
 # TMA_STORE=2's pieces: each wave's 16 rows x 64 columns (one 128-byte swizzled row of
@@ -239,6 +259,7 @@ def ws_store(c, OUT, BN, TMA_STORE):
         if TMA_STORE == 2:
             pk.tma_store_wait()
     store.finish = finish
+    store.each_wave = TMA_STORE != 1          # no wave waits for another's rows
     return store
 
 
@@ -257,7 +278,7 @@ LAYOUTS = {"nt": pk.mma_ABt, "nn": pk.mma_AB, "tn": pk.mma_AtB}
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
                 LAYOUT="nt", PINGPONG=0, CLUSTER=1, before_loads=None, side_work=None,
-                after_tiles=None, stream=None):
+                after_tiles=None, stream=None, A_ROWS=128):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
@@ -279,7 +300,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
     stream=(part, flags): the persistent walk splits the last blocks in K (pk.stream_walk)
     so every workgroup takes the same number of K steps; a split block's workgroups meet
-    through `part` and `flags` (stream_finish)."""
+    through `part` and `flags` (stream_finish).
+
+    A_ROWS < 128 (gemm_ws's, checked by few_rows): each K step copies that many rows of A,
+    into the first consumer's half of the stage, and the second consumer warpgroup, whose
+    rows lie past A, does nothing."""
     if LAYOUT not in LAYOUTS:
         raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
     if PINGPONG and (PROMOTE or after_tiles is not None):
@@ -297,12 +322,29 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
         raise pk.KernelError("gemm_ws in clusters shares whole blocks of B stored N x K, "
                              "split in parts of whole 8-row swizzle atoms: not with "
                              "PINGPONG, nor 256-wide promoted blocks")
+    # consumer warpgroups with rows of A: one where A has no more than its 64; its waves
+    # whose 16 rows all lie past A store (or lend) nothing where each wave stores alone
+    consumers = 2 if A_ROWS == 128 else 1
+    rows_alone = consumers == 1 and A_ROWS < 64 and getattr(store, "each_wave", False)
+    if consumers == 1 and (not a_kmajor or PINGPONG or CLUSTER > 1):
+        raise pk.KernelError("gemm_ws copies fewer rows of A (A_ROWS < 128) from A stored "
+                             "M x K, without PINGPONG or clusters")
     if CLUSTER > 1:
         pk.cluster(CLUSTER)
     bw = BN // halves
     b_t = pk.st((bw, bk) if b_kmajor else (bk, bw), DT, swizzle=8)
-    ring = pk.Ring(STAGES, fill=2 + halves, drain=4 if PINGPONG else 8, a=[a_t, a_t],
+    ring = pk.Ring(STAGES, fill=consumers + halves,
+                   drain=4 if PINGPONG or consumers == 1 else 8, a=[a_t] * consumers,
                    b=[b_t] * halves, cluster=CLUSTER)
+    if consumers == 1:
+        # the stages' rows of A past A_ROWS, never copied, are zeros before any copy
+        # starts: the first consumer's 64-row products past A's rows read zeros
+        zeros = pk.empty(pk.rt((16, bk), DT))
+        pk.fill(zeros, 0.0)
+        with pk.if_(pk.wave_id() < 4):
+            for j in pk.static_range(STAGES):
+                pk.store(ring.stage(j).a[0], zeros, (16 * pk.wave_id(), 0))
+        pk.barrier()
     steps = (a.shape[1 if a_kmajor else 0] + bk - 1) // bk
     in_flight = PROMOTE == 1 and halves == 1          # promote_in_flight's two products
     if in_flight:
@@ -335,8 +377,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     before_loads(seg.tile, m0)
                 for i in seg.steps():
                     s = ring.acquire(seg.ring(i))
-                    for g in pk.static_range(2):
-                        pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
+                    if consumers == 1:
+                        pk.tma_load(s.a[0], a, (m0, i * bk), s.full, rows=A_ROWS)
+                    else:
+                        for g in pk.static_range(2):
+                            pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
                     if CLUSTER > 1:            # this workgroup's part, into all of them
                         part = bw // CLUSTER
                         r = pk.cluster_rank()
@@ -348,7 +393,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
         if side_work is not None:
             with pk.if_(pk.wave_id() > 0):
                 side_work(pk.wave_id() - 1, 3)
-    for g in pk.static_range(2):
+    for g in pk.static_range(consumers):
         with pk.role(4 + 4 * g, 4, regs=consumer_regs(producer_regs)):
             if PINGPONG:
                 pingpong_consumer(g, walk, tile_of, store, ring, steps, BN, mma, turns)
@@ -398,11 +443,13 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     for i in seg.steps():
                         step(seg.ring(i), acc)
                     pk.mma_wait(acc)
-                if stream is not None:
-                    stream_finish(g, acc, seg, walk, stream, store, m0, n0, t)
-                else:
-                    for h in pk.static_range(halves):    # (two halves where promoted so)
-                        store(g, accs[h], m0, n0 + bw * h, t, seg.tile)
+                with pk.if_(pk.wave_id() % 4 * 16 < A_ROWS) if rows_alone else \
+                        contextlib.nullcontext():    # a wave whose rows lie past A's: none
+                    if stream is not None:
+                        stream_finish(g, acc, seg, walk, stream, store, m0, n0, t)
+                    else:
+                        for h in pk.static_range(halves):  # (two halves where promoted so)
+                            store(g, accs[h], m0, n0 + bw * h, t, seg.tile)
             if hasattr(store, "finish"):
                 store.finish(g)
             if after_tiles is not None and PERSISTENT:

@@ -109,6 +109,7 @@ def gemm_ws_candidates(target: str, m: int, k: int, n: int, itemsize: int,
     if not narrow["PROMOTE"]:                # the consumers taking turns over whole blocks
         pingpong = {**narrow, "PINGPONG": 1, "STAGES": 4}
         pingpong.pop("TMA_STORE", None)
+        pingpong.pop("A_ROWS", None)          # both warpgroups' turns copy whole blocks
         out.append(pingpong)
     return out
 
