@@ -92,7 +92,7 @@ def builds(steps=STEPS):
         import importlib
         from pykittens.kernels.gemm import gemm_sk
         M = importlib.import_module("pykittens.ops.matmul")
-        for m, n, k in ((128, 4096, 14336), (256, 4096, 4096), (128, 8192, 28672)):
+        for m, n, k in SPLIT_OP_SHAPES:
             for form, dims in (("nt", (m, k, n)), ("nn", (m, n, k)), ("tn", (n, m, k))):
                 kernel, _, consts, _ = M._plan(TARGET, form, *dims, 2)
                 yield {**consts, "DT": "bf16", "OUT": "bf16",
@@ -254,35 +254,42 @@ def _stream_args(plan, k) -> dict:
             "flags": torch.zeros(8 * slots, device="cuda", dtype=torch.int32)}
 
 
-def _time_plans(plans: dict, m, n, k) -> tuple[dict, float]:
+def _time_plans(plans: dict, m, n, k, weights: int = 1) -> tuple[dict, float]:
     """({"cublas": TFLOP/s, name: TFLOP/s of each plan}, the largest relative error of the
     plans' products against cuBLAS's) on random (m, k) x (n, k) operands: each plan
     launched once on a NaN-poisoned C and checked, then all timed with F.linear in
-    interleaved rounds."""
+    interleaved rounds. weights=n: calls take n copies of the (n, k) operand in turn (so
+    that, together larger than L2, each call reads its weight from DRAM)."""
+    import itertools
     import torch
     import torch.nn.functional as F
     from pykittens.runtime import cuda as rc
     from pykittens.runtime.launch import launch
     flops = 2 * m * n * k
-    x, w = _rand(m, k), _rand(n, k)
-    ref = F.linear(x, w)
+    x, ws = _rand(m, k), [_rand(n, k) for _ in range(weights)]
+    ref = F.linear(x, ws[0])
+
+    def turns():                    # each caller's own turn through the copies
+        return itertools.cycle(ws).__next__
 
     def call_of(plan):
         c, early = _launch_of(plan)
         kernel, building = _kernel_of(plan)
         y, extra, grid = torch.full_like(ref, float("nan")), _stream_args(plan, k), \
             _grid_of(plan, k)
+        w = turns()
 
         def call():
             with mock.patch.object(rc, "EARLY_LAUNCH", rc.EARLY_LAUNCH and early), building():
-                launch(kernel, grid=grid, a=x, b=w, c=y, **extra, **c)
+                launch(kernel, grid=grid, a=x, b=w(), c=y, **extra, **c)
         return call, y
     calls, err = {}, 0.0
     for name, plan in plans.items():
         calls[name], y = call_of(plan)
         calls[name]()
         err = max(err, _rel(y, ref))
-    times = interleaved([lambda: F.linear(x, w)] + list(calls.values()), _reps(flops))
+    peer = turns()
+    times = interleaved([lambda: F.linear(x, peer())] + list(calls.values()), _reps(flops))
     return {name: flops / t / 1e12 for name, t in zip(["cublas", *calls], times)}, err
 
 
@@ -491,33 +498,47 @@ def step_skinny(rows, details):
 # up, down and LM head; 70B's output and down (N, K)
 DECODE_TOKENS = tuple(int(m) for m in os.environ.get("GEMM_DECODE_TOKENS",
                                                      "1,16,64").split(","))
+# the decode step's weight copies together at least this large (the H200's L2 twice)
+DECODE_WEIGHT_BYTES = 100 << 20
 DECODE_LAYERS = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
                  (8192, 8192), (8192, 28672))
 
 
 def _decode_plans(m, n, k) -> dict:
     """pykittens.ops.linear's launch (A_ROWS: A's rows copied, no more), the same launch
-    copying 128-row blocks of A, and, where it splits 128-wide blocks in K, the same with
-    six and eight ring stages and 64-wide blocks on even runs (8 and 12 stages); where
-    64-wide blocks fill more than half the SMs, those over all of K (12 stages)."""
-    from pykittens.kernels import SK_FIXED, gemm_split_k, narrow_split, split_grid
+    copying 128-row blocks of A, and the others the launch rule chooses among: 128-wide
+    blocks (split in K where they are few: 4, 6 and 8 ring stages), 64-wide blocks split
+    evenly (8 and 12 stages) and, where 64-wide blocks fill more than half the SMs, over
+    all of K (kernels.DECODE_WHOLE_K); each once (those equal to the op's left out)."""
+    from pykittens.kernels import DECODE_WHOLE_K, SK_FIXED, gemm_split_k, narrow_split, \
+        split_grid
     from pykittens.targets import get as get_target
-    _, rule = _plan("nt", m, n, k)
-    split = gemm_split_k(rule, TARGET, k, m=m, n=n)
-    op = rule if split is None else {**split[1], **SK_FIXED, STREAM: True, GRID: split[0][0]}
-    plans = {"op": op, "A 128 rows": {key: v for key, v in op.items() if key != "A_ROWS"}}
+
+    def as_launched(c):             # gemm_sk where the rule splits K
+        split = gemm_split_k(c, TARGET, k, m=m, n=n)
+        return c if split is None else {**split[1], **SK_FIXED, STREAM: True,
+                                        GRID: split[0][0]}
+    op = as_launched(_plan("nt", m, n, k)[1])
+    # (at most 8 stages: 12 of 64-wide blocks with two 64-row tiles of A overflow shared
+    # memory)
+    plans = {"op": op, "A 128 rows": {**{key: v for key, v in op.items() if key != "A_ROWS"},
+                                      "STAGES": min(op["STAGES"], 8)}}
     sms = get_target(TARGET).num_cus
-    narrow = narrow_split(rule, n)
-    if op.get(STREAM) and op["BN"] == 128:
-        for stages in (6, 8):                           # more of B in flight a workgroup
-            plans[f"split 128 x{stages}"] = {**op, "STAGES": stages}
+    wide = _plan("nt", m, n, k, bn=128)[1]
+    split = as_launched(wide)
+    narrow = narrow_split(wide, n)
+    others = {}
+    if split.get(STREAM):
+        for stages in (4, 6, 8):                        # more of B in flight a workgroup
+            others[f"split 128 x{stages}"] = {**split, "STAGES": stages}
         grid = split_grid(narrow["TM"] * narrow["TN"], -(-k * 2 // 128), sms)
         if grid:
             for stages in (8, 12):
-                plans[f"split 64 x{stages}"] = {**narrow, STREAM: True, GRID: grid,
-                                                "STAGES": stages}
+                others[f"split 64 x{stages}"] = {**narrow, STREAM: True, GRID: grid,
+                                                 "STAGES": stages}
     if sms // 2 < narrow["TN"] <= sms:                  # 64-wide blocks fill the SMs: whole K
-        plans["64 x12"] = {**narrow, "STAGES": 12}
+        others["64 x12"] = {**narrow, **DECODE_WHOLE_K}
+    plans.update({name: p for name, p in others.items() if p != op})
     return plans
 
 
@@ -525,13 +546,15 @@ def step_decode(rows, details):
     """Decode-sized products (M = DECODE_TOKENS rows, 1 to 64, against a decode step's
     weights): the op's launch, which copies only A's rows, against the same launch copying
     whole 128-row blocks of A (the TMA unit zero-filling the rest), 64-wide split blocks,
-    and cuBLAS; medians of interleaved rounds. Weights under 50 MB stay in L2 between the
-    graph's calls (4096 x 4096, 6144 x 4096), as they would not in a model's decode step."""
+    and cuBLAS; medians of interleaved rounds. Each call reads its weight from DRAM, as in
+    a model's decode step: calls take turns over copies of it that together fill L2 twice
+    (DECODE_WEIGHT_BYTES)."""
     best = []
     for m in DECODE_TOKENS:
         for n, k in DECODE_LAYERS:
             plans = _decode_plans(m, n, k)
-            tf, err = _time_plans(plans, m, n, k)
+            tf, err = _time_plans(plans, m, n, k,
+                                  weights=-(-DECODE_WEIGHT_BYTES // (2 * n * k)))
             top = max(plans, key=lambda nm: tf[nm])
             best.append(tf["op"] / tf["cublas"])
             details.append({"step": "decode", "shape": [m, n, k], "tflops": tf,
@@ -554,6 +577,11 @@ def step_grid(rows, details):
     _step_pair("grid", _grid_plans, _describe_grid, rows, details)
 
 
+# the split_op step's products (M x N x K), or GEMM_SPLIT_OP_SHAPES="16x4096x14336,..."
+SPLIT_OP_SHAPES = tuple(tuple(int(d) for d in mnk.split("x")) for mnk in os.environ.get(
+    "GEMM_SPLIT_OP_SHAPES", "128x4096x14336,256x4096x4096,128x8192x28672").split(","))
+
+
 def step_split_op(rows, details):
     """pykittens.ops.linear where the launch rule splits K (gemm_sk through the op's
     per-stream workspace): forward and backward against float32 torch, calls replayed on
@@ -564,7 +592,7 @@ def step_split_op(rows, details):
     import pykittens.ops as pko
     from pykittens.tune import graph_time
     M = sys.modules["pykittens.ops.matmul"]
-    for m, n, k in ((128, 4096, 14336), (256, 4096, 4096), (128, 8192, 28672)):
+    for m, n, k in SPLIT_OP_SHAPES:
         x, w = _rand(m, k), _rand(n, k) / 4
         kernel = M._plan(TARGET, "nt", m, k, n, 2)[0]
         ref = F.linear(x.float(), w.float())

@@ -2,7 +2,7 @@
 synccheck and initcheck, one process per tool, a table of what each reports.
 
     PYTHONPATH=. python3 bench/sanitize.py [library attention attention_bwd rows_staged linear
-                                            clusters split litmus]
+                                            clusters split decode litmus]
     PYTHONPATH=. python3 bench/sanitize.py --inner attention   # the kernels once (what the
                                                                # tools run)
     SANITIZE_TOOLS=racecheck,initcheck ... # only these tools
@@ -42,6 +42,8 @@ def _pykittens_kernels(name: str) -> list[str]:
         return ["--kernel-name", "regex=^gemm_ws$"]
     if name == "split":
         return ["--kernel-name", "regex=^gemm_sk$"]
+    if name == "decode":
+        return ["--kernel-name", "regex=^(gemm_ws|gemm_sk)$"]
     if name != "library":
         return ["--kernel-name", "kns=attention"]
     from pykittens.kernels import KERNELS
@@ -217,13 +219,21 @@ def run_split():
     (each block's steps shared by 2 to 14 workgroups) and stream-K after a whole round —
     ragged shapes, each launched twice on one workspace (the flags lowered by the first
     launch are raised again by the second), against float32 torch."""
+    wrong = _split_twice(((256, 2048, 640), (1000, 776, 1528), (2304, 512, 2048),
+                          (128, 8192, 512)))
+    _verdict("split", wrong, "wrong results")
+
+
+def _split_twice(shapes) -> int:
+    """run_split's launches: gemm_sk on each (m, k, n) as gemm_sk_plan splits the launch
+    rule's blocks, twice on one workspace; how many were wrong or left a flag raised."""
     import torch
     import torch.nn.functional as F
     from pykittens.kernels import gemm_sk_plan, gemm_ws_launch
     from pykittens.kernels.gemm import gemm_sk
     from pykittens.runtime.launch import launch
     wrong = 0
-    for m, k, n in ((256, 2048, 640), (1000, 776, 1528), (2304, 512, 2048), (128, 8192, 512)):
+    for m, k, n in shapes:
         x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
         w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
         want = F.linear(x.float(), w.float())
@@ -242,7 +252,24 @@ def run_split():
         if flags.any():
             print("FLAGS LEFT RAISED:", (m, k, n))
             wrong += 1
-    _verdict("split", wrong, "wrong results")
+    return wrong
+
+
+def run_decode():
+    """A few rows of A (A_ROWS): pykittens.ops.linear forward and backward at ragged decode
+    shapes (gemm_ws copying 8 and 64 rows of A; 64-wide blocks over all of K), then gemm_sk
+    splitting 5 and 16 rows' blocks in K as run_split does; against float32 torch."""
+    import torch
+    import torch.nn.functional as F
+    import pykittens.ops as pko
+    wrong = 0
+    for m, k, n in ((5, 776, 1528), (40, 512, 6144)):
+        x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
+        w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
+        dy = torch.randn(m, n, dtype=torch.bfloat16).to("cuda")
+        wrong += _wrong_vs_float32(pko.linear, F.linear, (x, w), dy, (m, k, n), outputs=True)
+    wrong += _split_twice(((5, 4096, 1000), (16, 8192, 512)))
+    _verdict("decode", wrong, "wrong results")
 
 
 def _wrong_vs_float32(mine, ref, inputs, dy, what, outputs=False) -> int:
@@ -277,6 +304,7 @@ def _verdict(name: str, wrong: int, what: str) -> None:
 
 KERNELS = {"library": run_library, "attention": run_attention, "rows_staged": run_rows_staged,
            "linear": run_linear, "clusters": run_clusters, "split": run_split,
+           "decode": run_decode,
            "attention_bwd": run_attention_bwd, "attention_bwd_prep": run_attention_bwd_prep}
 LITMUS = {0: "syncthreads", 1: "every-lane", 2: "warp-sync-lane0 (pk.arrive)",
           3: "lane0-only", 4: "none (a real race)"}

@@ -24,8 +24,8 @@ def _ws(rng, m, n, steps, rows, grid=2, bn=128, tma_store=2, **consts):
     a, b, want = _operands(rng, m, n, 64 * steps)
     out = pk.emulate(gemm_ws, grid=(grid,), target="sm_90a", a=a, b=b,
                      c=np.full((m, n), np.nan, pk.bf16.np), DT="bf16", OUT="bf16", BN=bn,
-                     TM=-(-m // 128), TN=-(-n // bn), TMA_STORE=tma_store, STAGES=4,
-                     PERSISTENT=1, A_ROWS=rows, **consts)
+                     TM=-(-m // 128), TN=-(-n // bn), TMA_STORE=tma_store,
+                     **{"STAGES": 4, "PERSISTENT": 1, "A_ROWS": rows, **consts})
     return out["c"].astype(np.float64), want
 
 
@@ -114,3 +114,42 @@ def test_linear_of_a_few_tokens_on_cpu_tensors():
     ones = torch.ones(16, 384, dtype=torch.float64)
     for got, want in ((x.grad, ones @ w.double()), (w.grad, ones.t() @ x.double())):
         assert ((got.double() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_the_decode_build_of_64_wide_blocks_over_all_of_k(rng):
+    """kernels.DECODE_WHOLE_K's build (64-wide blocks, 12 ring stages, C from registers)
+    over 16 rows: 3 blocks of 14 K steps on 2 workgroups, so the ring wraps in a block and
+    a workgroup takes a second block."""
+    from pykittens.kernels import DECODE_WHOLE_K
+    got, want = _ws(rng, 16, 192, 14, 16, bn=DECODE_WHOLE_K["BN"], tma_store=0,
+                    **{key: v for key, v in DECODE_WHOLE_K.items() if key != "BN"})
+    assert rel_err(got, want) < 1e-2
+
+
+def test_the_launch_rule_takes_64_wide_blocks_over_all_of_k_for_a_decode_step():
+    """Where a decode step's 64-wide blocks fill more than half the SMs and at most all
+    (N = 4225 .. 8448 on 132), each takes all of K; 128-wide blocks (split where few) on
+    either side, for 128 rows, and where the caller chose the width."""
+    from pykittens.kernels import DECODE_WHOLE_K, gemm_split_k, gemm_ws_launch
+    from pykittens.ops.matmul import ws_operands
+
+    def rule(m, n, k=8192, **kw):
+        return gemm_ws_launch(ws_operands("nt", m, k, n, 2), "sm_90a", **kw)
+    for n in (4352, 6144, 8192, 8448):
+        (grid,), consts = rule(16, n)
+        assert {key: consts[key] for key in DECODE_WHOLE_K} == DECODE_WHOLE_K
+        assert consts["TN"] == -(-n // 64) == grid and "TMA_STORE" not in consts
+        assert gemm_split_k(consts, "sm_90a", 8192, m=16, n=n) is None
+    for m, n, kw in ((16, 4096, {}), (16, 8704, {}), (128, 8192, {}), (16, 8192, {"bn": 128})):
+        assert rule(m, n, **kw)[1]["BN"] >= 128
+
+
+def test_a_decode_steps_split_takes_more_ring_stages():
+    """gemm_split_k gives a decode step's 128-wide split blocks DECODE_SPLIT_STAGES stages,
+    and keeps four for 128 rows."""
+    from pykittens.kernels import DECODE_SPLIT_STAGES, gemm_split_k, gemm_ws_launch
+    from pykittens.ops.matmul import ws_operands
+    for m, stages in ((16, DECODE_SPLIT_STAGES), (64, DECODE_SPLIT_STAGES), (256, 4)):
+        consts = gemm_ws_launch(ws_operands("nt", m, 14336, 4096, 2), "sm_90a")[1]
+        (grid,), split, _ = gemm_split_k(consts, "sm_90a", 14336, m=m, n=4096)
+        assert split["BN"] == 128 and split["STAGES"] == stages and grid == 128

@@ -486,6 +486,7 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     # longer at K = 4096, and a 128-wide block staged whole by the warpgroup 2-11% longer
     # (fp8, promoted; docs/PERF.md, runs EA-EJ)
     staged = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
+    chosen = bn is not None
     if bn is None:            # 128 wide where 256-wide blocks would leave many SMs idle
         from ..targets import get
         cus = get(target).num_cus
@@ -511,7 +512,19 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     stages = 3 if promote and not tma_store else 4
     consts = {**consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": promote,
               **({"TMA_STORE": tma_store} if tma_store else {}), **a_rows(m, layout)}
+    if "A_ROWS" in consts and not promote and not chosen:
+        from ..targets import get
+        if get(target).num_cus // 2 < -(-n // DECODE_WHOLE_K["BN"]) <= get(target).num_cus:
+            consts = {**narrow_split(consts, n), **DECODE_WHOLE_K}
     return gemm_ws_grid(consts, target), consts
+
+
+# a decode step's few rows (A_ROWS) where 64-wide blocks fill more than half the SMs and
+# at most all of them (N = 4225 to 8448 on the H200): each block over all of K with 12 ring
+# stages (96 KiB of B in flight a workgroup), instead of 128-wide blocks split in K. On the
+# H200 (docs/PERF.md, 2026-12-04 seventh session, run VC) 1.09-1.30x the split at 1, 16 and
+# 64 rows against 6144 x 4096, 8192 x 8192 and 8192 x 28672
+DECODE_WHOLE_K = {"BN": 64, "STAGES": 12, "MAP": "row-major"}
 
 
 def a_rows(m: int, layout: str = "nt") -> dict:
@@ -588,7 +601,8 @@ def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2, m: int | None 
     given) where the launch rule splits its blocks in K (SPLIT_K_MIN_STEPS), else None; on
     as many workgroups as split every block into equal runs (split_grid) where there are
     such, with NARROW_SPLIT's 64-wide blocks where those split evenly and m is a multiple
-    of 128."""
+    of 128, and DECODE_SPLIT_STAGES ring stages for a decode step's (A_ROWS) 128-wide
+    blocks."""
     from ..targets import get
     cus = get(target).num_cus
     blocks, steps = _blocks_and_steps(consts, k, itemsize)
@@ -600,7 +614,16 @@ def gemm_split_k(consts: dict, target, k: int, itemsize: int = 2, m: int | None 
         grid = split_grid(narrow["TM"] * narrow["TN"], steps, cus)
         if grid:
             return gemm_sk_plan(narrow, target, k, itemsize, grid=grid)
+    if "A_ROWS" in consts and consts["BN"] == 128:
+        consts = {**consts, "STAGES": DECODE_SPLIT_STAGES}
     return gemm_sk_plan(consts, target, k, itemsize, grid=split_grid(blocks, steps, cus))
+
+
+# ring stages of a decode step's 128-wide blocks split in K (A_ROWS: a stage is 8 KiB of A
+# and 16 of B): on the H200 (docs/PERF.md, 2026-12-04 seventh session, runs VC, VD) 1.03-
+# 1.06x four stages at K = 14336 for 1, 16 and 64 rows against N = 4096, 0.96-1.03x at
+# K = 4096
+DECODE_SPLIT_STAGES = 6
 
 
 def narrow_split(consts: dict, n: int) -> dict:
