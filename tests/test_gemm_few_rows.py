@@ -153,3 +153,20 @@ def test_a_decode_steps_split_takes_more_ring_stages():
         consts = gemm_ws_launch(ws_operands("nt", m, 14336, 4096, 2), "sm_90a")[1]
         (grid,), split, _ = gemm_split_k(consts, "sm_90a", 14336, m=m, n=4096)
         assert split["BN"] == 128 and split["STAGES"] == stages and grid == 128
+
+
+@pytest.mark.parametrize("rule", [{}, {"bn": 256}, {"promote": 2}])
+def test_promoted_fp8_over_a_of_few_rows(rule, rng):
+    """e4m3 operands promoted as the launch rule promotes them (two products in turn, B
+    in two halves, every 2 K steps), over 16 rows: A_ROWS from the rule, against
+    float64."""
+    from pykittens.kernels import gemm_ws_launch
+    m, k, n = 16, 128 * 5, 384
+    a = (rng.standard_normal((m, k)) / 4).astype(pk.e4m3.np)
+    b = (rng.standard_normal((n, k)) / 4).astype(pk.e4m3.np)
+    c = np.full((m, n), np.nan, pk.bf16.np)
+    (grid,), consts = gemm_ws_launch({"a": a, "b": b, "c": c}, "sm_90a", **rule)
+    assert consts["A_ROWS"] == 16 and consts["PROMOTE"]
+    out = pk.emulate(gemm_ws, grid=(grid,), target="sm_90a", a=a, b=b, c=c, **consts)
+    assert rel_err(out["c"].astype(np.float64),
+                   a.astype(np.float64) @ b.astype(np.float64).T) < 1e-2
