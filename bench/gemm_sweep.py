@@ -538,6 +538,10 @@ def _decode_plans(m, n, k) -> dict:
                                                  "STAGES": stages}
     if sms // 2 < narrow["TN"] <= sms:                  # 64-wide blocks fill the SMs: whole K
         others["64 x12"] = {**narrow, **DECODE_WHOLE_K}
+    thin = {**narrow, "BN": 32, "TN": -(-n // 32)}
+    if sms // 2 < thin["TN"] <= sms:                    # 32-wide ones do
+        for stages in (12, 18):
+            others[f"32 x{stages}"] = {**thin, "STAGES": stages}
     plans.update({name: p for name, p in others.items() if p != op})
     return plans
 

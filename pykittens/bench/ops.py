@@ -140,8 +140,10 @@ def _families() -> dict[str, Family]:
         return [_rand(m, k, dtype=dtype), _rand(n, k, dtype=dtype, scale=k ** -0.5)]
 
     fams.append(Family(
+        # (M, K, N); the last two a decode step's 16 tokens, weights larger than L2
         "linear", ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336),
-                   (16384, 14336, 4096)), ((4096, 4096, 4096),), linear_make,
+                   (16384, 14336, 4096), (16, 8192, 8192), (16, 14336, 4096)),
+        ((4096, 4096, 4096),), linear_make,
         lambda: {"pykittens": pko.linear, "torch (cuBLAS)": F.linear},
         lambda s, d, mode: 2 * math.prod(s) * (3 if mode == "fwd+bwd" else 1), "TFLOP/s",
         grad_inputs=(0, 1)))
