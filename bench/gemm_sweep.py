@@ -509,7 +509,8 @@ def _decode_plans(m, n, k) -> dict:
     copying 128-row blocks of A, and the others the launch rule chooses among: 128-wide
     blocks (split in K where they are few: 4, 6 and 8 ring stages), 64-wide blocks split
     evenly (8 and 12 stages) and, where 64-wide blocks fill more than half the SMs, over
-    all of K (kernels.DECODE_WHOLE_K); each once (those equal to the op's left out)."""
+    all of K (kernels.DECODE_WHOLE_K), where 32-wide ones do, those over all of K (12 and
+    18 stages; run VG: not taken); each once (those equal to the op's left out)."""
     from pykittens.kernels import DECODE_WHOLE_K, SK_FIXED, gemm_split_k, narrow_split, \
         split_grid
     from pykittens.targets import get as get_target
@@ -521,8 +522,8 @@ def _decode_plans(m, n, k) -> dict:
     op = as_launched(_plan("nt", m, n, k)[1])
     # (at most 8 stages: 12 of 64-wide blocks with two 64-row tiles of A overflow shared
     # memory)
-    plans = {"op": op, "A 128 rows": {**{key: v for key, v in op.items() if key != "A_ROWS"},
-                                      "STAGES": min(op["STAGES"], 8)}}
+    whole = {key: v for key, v in op.items() if key != "A_ROWS"}
+    plans = {"op": op, "A 128 rows": {**whole, "STAGES": min(op["STAGES"], 8)}}
     sms = get_target(TARGET).num_cus
     wide = _plan("nt", m, n, k, bn=128)[1]
     split = as_launched(wide)
@@ -549,10 +550,10 @@ def _decode_plans(m, n, k) -> dict:
 def step_decode(rows, details):
     """Decode-sized products (M = DECODE_TOKENS rows, 1 to 64, against a decode step's
     weights): the op's launch, which copies only A's rows, against the same launch copying
-    whole 128-row blocks of A (the TMA unit zero-filling the rest), 64-wide split blocks,
-    and cuBLAS; medians of interleaved rounds. Each call reads its weight from DRAM, as in
-    a model's decode step: calls take turns over copies of it that together fill L2 twice
-    (DECODE_WEIGHT_BYTES)."""
+    whole 128-row blocks of A (the TMA unit zero-filling the rest), the other launches
+    _decode_plans lists, and cuBLAS; medians of interleaved rounds. Each call reads its
+    weight from DRAM, as in a model's decode step: calls take turns over copies of it that
+    together fill L2 twice (DECODE_WEIGHT_BYTES)."""
     best = []
     for m in DECODE_TOKENS:
         for n, k in DECODE_LAYERS:
@@ -587,10 +588,11 @@ SPLIT_OP_SHAPES = tuple(tuple(int(d) for d in mnk.split("x")) for mnk in os.envi
 
 
 def step_split_op(rows, details):
-    """pykittens.ops.linear where the launch rule splits K (gemm_sk through the op's
-    per-stream workspace): forward and backward against float32 torch, calls replayed on
-    one stream and on a second one, a CUDA graph of the op replayed twice (its captured
-    workspace zeroed by the capture's own memset), and the op's time against cuBLAS's."""
+    """pykittens.ops.linear at SPLIT_OP_SHAPES (by default products the launch rule splits
+    in K: gemm_sk through the op's per-stream workspace): forward and backward against
+    float32 torch, calls replayed on one stream and on a second one, a CUDA graph of the op
+    replayed twice (its captured workspace zeroed by the capture's own memset), and the
+    op's time against cuBLAS's."""
     import torch
     import torch.nn.functional as F
     import pykittens.ops as pko

@@ -176,16 +176,23 @@ def run_linear():
     """pykittens.ops.linear forward and backward where gemm_ws reads every operand as stored
     (LAYOUT nt, nn, tn; 256- and 128-wide blocks, C staged or from registers): ragged
     shapes against float32 torch."""
+    _verdict("linear", _linear_checks(((1000, 776, 1528), (264, 512, 40000))),
+             "wrong results")
+
+
+def _linear_checks(shapes) -> int:
+    """How many of pykittens.ops.linear's outputs and gradients are wrong against float32
+    torch on random bf16 operands of each (m, k, n)."""
     import torch
     import torch.nn.functional as F
     import pykittens.ops as pko
     wrong = 0
-    for m, k, n in ((1000, 776, 1528), (264, 512, 40000)):
+    for m, k, n in shapes:
         x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
         w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
         dy = torch.randn(m, n, dtype=torch.bfloat16).to("cuda")
         wrong += _wrong_vs_float32(pko.linear, F.linear, (x, w), dy, (m, k, n), outputs=True)
-    _verdict("linear", wrong, "wrong results")
+    return wrong
 
 
 def run_clusters():
@@ -259,15 +266,7 @@ def run_decode():
     """A few rows of A (A_ROWS): pykittens.ops.linear forward and backward at ragged decode
     shapes (gemm_ws copying 8 and 64 rows of A; 64-wide blocks over all of K), then gemm_sk
     splitting 5 and 16 rows' blocks in K as run_split does; against float32 torch."""
-    import torch
-    import torch.nn.functional as F
-    import pykittens.ops as pko
-    wrong = 0
-    for m, k, n in ((5, 776, 1528), (40, 512, 6144)):
-        x = torch.randn(m, k, dtype=torch.bfloat16).to("cuda")
-        w = (torch.randn(n, k) / k ** 0.5).to(torch.bfloat16).to("cuda")
-        dy = torch.randn(m, n, dtype=torch.bfloat16).to("cuda")
-        wrong += _wrong_vs_float32(pko.linear, F.linear, (x, w), dy, (m, k, n), outputs=True)
+    wrong = _linear_checks(((5, 776, 1528), (40, 512, 6144)))
     wrong += _split_twice(((5, 4096, 1000), (16, 8192, 512)))
     _verdict("decode", wrong, "wrong results")
 
