@@ -229,7 +229,8 @@ def _worker(rank, world, port, steps, out_path):
 
 
 # all-gather + GEMM's other constants tried in the `variants` step
-AG_VARIANTS = {"C from registers, 4 stages": {"TMA_STORE": 0, "STAGES": 4}}
+AG_VARIANTS = {"C from registers, 4 stages": {"TMA_STORE": 0, "STAGES": 4},
+               "C staged whole, 3 stages": {"TMA_STORE": 1, "STAGES": 3}}
 
 
 def builds(world: int = 2):

@@ -17,7 +17,8 @@ workgroups that share B's blocks (TMA multicast); the same launch as usual inste
 early (runtime.cuda.EARLY_LAUNCH); every ring release fenced; the last blocks split in K
 (gemm_sk, stream-K); the fewest workgroups that take as many rounds. `skinny` times
 products of 128 to 1024 rows (gemm_ws's rule, gemm_sk at either block width, cuBLAS),
-`decode` products of 1 to 64 rows (A's rows copied or whole 128-row blocks), and
+`decode` products of 1 to 64 rows (A's rows copied or whole 128-row blocks; `decode_fp8`
+in e4m3 against torch._scaled_mm), and
 `split_op` pykittens.ops.linear where it splits K (checked on replayed calls, a second
 stream, a CUDA graph and its gradients).
 `candidates` first launches every autotuner candidate of 2048³ and 4096³ once, each in a
@@ -61,7 +62,7 @@ def _plan(layout, m, n, k, itemsize=2, **rule):
 
 
 STEPS = ("candidates", "sweep", "store", "cluster", "early", "fence", "stream", "grid",
-         "skinny", "decode", "split_op", "layouts", "fp8")                   # GPU run's
+         "skinny", "decode", "decode_fp8", "split_op", "layouts", "fp8")     # GPU run's
 
 
 def builds(steps=STEPS):
@@ -88,6 +89,11 @@ def builds(steps=STEPS):
             for n, k in DECODE_LAYERS:
                 for plan in _decode_plans(m, n, k).values():
                     yield {**plan, "DT": "bf16", "OUT": "bf16"}
+    if "decode_fp8" in steps:
+        for m in DECODE_TOKENS:
+            for n, k in DECODE_LAYERS:
+                for plan in _decode_fp8_plans(m, n, k).values():
+                    yield {**plan, "DT": "e4m3", "OUT": "bf16"}
     if "split_op" in steps:                  # the forward's and the gradients' products
         import importlib
         from pykittens.kernels.gemm import gemm_sk
@@ -576,6 +582,69 @@ def step_decode(rows, details):
                  f"min {min(best):.3f}", ""])
 
 
+def _decode_fp8_plans(m, n, k) -> dict:
+    """e4m3 decode products: the launch rule (promoted every K step, A_ROWS), the same
+    copying 128-row blocks of A (at most 8 stages), 64-wide promoted blocks over all of K (12 stages) where
+    they take at most every SM, and the tensor cores' own accumulation (the rule's with
+    promote=False)."""
+    from pykittens.kernels import DECODE_WHOLE_K, narrow_split
+    from pykittens.targets import get as get_target
+    _, rule = _plan("nt", m, n, k, 1)
+    whole = {key: v for key, v in rule.items() if key != "A_ROWS"}
+    plans = {"op": rule, "A 128 rows": {**whole, "STAGES": min(rule["STAGES"], 8)}}
+    narrow = narrow_split(rule, n)
+    if narrow["TN"] <= get_target(TARGET).num_cus and rule["BN"] != 64:
+        plans["64 x12"] = {**narrow, **DECODE_WHOLE_K}
+    plans["tensor-core accumulation"] = _plan("nt", m, n, k, 1, promote=False)[1]
+    return plans
+
+
+def step_decode_fp8(rows, details):
+    """e4m3 decode products (DECODE_TOKENS rows against DECODE_LAYERS, bf16 out, unit
+    scales, weights read from DRAM as in step_decode) against torch._scaled_mm's default
+    accumulation (the tensor cores' own: against use_fast_accum=True)."""
+    import itertools
+    import torch
+    from pykittens.kernels import gemm_ws_grid
+    from pykittens.kernels.gemm import gemm_ws
+    from pykittens.runtime.launch import launch
+    one = torch.ones((), device="cuda")
+    for m in DECODE_TOKENS:
+        for n, k in DECODE_LAYERS:
+            flops = 2 * m * n * k
+            a = _rand(m, k).float().to(torch.float8_e4m3fn)
+            ws = [_rand(n, k).float().to(torch.float8_e4m3fn)
+                  for _ in range(-(-DECODE_WEIGHT_BYTES // (n * k)))]
+            ref = a.double() @ ws[0].double().t()
+            plans = _decode_fp8_plans(m, n, k)
+
+            def peer(fast):
+                w = itertools.cycle(ws).__next__
+                return lambda: torch._scaled_mm(a, w().t(), one, one,
+                                                out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+            def ours(plan):
+                w, c = itertools.cycle(ws).__next__, torch.empty(m, n, device="cuda",
+                                                                 dtype=torch.bfloat16)
+                grid = gemm_ws_grid(plan, TARGET)
+                return lambda: launch(gemm_ws, grid=grid, a=a, b=w(), c=c, **plan) or c
+            fns = [peer(False), peer(True)] + [ours(p) for p in plans.values()]
+            errs = [_rel(fn(), ref) for fn in fns]
+            times = interleaved(fns, _reps(flops))
+            tf = {name: flops / t / 1e12 for name, t in
+                  zip(["scaled_mm", "scaled_mm fast", *plans], times)}
+            details.append({"step": "decode_fp8", "shape": [m, n, k], "tflops": tf,
+                            "rel_errs": errs, "plans": plans})
+            print(f"{m}x{n}x{k} e4m3: " + ", ".join(f"{nm} {v:.1f}" for nm, v in tf.items())
+                  + f" TFLOP/s, errors {', '.join(f'{e:.1e}' for e in errs)}", flush=True)
+            top = max(plans, key=lambda nm: tf[nm] if nm != "tensor-core accumulation" else 0)
+            rows.append(["decode fp8", f"{m}x{n}x{k}", f"{tf['scaled_mm']:.1f}",
+                         f"{tf['op']:.1f}", f"{tf[top]:.1f}",
+                         f"{tf['op'] / tf['scaled_mm']:.3f} / "
+                         f"{tf['tensor-core accumulation'] / tf['scaled_mm fast']:.3f}",
+                         top, "ok" if max(errs[2:]) < 2e-2 else "FAIL"])
+
+
 def step_grid(rows, details):
     """The launch rule (a workgroup per SM) against the same launch on the fewest
     workgroups that take as many rounds of blocks (_grid_plans), and cuBLAS."""
@@ -872,6 +941,7 @@ def main() -> int:
                                     "early": step_early, "fence": step_fence,
                                     "stream": step_stream, "grid": step_grid,
                                     "skinny": step_skinny, "decode": step_decode,
+                                    "decode_fp8": step_decode_fp8,
                                     "split_op": step_split_op}, env,
                      header=header)
 

@@ -174,16 +174,18 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
     rank's buffer of `to` (the same tensor: the TMA copies read it by its own tensor map).
 
     The producer warpgroup's three idle waves push x, SEND_ROWS rows at a time, into
-    every rank's `to` (this rank's first), adding 1 to ready[rank, chunk] there after
-    each; the TMA wave waits for a block's rows (CHUNK / SEND_ROWS signals per epoch)
-    before copying them, taking this rank's rows first. Every workgroup is resident at
-    once (the grid is at most one per SM), so waiting never holds up a send."""
+    every other rank's `to`, adding 1 to ready[rank, chunk] there after each; the TMA
+    wave copies this rank's own rows from x itself (first, at once) and waits for
+    another rank's block of rows (CHUNK / SEND_ROWS signals per epoch) before copying
+    it from `gathered`. Every workgroup is resident at once (the grid is at most one per
+    SM), so waiting never holds up a send."""
     ms, me = TMS * 128, to.rank
     K = x.shape[1]
 
     def arrived(i, m0):
-        pk.wait_flag(ready.local, (m0 // ms, m0 % ms // CHUNK),
-                     CHUNK // SEND_ROWS * epoch, tma=bool(FENCE))
+        with pk.if_(m0 // ms != me):              # (this rank's rows come from x)
+            pk.wait_flag(ready.local, (m0 // ms, m0 % ms // CHUNK),
+                         CHUNK // SEND_ROWS * epoch, tma=bool(FENCE))
 
     def send(i, n):
         senders = n * pk.num_programs(0)
@@ -194,16 +196,16 @@ def ag_gemm_ws(x: pk.gl["DT", 2], gathered: pk.gl["DT", 2],
             r0 = (first + t * senders) * SEND_ROWS
             for k in pk.range(cols):
                 rows = pk.load(pk.rt((SEND_ROWS, SEND_COLS), DT), x, (r0, k * SEND_COLS))
-                for d in pk.static_range(WORLD):          # this rank's buffer first
+                for d in pk.static_range(1, WORLD):       # every other rank's buffer
                     pk.store(to.peer((me + d) % WORLD), rows, (me * ms + r0, k * SEND_COLS))
-            for d in pk.range(WORLD):
+            for d in pk.range(1, WORLD):
                 pk.signal(ready.peer((me + d) % WORLD), (me, r0 // CHUNK), 1, add=True)
 
     ws_pipeline(gathered, w, WORLD * TMS * TN,
                 lambda i: _shard_block(i, TMS, TN, me, WORLD, MAP, BN, TARGET),
                 ws_store(out, OUT, BN, TMA_STORE),
                 DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=1, PROMOTE=0, before_loads=arrived,
-                side_work=send)
+                side_work=send, a_local=(x, me * ms, ms))
 
 
 @pk.kernel(num_waves=12)
@@ -250,8 +252,9 @@ def ws_plan(ms: int, k: int, n: int, itemsize: int, staged_c: bool = True,
     gemm_rs_ws (staged_c=False: its blocks go to other GPUs' memory from registers) for Ms
     rows per rank (a multiple of 128), K and N (a multiple of 128): 128 x BN blocks, each
     shard's in the order the cache simulator picks for an Ms x N x K product
-    (chiplet.auto_mapping), and the shared-memory split gemm_ws makes (3 ring stages beside
-    a staged 16-bit C of 256-wide blocks). A new dict each call."""
+    (chiplet.auto_mapping), and gemm_ws's launch rule's C (16-bit: every wave's rows
+    through shared memory in 64-column pieces, beside 4 ring stages). A new dict each
+    call."""
     return dict(_ws_plan(ms, k, n, itemsize, staged_c, target))
 
 
@@ -273,9 +276,12 @@ def _ws_plan(ms, k, n, itemsize, staged_c, target) -> tuple:
     spec = chiplet.auto_mapping(op, target=target).spec
     consts = {"TMS": ms // 128, "TN": n // bn, "BN": bn, "MAP": spec,
               "TARGET": get(target).name, "STAGES": 4}
-    if staged_c:
-        tma_store = int(itemsize == 2)
-        consts.update(TMA_STORE=tma_store, STAGES=3 if tma_store and bn == 256 else 4)
+    if staged_c and itemsize == 2:
+        # as gemm_ws_launch (TMA_STORE=2): on two H200s (docs/PERF.md, 2026-12-04 seventh
+        # session, run VN) all-gather + GEMM of Llama-3-70B's gate and up projections ran
+        # 4.8-5.5% faster than with 256-wide blocks staged whole beside 3 ring stages (the
+        # QKV projection within the runs' spread)
+        consts.update(TMA_STORE=2)
     return tuple(consts.items())
 
 

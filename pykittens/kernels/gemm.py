@@ -278,7 +278,7 @@ LAYOUTS = {"nt": pk.mma_ABt, "nn": pk.mma_AB, "tn": pk.mma_AtB}
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
                 LAYOUT="nt", PINGPONG=0, CLUSTER=1, before_loads=None, side_work=None,
-                after_tiles=None, stream=None, A_ROWS=128):
+                after_tiles=None, stream=None, A_ROWS=128, a_local=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
@@ -304,7 +304,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
     A_ROWS < 128 (gemm_ws's, checked by few_rows): each K step copies that many rows of A,
     into the first consumer's half of the stage, and the second consumer warpgroup, whose
-    rows lie past A, does nothing."""
+    rows lie past A, does nothing.
+
+    a_local=(tensor, first, rows): the blocks of A's rows first .. first + rows - 1 are
+    copied from `tensor` instead, its rows from 0 (A stored M x K), e.g. an all-gather's
+    own rows, which need not wait to arrive in the gathered buffer."""
     if LAYOUT not in LAYOUTS:
         raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
     if PINGPONG and (PROMOTE or after_tiles is not None):
@@ -329,6 +333,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     if consumers == 1 and (not a_kmajor or PINGPONG or CLUSTER > 1):
         raise pk.KernelError("gemm_ws copies fewer rows of A (A_ROWS < 128) from A stored "
                              "M x K, without PINGPONG or clusters")
+    if a_local is not None and (not a_kmajor or CLUSTER > 1 or consumers == 1):
+        raise pk.KernelError("ws_pipeline copies rows of A from a second tensor (a_local) "
+                             "for A stored M x K, without clusters or A_ROWS")
     if CLUSTER > 1:
         pk.cluster(CLUSTER)
     bw = BN // halves
@@ -379,6 +386,15 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     s = ring.acquire(seg.ring(i))
                     if consumers == 1:
                         pk.tma_load(s.a[0], a, (m0, i * bk), s.full, rows=A_ROWS)
+                    elif a_local is not None:
+                        src, first, count = a_local
+                        with pk.if_((m0 >= first) & (m0 < first + count)):
+                            for g in pk.static_range(2):
+                                pk.tma_load(s.a[g], src, (m0 - first + 64 * g, i * bk),
+                                            s.full)
+                        with pk.else_():
+                            for g in pk.static_range(2):
+                                pk.tma_load(s.a[g], a, (m0 + 64 * g, i * bk), s.full)
                     else:
                         for g in pk.static_range(2):
                             pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)

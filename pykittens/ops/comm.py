@@ -147,8 +147,8 @@ def _fused_all_gather_linear(x, weight, group, **variant):
     epoch = st.next_call()
     out = x.new_empty((world * ms, n))
     launch(K.ag_gemm_ws, x, st.local("gathered"), st.buf("gathered"), st.buf("ready"),
-           weight, out, epoch, grid=K.ws_grid(consts, world), WORLD=world, **consts,
-           **variant)
+           weight, out, epoch, grid=K.ws_grid(consts, world), WORLD=world,
+           **{**consts, **variant})
     return out
 
 
@@ -166,7 +166,7 @@ def _fused_linear_reduce_scatter(x, weight, group, **variant):
     epoch = st.next_call()
     out = x.new_empty((ms, n))
     launch(K.gemm_rs_ws, x, weight, st.buf("partials"), st.buf("done"), epoch,
-           grid=K.ws_grid(consts, world), **consts, **variant)
+           grid=K.ws_grid(consts, world), **{**consts, **variant})
     launch(K.rs_reduce, st.buf("partials"), st.buf("done"), out, epoch, grid=(tiles,),
            BM=128, BN=consts["BN"], SIGNALS=K.WS_SIGNALS)
     return out
