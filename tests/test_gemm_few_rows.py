@@ -145,18 +145,19 @@ def test_the_launch_rule_takes_64_wide_blocks_over_all_of_k_for_a_decode_step():
 
 
 def test_promoted_fp8_decode_steps_take_64_wide_blocks_wherever_they_fit():
-    """Promoted e4m3 does not split K: a decode step's 64-wide blocks over all of K wherever
-    they take at most every SM (N up to 8448 on 132), still promoted."""
+    """Promoted e4m3 does not split K: a decode step's 64-wide blocks over all of K where
+    they fill more than a quarter of the SMs and at most all (N = 2113 .. 8448 on 132),
+    still promoted."""
     from pykittens.kernels import DECODE_WHOLE_K, Operand, gemm_ws_launch
 
     def rule(n):
         return gemm_ws_launch({"a": Operand((16, 4096), 1), "b": Operand((n, 4096), 1),
                                "c": Operand((16, n), 2)}, "sm_90a")
-    for n in (1024, 4096, 8448):
+    for n in (2176, 4096, 8448):
         (grid,), consts = rule(n)
         assert consts["BN"] == 64 and consts["STAGES"] == DECODE_WHOLE_K["STAGES"]
         assert consts["PROMOTE"] == 1 and grid == -(-n // 64)
-    assert rule(8704)[1]["BN"] == 128
+    assert rule(8704)[1]["BN"] == 128 and rule(2048)[1]["BN"] == 128
 
 
 def test_a_decode_steps_split_takes_more_ring_stages():

@@ -515,15 +515,15 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     if "A_ROWS" in consts and not chosen:
         from ..targets import get
         cus, blocks = get(target).num_cus, -(-n // DECODE_WHOLE_K["BN"])
-        # (promoted fp8 never splits K: there, wherever the 64-wide blocks fit at once)
-        if (0 if promote else cus // 2) < blocks <= cus:
+        # (promoted fp8 never splits K: there, from a quarter of the SMs, as measured)
+        if (cus // 4 if promote else cus // 2) < blocks <= cus:
             consts = {**narrow_split(consts, n), **DECODE_WHOLE_K}
     return gemm_ws_grid(consts, target), consts
 
 
 # a decode step's few rows (A_ROWS) where 64-wide blocks fill more than half the SMs and
 # at most all of them (N = 4225 to 8448 on the H200; promoted fp8, which does not split K:
-# N up to 8448): each block over all of K with 12 ring stages (96 KiB of B in flight a
+# more than a quarter, N = 2113 to 8448): each block over all of K with 12 ring stages (96 KiB of B in flight a
 # workgroup), instead of 128-wide blocks (split in K, for 16-bit operands). On the H200
 # (docs/PERF.md, 2026-12-04 seventh session) 1.09-1.30x the bf16 split at 1, 16 and 64 rows
 # against 6144 x 4096, 8192 x 8192 and 8192 x 28672 (run VC), 1.19-1.54x promoted e4m3's
