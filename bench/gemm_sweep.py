@@ -79,21 +79,15 @@ def builds(steps=STEPS):
             for m, n, k in sweep_shapes():
                 for plan in plans(m, n, k).values():
                     yield {**plan, "DT": "bf16", "OUT": "bf16"}
-    if "skinny" in steps:
-        for m in SKINNY_TOKENS:
-            for n, k in SKINNY_LAYERS:
-                for plan in _skinny_plans(m, n, k).values():
-                    yield {**plan, "DT": "bf16", "OUT": "bf16"}
-    if "decode" in steps:
-        for m in DECODE_TOKENS:
-            for n, k in DECODE_LAYERS:
-                for plan in _decode_plans(m, n, k).values():
-                    yield {**plan, "DT": "bf16", "OUT": "bf16"}
-    if "decode_fp8" in steps:
-        for m in DECODE_TOKENS:
-            for n, k in DECODE_LAYERS:
-                for plan in _decode_fp8_plans(m, n, k).values():
-                    yield {**plan, "DT": "e4m3", "OUT": "bf16"}
+    for step, tokens, layers, plans, dt in (
+            ("skinny", SKINNY_TOKENS, SKINNY_LAYERS, _skinny_plans, "bf16"),
+            ("decode", DECODE_TOKENS, DECODE_LAYERS, _decode_plans, "bf16"),
+            ("decode_fp8", DECODE_TOKENS, DECODE_LAYERS, _decode_fp8_plans, "e4m3")):
+        if step in steps:
+            for m in tokens:
+                for n, k in layers:
+                    for plan in plans(m, n, k).values():
+                        yield {**plan, "DT": dt, "OUT": "bf16"}
     if "split_op" in steps:                  # the forward's and the gradients' products
         import importlib
         from pykittens.kernels.gemm import gemm_sk

@@ -11,11 +11,12 @@ unit's reductions and a fenced arrive's clocks (bench/gpu_clock.py, for the reco
 model does not take them unless its target file does); gemm_ws as the library launches it
 (bf16 and e4m3 promoted, medians of CUDA-graph replays); pykittens.ops.attention (the
 forward's kernel alone); the row ops forward and backward through pykittens.ops
-(bench/ops_bandwidth.py's `copy` and `ops` steps). Details go to $OUT/model_check.json. `--table` prints measured against modeled
-for a saved run, with the error (model - measured) / measured of each; it needs the
-toolchain (ptxas, cuobjdump) but no GPU. `--clocks`: the SM clock and power under cuBLAS,
-gemm_ws, attention and rms_norm, a few seconds each; `--only F,G`: those families of rate,
-gemm, attention, attention_bwd, rows ($OUT/model_check_more.json for either)."""
+(bench/ops_bandwidth.py's `copy` and `ops` steps). Details go to $OUT/model_check.json.
+`--table` prints measured against modeled for a saved run, with the error (model -
+measured) / measured of each; it needs the toolchain (ptxas, cuobjdump) but no GPU.
+`--clocks`: the SM clock and power under cuBLAS, gemm_ws, attention and rms_norm, a few
+seconds each; `--only F,G`: those families of rate, gemm, attention, attention_bwd, rows
+($OUT/model_check_more.json for either)."""
 from __future__ import annotations
 
 import sys

@@ -487,9 +487,9 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     # (fp8, promoted; docs/PERF.md, runs EA-EJ)
     staged = c is not None and rows.itemsize(c) == 2 and n * 2 % 16 == 0
     chosen = bn is not None
+    from ..targets import get
+    cus = get(target).num_cus
     if bn is None:            # 128 wide where 256-wide blocks would leave many SMs idle
-        from ..targets import get
-        cus = get(target).num_cus
 
         def busy(blocks):     # the share of the SMs' block slots a launch's waves fill
             return blocks / (-(-blocks // cus) * cus)
@@ -513,21 +513,20 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     consts = {**consts, "BN": bn, "PERSISTENT": 1, "STAGES": stages, "PROMOTE": promote,
               **({"TMA_STORE": tma_store} if tma_store else {}), **a_rows(m, layout)}
     if "A_ROWS" in consts and not chosen:
-        from ..targets import get
-        cus, blocks = get(target).num_cus, -(-n // DECODE_WHOLE_K["BN"])
+        narrow = narrow_split(consts, n)
         # (promoted fp8 never splits K: there, from a quarter of the SMs, as measured)
-        if (cus // 4 if promote else cus // 2) < blocks <= cus:
-            consts = {**narrow_split(consts, n), **DECODE_WHOLE_K}
+        if (cus // 4 if promote else cus // 2) < narrow["TN"] <= cus:
+            consts = {**narrow, **DECODE_WHOLE_K}
     return gemm_ws_grid(consts, target), consts
 
 
-# a decode step's few rows (A_ROWS) where 64-wide blocks fill more than half the SMs and
-# at most all of them (N = 4225 to 8448 on the H200; promoted fp8, which does not split K:
-# more than a quarter, N = 2113 to 8448): each block over all of K with 12 ring stages (96 KiB of B in flight a
-# workgroup), instead of 128-wide blocks (split in K, for 16-bit operands). On the H200
-# (docs/PERF.md, 2026-12-04 seventh session) 1.09-1.30x the bf16 split at 1, 16 and 64 rows
-# against 6144 x 4096, 8192 x 8192 and 8192 x 28672 (run VC), 1.19-1.54x promoted e4m3's
-# 128-wide blocks against N = 4096 to 8192 (run VH)
+# a decode step's few rows (A_ROWS) where NARROW_SPLIT's 64-wide blocks fill more than half
+# the SMs and at most all of them (N = 4225 to 8448 on the H200; promoted fp8, which does
+# not split K: more than a quarter, N = 2113 to 8448): each block over all of K with 12
+# ring stages (96 KiB of B in flight a workgroup), instead of 128-wide blocks (split in K,
+# for 16-bit operands). On the H200 (docs/PERF.md, 2026-12-04 seventh session) 1.09-1.30x
+# the bf16 split at 1, 16 and 64 rows against 6144 x 4096, 8192 x 8192 and 8192 x 28672
+# (run VC), 1.19-1.54x promoted e4m3's 128-wide blocks against N = 4096 to 8192 (run VH)
 DECODE_WHOLE_K = {"BN": 64, "STAGES": 12, "MAP": "row-major"}
 
 

@@ -361,6 +361,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
     def at(kmajor, row, k):           # a block's origin in its operand as stored
         return (row, k) if kmajor else (k, row)
+
+    def load_a(s, src, row, i):       # K step i of the block at `row` of src, both halves
+        for g in pk.static_range(2):
+            pk.tma_load(s.a[g], src, at(a_kmajor, row + 64 * g, i * bk), s.full)
+
     if stream is not None and (not PERSISTENT or PROMOTE or PINGPONG or CLUSTER > 1 or
                                after_tiles is not None):
         raise pk.KernelError("gemm_ws splits blocks in K (stream=) in a persistent walk "
@@ -389,15 +394,11 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     elif a_local is not None:
                         src, first, count = a_local
                         with pk.if_((m0 >= first) & (m0 < first + count)):
-                            for g in pk.static_range(2):
-                                pk.tma_load(s.a[g], src, (m0 - first + 64 * g, i * bk),
-                                            s.full)
+                            load_a(s, src, m0 - first, i)
                         with pk.else_():
-                            for g in pk.static_range(2):
-                                pk.tma_load(s.a[g], a, (m0 + 64 * g, i * bk), s.full)
+                            load_a(s, a, m0, i)
                     else:
-                        for g in pk.static_range(2):
-                            pk.tma_load(s.a[g], a, at(a_kmajor, m0 + 64 * g, i * bk), s.full)
+                        load_a(s, a, m0, i)
                     if CLUSTER > 1:            # this workgroup's part, into all of them
                         part = bw // CLUSTER
                         r = pk.cluster_rank()
