@@ -5,7 +5,12 @@ bf16. ROWS_SUMS_NO_FINISH=1 leaves out the partial rows' writes (and with them, 
 compiler's dead-code pass, the sums); ROWS_SUMS_FINISH_NEVER=1 keeps the sums and skips
 their writes by a test that fails at run time (wrong sums: timing only; run either in a
 process of its own with its own PYKITTENS_CACHE, the builds share keys).
-ROWS_SUMS_PAD=k: the partial rows k elements apart beyond their width. LN_WAVES / RMS_WAVES
+ROWS_SUMS_PAD=k: the partial rows k elements apart beyond their width.
+ROWS_SUMS_TOUCH=1: each wave of a split row stores zeros to its stretch of its partial row
+before the walk (the row's pages and lines touched early; the sums then written as
+usual). ROWS_SUMS_ATOMIC=1: each wave of a split row adds its sums into row 0 of the
+partial rows atomically (red.global.add.v4.f32) instead of storing its own row (timing
+only: the sums accumulate over the calls). LN_WAVES / RMS_WAVES
 ="w,...": LayerNorm's / RMSNorm's backward also over rows shared by w waves (staged_plan).
 ROWS_SUMS_SHAPES="MxN,...": other shapes. Every plan with the sums checks their total
 against float64 (sums_rel_err). --once: every launch made once, untimed (what
@@ -39,6 +44,7 @@ CALLS = 30
 LN_WAVES = [int(w) for w in os.environ.get("LN_WAVES", "").split(",") if w]
 RMS_WAVES = [int(w) for w in os.environ.get("RMS_WAVES", "").split(",") if w]
 PAD = int(os.environ.get("ROWS_SUMS_PAD", "0"))    # elements between partial rows
+VARIANTS = ("NO_FINISH", "FINISH_NEVER", "TOUCH", "ATOMIC")   # ROWS_SUMS_<name>=1
 
 
 def _part(rows, cols):
@@ -64,7 +70,35 @@ def _sums_error(part, expected) -> float:
                for c, ref in expected)
 
 
+def _touch_early():
+    """ColumnSums of split rows store zeros to the wave's stretch of its partial row first."""
+    init = ColumnSums.__init__
+
+    def touched(self, rows, part, first=0):
+        init(self, rows, part, first)
+        if rows.split:
+            pk.store(part, pk.col_sum(pk.zeros(rows.block)),
+                     (pk.program_id(0), self._col(0)), end=self._end(), inside=rows.exact)
+    ColumnSums.__init__ = touched
+
+
+def _atomic_finish():
+    """ColumnSums of split rows (one row a wave) add into row 0 of part atomically."""
+    finish = ColumnSums.finish
+
+    def atomic(self):
+        if not (self.rows.split and self.rows.rows == 1):
+            return finish(self)
+        for j in pk.static_range(self.rows.nblocks):
+            pk.atomic_add(self.part, self.acc[j], (0, self._col(j)), end=self._end())
+    ColumnSums.finish = atomic
+
+
 def main() -> int:
+    if os.environ.get("ROWS_SUMS_TOUCH") == "1":
+        _touch_early()
+    if os.environ.get("ROWS_SUMS_ATOMIC") == "1":
+        _atomic_finish()
     if os.environ.get("ROWS_SUMS_NO_FINISH") == "1":
         ColumnSums.finish = lambda self: None
     if os.environ.get("ROWS_SUMS_FINISH_NEVER") == "1":      # sums kept, never stored
@@ -130,9 +164,8 @@ def main() -> int:
                       flush=True)
     out = os.environ.get("OUT")
     if out:
-        name = "rows_sums_no_finish.json" if os.environ.get("ROWS_SUMS_NO_FINISH") == "1" \
-            else "rows_sums_finish_never.json" if os.environ.get("ROWS_SUMS_FINISH_NEVER") \
-            == "1" else "rows_sums.json"
+        name = "rows_sums" + "".join(f"_{v.lower()}" for v in VARIANTS
+                                     if os.environ.get(f"ROWS_SUMS_{v}") == "1") + ".json"
         with open(os.path.join(out, name), "w") as f:
             json.dump(results, f, indent=1)
     return 0
