@@ -257,7 +257,8 @@ BWD_VARIANTS = {**USUAL_LAUNCH, "3 stages": {"rows.STAGED_STAGES": 3},
                    for c, w in ((512, 16), (1024, 12), (1024, 16))},
                 "as many workgroups as the SMs hold": {"rows.STAGED_FULL_STEPS": False},
                 "full steps only as many as the SMs' workgroups take": {
-                    "rows.STAGED_EXTRA_STEPS": 0}}
+                    "rows.STAGED_EXTRA_STEPS": 0},
+                "partial sums written back (no discard)": {"rows.DISCARD_PARTS": False}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 # backward passes asked for the inputs' gradients alone: no per-column sums, no column_sum
 # (what the weight's and bias's gradients cost on top)

@@ -922,6 +922,49 @@ class Renderer:
                 self.ins(f"br label %{join}")
                 self.start_block(join)
 
+    def r_gdiscard(self, op):
+        """A window of dead data: each lane drops the cache lines that start at one of its
+        elements and lie wholly inside the window and the tensor (discard_line), after the
+        wave's reads of it (a wave sync). Targets without such a drop emit nothing."""
+        line = self.discard_line_bytes()
+        if not line:
+            return
+        esz = op.srcs[0].type.dtype.bytes
+        per_line = line // esz
+        dims = op.attrs["dims"]
+        origin = op.srcs[len(op.srcs) - len(dims):]
+        window_end = self.op(f"add i32 {self.read(origin[-1]).text}, {op.attrs['width']}",
+                             "i32", 0)
+        self.wave_sync()
+        for first, k, off, ok, _, last, _ in self._tensor_window(op, 0):
+            idx, size = last
+            for i in range(k):
+                col = self.op(f"add i32 {idx.text}, {i}", "i32", 0) if i else idx
+                line_end = self.op(f"add i32 {col.text}, {per_line}", "i32", 0)
+                inside = self._and(ok, self.op(f"icmp sge i32 {col.text}, 0", "i1", 0))
+                inside = self._and(inside, self.op(
+                    f"icmp sle i32 {line_end.text}, {size.text}", "i1", 0))
+                inside = self._and(inside, self.op(
+                    f"icmp sle i32 {line_end.text}, {window_end.text}", "i1", 0))
+                oi = self.op(f"add i32 {off.text}, {i}", "i32", 0) if i else off
+                p = self.elem_ptr(op.srcs[0], oi)
+                addr = self.op(f"ptrtoint {GLOBAL_PTR} {p.text} to i64", "i64", 0)
+                low = self.op(f"and i64 {addr.text}, {line - 1}", "i64", 0)
+                starts = self.op(f"icmp eq i64 {low.text}, 0", "i1", 0)
+                do, skip = self.label("discard"), self.label("discard_next")
+                self.ins(f"br i1 {self._and(inside, starts).text}, label %{do}, label %{skip}")
+                self.start_block(do)
+                self.discard_line(p)
+                self.ins(f"br label %{skip}")
+                self.start_block(skip)
+
+    def discard_line_bytes(self) -> int:
+        """Bytes of the cache line a discard drops (0: the target drops none)."""
+        return 0
+
+    def discard_line(self, ptr: Value) -> None:
+        raise NotImplementedError
+
     def atomic_add_width(self, k: int, align: int) -> int:
         """Elements one vector atomic add takes from a run of k f32 starting `align` bytes
         aligned (1: element by element)."""

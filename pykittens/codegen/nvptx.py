@@ -156,6 +156,14 @@ class NVPTXRenderer(Renderer):
         self.ins(f"br label %{skip}")
         self.start_block(skip)
 
+    def discard_line_bytes(self):
+        """discard.global.L2 (PTX ISA 7.4, sm_80+) drops one 128-byte, 128-aligned line."""
+        return 128
+
+    def discard_line(self, ptr):
+        self.ins(f'call void asm sideeffect "discard.global.L2 [$0], 128;", '
+                 f'"l,~{{memory}}"(ptr addrspace(1) {ptr.text})')
+
     # -- flags across GPUs -----------------------------------------------------------------------
     def wave_sync(self):
         """bar.warp.sync orders the memory accesses of the warp's lanes (PTX ISA,

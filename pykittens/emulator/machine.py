@@ -727,6 +727,16 @@ class _Machine:
         self.global_write(w, op, buf, off[mask], atomic=True)
         np.add.at(buf.flat, off[mask], v[mask].astype(buf.flat.dtype))
 
+    def x_gdiscard(self, w, op):
+        """The window's contents become undefined: poisoned (NaN, or an integer type's
+        largest value) so that a later read shows. The wave's own reads of it came first."""
+        buf, off, mask = self._tensor_window(w, op, 0)
+        self._gcheck(w, op, buf, off, mask)
+        self.global_write(w, op, buf, off[mask])
+        kind = np.dtype(buf.flat.dtype)
+        poison = np.iinfo(kind).max if kind.kind in "iu" else np.nan
+        buf.flat[off[mask]] = np.asarray(poison).astype(kind)
+
     # -- LDS ------------------------------------------------------------------------------
     def _lds_bytes(self, w, op, origin=None, rank=None):
         """Byte indices [W*nslots*esz] of an LDS window (in the shared memory of the

@@ -500,23 +500,30 @@ SUM_COLS = 32     # columns per column_sum workgroup: 128 workgroups over 4096 c
 @pk.kernel(num_waves=4)
 def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
                DT: pk.const = None, ROWS: pk.const = 32, COLS: pk.const = SUM_COLS,
-               PARTS: pk.const = 0):
+               PARTS: pk.const = 0, DISCARD: pk.const = 0):
     """out[c] = sum over rows r of part[r, c], summed in f32 and rounded once to out's type:
     the reduction after per-block partial column sums (a norm's dweight, a bias's
     gradient). A workgroup takes COLS columns, its waves every num_waves-th block of ROWS
     rows, added up across the waves at the end: narrow column slices give a grid of many
     workgroups for the few hundred rows a backward pass leaves (one per workgroup).
     PARTS=p: part has p rows (known at launch), so each wave's loads are unrolled and all
-    in flight at once instead of one after another."""
+    in flight at once instead of one after another. DISCARD=1: part is scratch, dead once
+    read (pk.discard: its lines leave L2 without being written back to memory)."""
     p, n = part.shape
     c0 = pk.program_id(0) * COLS
     step = pk.num_waves() * ROWS
     tile = pk.rt((ROWS, COLS), pk.f32)
     acc = pk.zeros(tile)
     first = pk.wave_id() * ROWS
-    blocks = pk.static_range(-(-PARTS // step)) if PARTS else pk.range((p + step - 1) // step)
-    for i in blocks:
+
+    def blocks():
+        return pk.static_range(-(-PARTS // step)) if PARTS else \
+            pk.range((p + step - 1) // step)
+    for i in blocks():
         acc += pk.load(tile, part, (i * step + first, c0))
+    if DISCARD:          # after the loop: every load of the wave's rows is in its sum
+        for i in blocks():
+            pk.discard(part, tile, (i * step + first, c0))
     total = pk.workgroup_sum(pk.col_sum(acc))
     with pk.if_(pk.wave_id() == 0):
         pk.store(out, total, (c0,))
@@ -527,6 +534,9 @@ def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
 # the ops bench's shapes, resident in L2) 2.8-5.6 µs against 3.3-6.3 for the looped 4 waves
 # of 32 rows; the kernel's own latency, not its bytes, sets that floor
 SUM_SCHEDULE = {"ROWS": 16, "num_waves": 8}
+# the norms' partial rows are scratch: column_sum drops them from L2 once read
+# (DISCARD=1), so they are not written back to memory after the call
+DISCARD_PARTS = True
 
 
 def column_sum_launch(n: int, parts: int | None = None, **consts):

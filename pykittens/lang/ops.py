@@ -370,6 +370,27 @@ def atomic_add(dst, src: Tile, coord=None, end=None) -> None:
                    end=_ends(end, dst, "atomic_add"))
 
 
+def discard(dst, window, coord=None, end=None) -> None:
+    """The tensor window that `window` (a register tile, vector or tile type) covers at
+    `coord` holds data nothing will read again (a scratch partial sum, once added up): its
+    contents become undefined, and a cache may drop them unwritten. On Hopper every
+    128-byte line wholly inside the window (and the tensor, and before `end`) leaves L2
+    without its write-back to memory (discard.global.L2); other targets emit nothing. The
+    emulator poisons the window (NaN; an integer's largest value), so a read after the
+    discard shows. Reads of the window by this wave are ordered before it; reads by other
+    waves or workgroups must be ordered by a barrier or flag first."""
+    like = _dst_of(window)
+    if not isinstance(dst, GL):
+        raise error(f"pk.discard drops a window of a global tensor, not of "
+                    f"{type(dst).__name__}{_peers_hint(dst)}")
+    if not isinstance(like, RT):
+        raise error("pk.discard takes the window's shape from a register tile or vector "
+                    "(or its type), as pk.load places one")
+    _check_window(like.type, dst.type, "discard")
+    current().emit("discard", dst.v, (like.v,) + _coords(coord, dst.rank, "discard"),
+                   end=_ends(end, dst, "discard"))
+
+
 def _window_shape(t: RT) -> tuple[int, int]:
     """The 2-D window a register tile covers in a shared tile: a vector's along its axis (a
     column vector: one row of `length` columns)."""

@@ -23,6 +23,10 @@ Op kinds (attrs in brackets):
   sload(gl, *index)                  one element, uniform (0 outside the tensor)
   gatomic_add(gl, *lead, *origin, val)[layout, dims, scope, ends?]   gstore's window, each
                                      element added atomically
+  gdiscard(gl, *lead, *origin)[layout, dims, scope, width, ends?]   gload's window (its
+                                     last dim `width` wide) holds dead data: undefined after
+                                     (the emulator poisons it); Hopper drops each 128-byte
+                                     line wholly inside it from L2 unwritten
   lds_load(r0, c0)[region, layout, scope]  lds_store(r0, c0, val)[...]   a window of a
                                      shared tile (region.byte_offset gives the swizzle);
                                      lds_load(r0, c0, rank): in the cluster's workgroup rank

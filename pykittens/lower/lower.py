@@ -737,6 +737,14 @@ class _Lowering:
         self.emit("gatomic_add", None, (gl, *lead, *origin, val), layout=lay, dims=dims,
                   scope="wave", **self._ends(op.attrs.get("end"), gl, dims))
 
+    def op_discard(self, op):
+        gl = self.val(op.dst)
+        lay, dims, lead, origin = self._window(op.srcs[0], op.srcs[1:])
+        t = op.srcs[0].type
+        width = t.length if isinstance(t, T.RegVecType) else t.shape[1]
+        self.emit("gdiscard", None, (gl, *lead, *origin), layout=lay, dims=dims,
+                  scope="wave", width=width, **self._ends(op.attrs.get("end"), gl, dims))
+
     def op_store(self, op):
         dst_v, src_v, coords_v = op.dst, op.srcs[0], op.srcs[1:]
         if isinstance(dst_v.type, T.GlobalType):

@@ -12,6 +12,7 @@ from ..ir.types import dtype_of
 from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
 from ..kernels.layernorm import dbias_column, layernorm, layernorm_bwd
 from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
+from ..kernels import rows as row_kernels
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
 from .run import (check_same, check_tensor, custom_op, kernel_output, placeholder, replayable,
                   run, target_of)
@@ -107,7 +108,8 @@ def _column_sum(part, like, wanted: bool):
     """part's column sums in like's dtype (empty when not wanted)."""
     out = like.new_empty((part.shape[1] if wanted else 0,))
     if wanted:
-        grid, consts = column_sum_launch(part.shape[1], part.shape[0])
+        grid, consts = column_sum_launch(part.shape[1], part.shape[0],
+                                         DISCARD=int(row_kernels.DISCARD_PARTS))
         run(column_sum, {"part": part, "out": out}, grid, consts, ("out",))
     return out
 
