@@ -923,14 +923,16 @@ class Renderer:
                 self.start_block(join)
 
     def r_gdiscard(self, op):
-        """A window of dead data: each lane drops the cache lines that start at one of its
-        elements and lie wholly inside the window and the tensor (discard_line), after the
-        wave's reads of it (a wave sync). Targets without such a drop emit nothing."""
+        """A window of dead data: each lane drops the cache lines that start inside one of
+        its runs of elements and lie wholly inside the window and the tensor
+        (discard_line), after the wave's reads of it (a wave sync). A run no longer than a
+        line holds at most one line start, found from the run's address, so a lane tests
+        each run once. Targets without such a drop emit nothing."""
         line = self.discard_line_bytes()
         if not line:
             return
         esz = op.srcs[0].type.dtype.bytes
-        per_line = line // esz
+        per_line, shift = line // esz, esz.bit_length() - 1
         dims = op.attrs["dims"]
         origin = op.srcs[len(op.srcs) - len(dims):]
         window_end = self.op(f"add i32 {self.read(origin[-1]).text}, {op.attrs['width']}",
@@ -938,25 +940,32 @@ class Renderer:
         self.wave_sync()
         for first, k, off, ok, _, last, _ in self._tensor_window(op, 0):
             idx, size = last
-            for i in range(k):
-                col = self.op(f"add i32 {idx.text}, {i}", "i32", 0) if i else idx
+            for sub in range(0, k, per_line):        # pieces of at most one line each
+                n = min(per_line, k - sub)
+                o = self.op(f"add i32 {off.text}, {sub}", "i32", 0) if sub else off
+                c = self.op(f"add i32 {idx.text}, {sub}", "i32", 0) if sub else idx
+                addr = self.op(f"ptrtoint {GLOBAL_PTR} {self.elem_ptr(op.srcs[0], o).text} "
+                               f"to i64", "i64", 0)
+                neg = self.op(f"sub i64 0, {addr.text}", "i64", 0)
+                ahead = self.op(f"and i64 {neg.text}, {line - 1}", "i64", 0)  # to a start
+                here = self.op(f"icmp ult i64 {ahead.text}, {n * esz}", "i1", 0)
+                skip = self.op(f"trunc i64 {self.op(f'lshr i64 {ahead.text}, {shift}', 'i64', 0).text} "
+                               f"to i32", "i32", 0)
+                col = self.op(f"add i32 {c.text}, {skip.text}", "i32", 0)
                 line_end = self.op(f"add i32 {col.text}, {per_line}", "i32", 0)
-                inside = self._and(ok, self.op(f"icmp sge i32 {col.text}, 0", "i1", 0))
+                inside = self._and(ok, here)
+                inside = self._and(inside, self.op(f"icmp sge i32 {col.text}, 0", "i1", 0))
                 inside = self._and(inside, self.op(
                     f"icmp sle i32 {line_end.text}, {size.text}", "i1", 0))
                 inside = self._and(inside, self.op(
                     f"icmp sle i32 {line_end.text}, {window_end.text}", "i1", 0))
-                oi = self.op(f"add i32 {off.text}, {i}", "i32", 0) if i else off
-                p = self.elem_ptr(op.srcs[0], oi)
-                addr = self.op(f"ptrtoint {GLOBAL_PTR} {p.text} to i64", "i64", 0)
-                low = self.op(f"and i64 {addr.text}, {line - 1}", "i64", 0)
-                starts = self.op(f"icmp eq i64 {low.text}, 0", "i1", 0)
-                do, skip = self.label("discard"), self.label("discard_next")
-                self.ins(f"br i1 {self._and(inside, starts).text}, label %{do}, label %{skip}")
+                do, nxt = self.label("discard"), self.label("discard_next")
+                self.ins(f"br i1 {inside.text}, label %{do}, label %{nxt}")
                 self.start_block(do)
-                self.discard_line(p)
-                self.ins(f"br label %{skip}")
-                self.start_block(skip)
+                at = self.op(f"add i32 {o.text}, {skip.text}", "i32", 0)
+                self.discard_line(self.elem_ptr(op.srcs[0], at))
+                self.ins(f"br label %{nxt}")
+                self.start_block(nxt)
 
     def discard_line_bytes(self) -> int:
         """Bytes of the cache line a discard drops (0: the target drops none)."""

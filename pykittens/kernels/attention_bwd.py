@@ -470,7 +470,8 @@ def _finish_block(dq_sum, tiles, b, h, q0, D, store):
     """Query block q0 of head h, sequence b, of dQ's f32 sum: its blocks come by TMA (into
     `tiles`, _finish_tiles) as the main pass's stage held them, each wave reads its 16
     rows' back in register order and relabels them as the accumulators that added them;
-    store(j, part) takes the wave's (16, 64) f32 block of columns 64 j.."""
+    store(j, part) takes the wave's (16, 64) f32 block of columns 64 j.. Then the wave
+    drops those rows of the sum (pk.discard: dead once read)."""
     w = pk.wave_id()
     sums, full = tiles
     with pk.if_(w == 0):
@@ -480,6 +481,8 @@ def _finish_block(dq_sum, tiles, b, h, q0, D, store):
     for j in pk.static_range(D // 64):
         part = pk.load(pk.rt(DQ_SUM_WAVE, pk.f32), sums[j], (DQ_SUM_WAVE[0] * w, 0))
         store(j, pk.relabel(DQ_PART, part))
+        # the sums are in shared memory now and read nowhere else: L2 drops them unwritten
+        pk.discard(dq_sum, part, (b, h, _dq_sum_row(q0, j, D) + DQ_SUM_WAVE[0] * w, 0))
 
 
 # (H, total, D) views of packed (total, H, D) tensors, head dim the const D
