@@ -510,9 +510,7 @@ def _decode_plans(m, n, k) -> dict:
     blocks (split in K where they are few: 4, 6 and 8 ring stages), 64-wide blocks split
     evenly (8 and 12 stages) and, where 64-wide blocks fill more than half the SMs, over
     all of K (kernels.DECODE_WHOLE_K), where 32-wide ones do, those over all of K (12 and
-    18 stages; run VG: not taken); where the op splits K, the same launch with its
-    lenders' partial sums not dropped from L2 (DISCARD=0); each once (those equal to the
-    op's left out)."""
+    18 stages; run VG: not taken); each once (those equal to the op's left out)."""
     from pykittens.kernels import DECODE_WHOLE_K, SK_FIXED, gemm_split_k, narrow_split, \
         split_grid
     from pykittens.targets import get as get_target
@@ -526,8 +524,6 @@ def _decode_plans(m, n, k) -> dict:
     # memory)
     whole = {key: v for key, v in op.items() if key != "A_ROWS"}
     plans = {"op": op, "A 128 rows": {**whole, "STAGES": min(op["STAGES"], 8)}}
-    if op.get(STREAM):          # split in K: the lenders' sums left in L2 (written back)
-        plans["op, lent sums kept"] = {**op, "DISCARD": 0}
     sms = get_target(TARGET).num_cus
     wide = _plan("nt", m, n, k, bn=128)[1]
     split = as_launched(wide)

@@ -173,7 +173,7 @@ def gemm_sk(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
             DT: pk.const = None, OUT: pk.const = None, BN: pk.const = 256,
             STAGES: pk.const = 4, TMA_STORE: pk.const = 0, MAP: pk.const = "row-major",
             TM: pk.const = 0, TN: pk.const = 0, LAYOUT: pk.const = "nt",
-            A_ROWS: pk.const = 128, DISCARD: pk.const = 1, TARGET: pk.target = None):
+            A_ROWS: pk.const = 128, TARGET: pk.target = None):
     """gemm_ws, persistent, whose last blocks are split in K between workgroups
     (pk.stream_walk): every workgroup takes the same number of K steps, where gemm_ws's
     grid of G workgroups takes ceil(T / G) rounds of T blocks (and where the blocks are
@@ -182,12 +182,10 @@ def gemm_sk(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     its partial sums) and `flags` (i32, 8 a slot: counters of lenders, zero before the
     launch and left zero after it): pk.StreamWalk.slots(T, G, K steps) slots. The
     workgroups of the grid must all be running at once (at most one per SM, as the launch
-    rule's grid). Constants as gemm_ws's (16-bit operands, TMA_STORE 0 or 2); DISCARD=1:
-    an owner drops its lenders' partial sums from L2 once added (pk.discard)."""
+    rule's grid). Constants as gemm_ws's (16-bit operands, TMA_STORE 0 or 2)."""
     ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
                 ws_store(c, OUT, BN, TMA_STORE), DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=1,
-                PROMOTE=0, LAYOUT=LAYOUT, stream=(part, flags, bool(DISCARD)),
-                A_ROWS=few_rows(A_ROWS, TM))
+                PROMOTE=0, LAYOUT=LAYOUT, stream=(part, flags), A_ROWS=few_rows(A_ROWS, TM))
 
 
 def few_rows(a_rows, tm) -> int:
@@ -300,10 +298,9 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
     block tile_of(i) of each (e.g. n blocks one below the other); the blocks share B's
     block (B stored N x K), which each workgroup loads 1/n of into all of them.
 
-    stream=(part, flags, discard): the persistent walk splits the last blocks in K
-    (pk.stream_walk) so every workgroup takes the same number of K steps; a split block's
-    workgroups meet through `part` and `flags` (stream_finish; discard: the owner drops
-    the partial sums it has added).
+    stream=(part, flags): the persistent walk splits the last blocks in K (pk.stream_walk)
+    so every workgroup takes the same number of K steps; a split block's workgroups meet
+    through `part` and `flags` (stream_finish).
 
     A_ROWS < 128 (gemm_ws's, checked by few_rows): each K step copies that many rows of A,
     into the first consumer's half of the stage, and the second consumer warpgroup, whose
@@ -491,9 +488,10 @@ def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
     in the block's counter in `flags` (i32, 8 a block: one per consumer wave, at the
     block's first slot); a block's first steps (owned) wait until every lender has counted
     itself, add the lenders' sums to theirs in order while storing C (LENT_AT_ONCE
-    lenders' loads in flight at once) and, with `discard`, drop them (pk.discard: scratch,
-    so they are not written back to memory), and zero the counter for the next launch."""
-    part, flags, discard = stream
+    lenders' loads in flight at once), and zero the counter for the next launch. (The
+    lenders' sums stay in L2 once added: dropping them, pk.discard, put the drops on the
+    owners' last steps and was slower on the H200, docs/PERF.md run WD.)"""
+    part, flags = stream
     wave = pk.wave_id() % 4
     at_once = LENT_AT_ONCE[acc.shape[1]]
 
@@ -508,9 +506,6 @@ def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
             for u in pk.static_range(at_once):
                 total += pk.load(piece.type, part, (row(walk.slot(seg, j + u)), c0),
                                  **({"end": (past, None)} if u else {"inside": True}))
-        if discard:                     # read once: their lines leave L2 unwritten
-            for j in pk.range(lenders):
-                pk.discard(part, piece.type, (row(walk.slot(seg, j)), c0))
         return total
     with pk.if_(walk.lends(seg)):
         pk.store(part, acc, (row(walk.lend_slot(seg)), 0), inside=True)
