@@ -141,7 +141,40 @@ def test_the_launch_rule_takes_64_wide_blocks_over_all_of_k_for_a_decode_step():
         assert consts["TN"] == -(-n // 64) == grid and "TMA_STORE" not in consts
         assert gemm_split_k(consts, "sm_90a", 8192, m=16, n=n) is None
     for m, n, kw in ((16, 4096, {}), (16, 8704, {}), (128, 8192, {}), (16, 8192, {"bn": 128})):
-        assert rule(m, n, **kw)[1]["BN"] >= 128
+        assert rule(m, n, **kw)[1]["BN"] >= 128     # (4096 at K = 8192: split 128-wide)
+
+
+def test_the_decode_build_of_32_wide_blocks_over_all_of_k(rng):
+    """kernels.DECODE_THIN's build (32-wide blocks, 12 ring stages, C from registers) over
+    40 rows (A_ROWS 64): 5 blocks of 14 K steps on 2 workgroups."""
+    from pykittens.kernels import DECODE_THIN
+    got, want = _ws(rng, 40, 160, 14, 64, bn=DECODE_THIN["BN"], tma_store=0,
+                    **{key: v for key, v in DECODE_THIN.items() if key != "BN"})
+    assert rel_err(got, want) < 1e-2
+
+
+def test_the_launch_rule_takes_32_wide_blocks_over_a_short_k_for_a_decode_step():
+    """Where a 16-bit decode step's 32-wide blocks fill more than half the SMs and at most
+    all (N = 2113 .. 4224 on 132) and K is at most DECODE_THIN_MAX_K, each takes all of K
+    (no split); a longer K, N outside that range, 128 rows and promoted fp8 keep their
+    rules."""
+    from pykittens.kernels import (DECODE_THIN, DECODE_THIN_MAX_K, Operand, gemm_split_k,
+                                   gemm_ws_launch)
+    from pykittens.ops.matmul import ws_operands
+
+    def rule(m, n, k):
+        return gemm_ws_launch(ws_operands("nt", m, k, n, 2), "sm_90a")
+    for m, n, k in ((1, 4096, 4096), (64, 4096, 4096), (16, 2176, 2048), (16, 4224, 4096)):
+        (grid,), consts = rule(m, n, k)
+        assert {key: consts[key] for key in DECODE_THIN} == DECODE_THIN
+        assert consts["TN"] == -(-n // 32) == grid and "TMA_STORE" not in consts
+        assert gemm_split_k(consts, "sm_90a", k, m=m, n=n) is None
+    for m, n, k in ((16, 4096, DECODE_THIN_MAX_K + 64), (16, 2048, 4096), (128, 4096, 4096),
+                    (16, 4352, 4096)):
+        assert rule(m, n, k)[1]["BN"] >= 64
+    fp8 = gemm_ws_launch({"a": Operand((16, 4096), 1), "b": Operand((4096, 4096), 1),
+                          "c": Operand((16, 4096), 2)}, "sm_90a")[1]
+    assert fp8["BN"] == 64 and fp8["PROMOTE"] == 1
 
 
 def test_promoted_fp8_decode_steps_take_64_wide_blocks_wherever_they_fit():

@@ -456,7 +456,9 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     (TMA_STORE=2), another C from registers. TMA copies A and B: their
     stored rows must be multiples of 16 bytes.
     bn=128 or 256 overrides the block width (an autotuner's candidate). layout: how A and B
-    are stored (gemm_ws's LAYOUT; MN-major operands are 16-bit only)."""
+    are stored (gemm_ws's LAYOUT; MN-major operands are 16-bit only). A decode step's few
+    rows of A (A_ROWS) take DECODE_WHOLE_K's or DECODE_THIN's narrow blocks over all of K
+    where those fill the SMs."""
     m, k, n = gemm_ws_dims(layout, i["a"].shape, i["b"].shape)
     esz = rows.itemsize(i["a"])
     if layout != "nt" and esz != 2:
@@ -514,9 +516,12 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
               **({"TMA_STORE": tma_store} if tma_store else {}), **a_rows(m, layout)}
     if "A_ROWS" in consts and not chosen:
         narrow = narrow_split(consts, n)
+        thin = -(-n // DECODE_THIN["BN"])
         # (promoted fp8 never splits K: there, from a quarter of the SMs, as measured)
         if (cus // 4 if promote else cus // 2) < narrow["TN"] <= cus:
             consts = {**narrow, **DECODE_WHOLE_K}
+        elif not promote and k <= DECODE_THIN_MAX_K and cus // 2 < thin <= cus:
+            consts = {**narrow, **DECODE_THIN, "TN": thin}
     return gemm_ws_grid(consts, target), consts
 
 
@@ -528,6 +533,14 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
 # the bf16 split at 1, 16 and 64 rows against 6144 x 4096, 8192 x 8192 and 8192 x 28672
 # (run VC), 1.19-1.54x promoted e4m3's 128-wide blocks against N = 4096 to 8192 (run VH)
 DECODE_WHOLE_K = {"BN": 64, "STAGES": 12, "MAP": "row-major"}
+# a 16-bit decode step where 32-wide blocks fill more than half the SMs and at most all
+# (N = 2113 to 4224 on the H200) and K is short: each 32-wide block over all of K with 12
+# ring stages, instead of 128-wide blocks split in K, whose owners' wait and additions
+# weigh most where each share of K is short. On the H200 (docs/PERF.md, 2026-12-04
+# seventh session, run VE, and eighth, WD: the "32 x12" launch) 1.05-1.20x the split at
+# 1, 16 and 64 rows against 4096 x 4096; 0.79-0.87x at K = 14336, where it is not taken
+DECODE_THIN = {"BN": 32, "STAGES": 12, "MAP": "row-major"}
+DECODE_THIN_MAX_K = 4096
 
 
 def a_rows(m: int, layout: str = "nt") -> dict:
