@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import pykittens as pk
+from pykittens import compiler
 from pykittens.kernels import a_rows
 from pykittens.kernels.gemm import gemm_sk, gemm_ws
 
@@ -175,6 +176,10 @@ def test_the_launch_rule_takes_32_wide_blocks_over_a_short_k_for_a_decode_step()
     fp8 = gemm_ws_launch({"a": Operand((16, 4096), 1), "b": Operand((4096, 4096), 1),
                           "c": Operand((16, 4096), 2)}, "sm_90a")[1]
     assert fp8["BN"] == 64 and fp8["PROMOTE"] == 1
+    # B stored K x N: a 32-wide block's rows would be 64 bytes, which TMA's swizzle refuses
+    nn = gemm_ws_launch(ws_operands("nn", 16, 4096, 4096, 2), "sm_90a", layout="nn")[1]
+    assert nn["BN"] >= 64
+    compiler.llvm_ir(gemm_ws, "sm_90a", DT="bf16", OUT="bf16", **nn)
 
 
 def test_promoted_fp8_decode_steps_take_64_wide_blocks_wherever_they_fit():

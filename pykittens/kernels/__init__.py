@@ -520,7 +520,8 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
         # (promoted fp8 never splits K: there, from a quarter of the SMs, as measured)
         if (cus // 4 if promote else cus // 2) < narrow["TN"] <= cus:
             consts = {**narrow, **DECODE_WHOLE_K}
-        elif not promote and k <= DECODE_THIN_MAX_K and cus // 2 < thin <= cus:
+        elif not promote and layout == "nt" and k <= DECODE_THIN_MAX_K and \
+                cus // 2 < thin <= cus:     # (B's 32-element rows copied K-major only)
             consts = {**narrow, **DECODE_THIN, "TN": thin}
     return gemm_ws_grid(consts, target), consts
 
@@ -533,8 +534,10 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
 # the bf16 split at 1, 16 and 64 rows against 6144 x 4096, 8192 x 8192 and 8192 x 28672
 # (run VC), 1.19-1.54x promoted e4m3's 128-wide blocks against N = 4096 to 8192 (run VH)
 DECODE_WHOLE_K = {"BN": 64, "STAGES": 12, "MAP": "row-major"}
-# a 16-bit decode step where 32-wide blocks fill more than half the SMs and at most all
-# (N = 2113 to 4224 on the H200) and K is short: each 32-wide block over all of K with 12
+# a 16-bit decode step with B stored N x K where 32-wide blocks fill more than half the
+# SMs and at most all (N = 2113 to 4224 on the H200; B stored K x N has rows of 64 bytes
+# in a 32-wide block, which TMA's 128-byte swizzle does not take) and K is short: each
+# 32-wide block over all of K with 12
 # ring stages, instead of 128-wide blocks split in K, whose owners' wait and additions
 # weigh most where each share of K is short. On the H200 (docs/PERF.md, 2026-12-04
 # seventh session, run VE, and eighth, WD: the "32 x12" launch) 1.05-1.20x the split at
