@@ -509,8 +509,8 @@ def _decode_plans(m, n, k) -> dict:
     copying 128-row blocks of A, and the others the launch rule chooses among: 128-wide
     blocks (split in K where they are few: 4, 6 and 8 ring stages), 64-wide blocks split
     evenly (8 and 12 stages) and, where 64-wide blocks fill more than half the SMs, over
-    all of K (kernels.DECODE_WHOLE_K), where 32-wide ones do, those over all of K (12 and
-    18 stages; run VG: not taken); each once (those equal to the op's left out)."""
+    all of K (kernels.DECODE_WHOLE_K), where 32-wide or 48-wide ones do, those over all of
+    K (12 and 18 stages; 8 and 12); each once (those equal to the op's left out)."""
     from pykittens.kernels import DECODE_WHOLE_K, SK_FIXED, gemm_split_k, narrow_split, \
         split_grid
     from pykittens.targets import get as get_target
@@ -543,6 +543,10 @@ def _decode_plans(m, n, k) -> dict:
     if sms // 2 < thin["TN"] <= sms:                    # 32-wide ones do
         for stages in (12, 18):
             others[f"32 x{stages}"] = {**thin, "STAGES": stages}
+    mid = {**narrow, "BN": 48, "TN": -(-n // 48)}
+    if sms // 2 < mid["TN"] <= sms:                     # 48-wide ones do
+        for stages in (8, 12):
+            others[f"48 x{stages}"] = {**mid, "STAGES": stages}
     plans.update({name: p for name, p in others.items() if p != op})
     return plans
 
