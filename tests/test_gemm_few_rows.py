@@ -145,38 +145,46 @@ def test_the_launch_rule_takes_64_wide_blocks_over_all_of_k_for_a_decode_step():
         assert rule(m, n, **kw)[1]["BN"] >= 128     # (4096 at K = 8192: split 128-wide)
 
 
-def test_the_decode_build_of_32_wide_blocks_over_all_of_k(rng):
-    """kernels.DECODE_THIN's build (32-wide blocks, 12 ring stages, C from registers) over
-    40 rows (A_ROWS 64): 5 blocks of 14 K steps on 2 workgroups."""
-    from pykittens.kernels import DECODE_THIN
-    got, want = _ws(rng, 40, 160, 14, 64, bn=DECODE_THIN["BN"], tma_store=0,
-                    **{key: v for key, v in DECODE_THIN.items() if key != "BN"})
+@pytest.mark.parametrize("width", [0, 1])
+def test_the_decode_builds_of_narrow_blocks_over_a_short_k(width, rng):
+    """kernels.DECODE_SHORT_K's builds (48- and 32-wide blocks, 8 and 12 ring stages, C
+    from registers) over 40 rows (A_ROWS 64): 14 K steps a block, a second block for a
+    workgroup."""
+    from pykittens.kernels import DECODE_SHORT_K
+    plan = DECODE_SHORT_K[width]
+    got, want = _ws(rng, 40, 4 * plan["BN"], 14, 64, bn=plan["BN"], tma_store=0,
+                    **{key: v for key, v in plan.items() if key != "BN"})
     assert rel_err(got, want) < 1e-2
 
 
-def test_the_launch_rule_takes_32_wide_blocks_over_a_short_k_for_a_decode_step():
-    """Where a 16-bit decode step's 32-wide blocks fill more than half the SMs and at most
-    all (N = 2113 .. 4224 on 132) and K is at most DECODE_THIN_MAX_K, each takes all of K
-    (no split); a longer K, N outside that range, 128 rows and promoted fp8 keep their
-    rules."""
-    from pykittens.kernels import (DECODE_THIN, DECODE_THIN_MAX_K, Operand, gemm_split_k,
-                                   gemm_ws_launch)
+def test_the_launch_rule_takes_narrow_blocks_over_a_short_k_for_a_decode_step():
+    """A 16-bit decode step with K at most DECODE_SHORT_MAX_K takes the first of
+    DECODE_SHORT_K's widths whose blocks fill more than half the SMs and at most all (48:
+    N = 3169 .. 6336 on 132; 32: N = 2113 .. 3168), over all of K (no split); a longer K,
+    N past them (64-wide, DECODE_WHOLE_K), 128 rows, B stored K x N and promoted fp8 keep
+    their rules."""
+    from pykittens.kernels import (DECODE_SHORT_K, DECODE_SHORT_MAX_K, DECODE_WHOLE_K,
+                                   Operand, gemm_split_k, gemm_ws_launch)
     from pykittens.ops.matmul import ws_operands
 
     def rule(m, n, k):
         return gemm_ws_launch(ws_operands("nt", m, k, n, 2), "sm_90a")
-    for m, n, k in ((1, 4096, 4096), (64, 4096, 4096), (16, 2176, 2048), (16, 4224, 4096)):
+    for m, n, k, plan in ((1, 4096, 4096, 0), (64, 6144, 4096, 0), (16, 6336, 2048, 0),
+                          (16, 3168, 4096, 1), (16, 2176, 4096, 1)):
+        want = DECODE_SHORT_K[plan]
         (grid,), consts = rule(m, n, k)
-        assert {key: consts[key] for key in DECODE_THIN} == DECODE_THIN
-        assert consts["TN"] == -(-n // 32) == grid and "TMA_STORE" not in consts
+        assert {key: consts[key] for key in want} == want
+        assert consts["TN"] == -(-n // want["BN"]) == grid and "TMA_STORE" not in consts
         assert gemm_split_k(consts, "sm_90a", k, m=m, n=n) is None
-    for m, n, k in ((16, 4096, DECODE_THIN_MAX_K + 64), (16, 2048, 4096), (128, 4096, 4096),
-                    (16, 4352, 4096)):
-        assert rule(m, n, k)[1]["BN"] >= 64
+    assert rule(16, 8192, 4096)[1]["BN"] == DECODE_WHOLE_K["BN"]
+    assert rule(16, 6144, DECODE_SHORT_MAX_K + 64)[1]["BN"] == DECODE_WHOLE_K["BN"]
+    for m, n, k in ((16, 4096, DECODE_SHORT_MAX_K + 64), (16, 2048, 4096), (128, 4096, 4096)):
+        assert rule(m, n, k)[1]["BN"] >= 128
     fp8 = gemm_ws_launch({"a": Operand((16, 4096), 1), "b": Operand((4096, 4096), 1),
                           "c": Operand((16, 4096), 2)}, "sm_90a")[1]
     assert fp8["BN"] == 64 and fp8["PROMOTE"] == 1
-    # B stored K x N: a 32-wide block's rows would be 64 bytes, which TMA's swizzle refuses
+    # B stored K x N: narrow blocks' rows would be 96 or 64 bytes, which TMA's swizzle
+    # refuses
     nn = gemm_ws_launch(ws_operands("nn", 16, 4096, 4096, 2), "sm_90a", layout="nn")[1]
     assert nn["BN"] >= 64
     compiler.llvm_ir(gemm_ws, "sm_90a", DT="bf16", OUT="bf16", **nn)

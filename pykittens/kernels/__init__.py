@@ -457,7 +457,7 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
     stored rows must be multiples of 16 bytes.
     bn=128 or 256 overrides the block width (an autotuner's candidate). layout: how A and B
     are stored (gemm_ws's LAYOUT; MN-major operands are 16-bit only). A decode step's few
-    rows of A (A_ROWS) take DECODE_WHOLE_K's or DECODE_THIN's narrow blocks over all of K
+    rows of A (A_ROWS) take DECODE_SHORT_K's or DECODE_WHOLE_K's narrow blocks over all of K
     where those fill the SMs."""
     m, k, n = gemm_ws_dims(layout, i["a"].shape, i["b"].shape)
     esz = rows.itemsize(i["a"])
@@ -516,13 +516,14 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
               **({"TMA_STORE": tma_store} if tma_store else {}), **a_rows(m, layout)}
     if "A_ROWS" in consts and not chosen:
         narrow = narrow_split(consts, n)
-        thin = -(-n // DECODE_THIN["BN"])
+        # (B's 48- and 32-element rows are copied K-major only)
+        short = () if promote or layout != "nt" or k > DECODE_SHORT_MAX_K else DECODE_SHORT_K
+        fits = [c for c in short if cus // 2 < -(-n // c["BN"]) <= cus]
+        if fits:
+            consts = {**narrow, **fits[0], "TN": -(-n // fits[0]["BN"])}
         # (promoted fp8 never splits K: there, from a quarter of the SMs, as measured)
-        if (cus // 4 if promote else cus // 2) < narrow["TN"] <= cus:
+        elif (cus // 4 if promote else cus // 2) < narrow["TN"] <= cus:
             consts = {**narrow, **DECODE_WHOLE_K}
-        elif not promote and layout == "nt" and k <= DECODE_THIN_MAX_K and \
-                cus // 2 < thin <= cus:     # (B's 32-element rows copied K-major only)
-            consts = {**narrow, **DECODE_THIN, "TN": thin}
     return gemm_ws_grid(consts, target), consts
 
 
@@ -534,16 +535,19 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
 # the bf16 split at 1, 16 and 64 rows against 6144 x 4096, 8192 x 8192 and 8192 x 28672
 # (run VC), 1.19-1.54x promoted e4m3's 128-wide blocks against N = 4096 to 8192 (run VH)
 DECODE_WHOLE_K = {"BN": 64, "STAGES": 12, "MAP": "row-major"}
-# a 16-bit decode step with B stored N x K where 32-wide blocks fill more than half the
-# SMs and at most all (N = 2113 to 4224 on the H200; B stored K x N has rows of 64 bytes
-# in a 32-wide block, which TMA's 128-byte swizzle does not take) and K is short: each
-# 32-wide block over all of K with 12
-# ring stages, instead of 128-wide blocks split in K, whose owners' wait and additions
-# weigh most where each share of K is short. On the H200 (docs/PERF.md, 2026-12-04
-# seventh session, run VE, and eighth, WD: the "32 x12" launch) 1.05-1.20x the split at
-# 1, 16 and 64 rows against 4096 x 4096; 0.79-0.87x at K = 14336, where it is not taken
-DECODE_THIN = {"BN": 32, "STAGES": 12, "MAP": "row-major"}
-DECODE_THIN_MAX_K = 4096
+# a 16-bit decode step with B stored N x K and K at most DECODE_SHORT_MAX_K: the first of
+# these widths whose blocks fill more than half the SMs and at most all (48: N = 3169 to
+# 6336 on the H200; 32: N = 2113 to 3168), each block over all of K, instead of 128-wide
+# blocks split in K (whose owners' waits and additions weigh most where each share of K
+# is short) or DECODE_WHOLE_K's 64-wide ones. On the H200 (docs/PERF.md, 2026-12-04 eighth
+# session, runs WD, WF, WG) at 1, 16 and 64 rows: against 4096 x 4096, 48-wide blocks
+# with 8 stages 1.04-1.06x 32-wide with 12, which ran 1.05-1.20x the split; against
+# 6144 x 4096, 1.03-1.04x 64-wide with 12 stages; at K = 14336 both lose (48: 0.87-0.93x,
+# 32: 0.79-0.87x the split). B stored K x N would give TMA rows of 96 or 64 bytes, which
+# its 128-byte swizzle refuses
+DECODE_SHORT_K = ({"BN": 48, "STAGES": 8, "MAP": "row-major"},
+                  {"BN": 32, "STAGES": 12, "MAP": "row-major"})
+DECODE_SHORT_MAX_K = 4096
 
 
 def a_rows(m: int, layout: str = "nt") -> dict:
