@@ -264,9 +264,10 @@ def _split_twice(shapes) -> int:
 
 def run_decode():
     """A few rows of A (A_ROWS): pykittens.ops.linear forward and backward at ragged decode
-    shapes (gemm_ws copying 8 and 64 rows of A; 64-wide blocks over all of K), then gemm_sk
-    splitting 5 and 16 rows' blocks in K as run_split does; against float32 torch."""
-    wrong = _linear_checks(((5, 776, 1528), (40, 512, 6144)))
+    shapes (gemm_ws copying 8, 16 and 64 rows of A; 48- and 32-wide blocks over a short K,
+    kernels.DECODE_SHORT_K), then gemm_sk splitting 5 and 16 rows' blocks in K as run_split
+    does; against float32 torch."""
+    wrong = _linear_checks(((5, 776, 1528), (40, 512, 6144), (12, 1000, 2560)))
     wrong += _split_twice(((5, 4096, 1000), (16, 8192, 512)))
     _verdict("decode", wrong, "wrong results")
 
