@@ -14,8 +14,8 @@ from .ir.types import (bf16, dtype_of, e2m1x2, e2m3p, e3m2p, e4m3, e4m3fnuz, e5m
 from .lang.kernel import Kernel, Peers, const, gl, kernel, peers, target
 from .lang.ops import any_ as any  # noqa: A004 (pk.any: the vote)
 from .lang.ops import (abs, add, atomic_add, barrier, cast, cluster, cluster_rank, cluster_sum,
-                       col_index, col_max, col_sum, convert, copy, discard, div, else_, empty, exp2,
-                       fill, fma, full, if_, lane_id, load, log2, log2_e,
+                       col_index, col_max, col_sum, convert, copy, discard, div, else_, empty,
+                       exp2, fill, fma, full, if_, lane_id, load, log2, log2_e,
                        mask_outside, max, min, mma_AB, mma_ABt, mma_AtB, mma_wait, mul,
                        num_programs, num_waves, program_id, programs_per_cu, range, relabel,
                        row_index, row_max, row_sum, rsqrt, rt, rv, setprio, sqrt, st,

@@ -949,8 +949,8 @@ class Renderer:
                 neg = self.op(f"sub i64 0, {addr.text}", "i64", 0)
                 ahead = self.op(f"and i64 {neg.text}, {line - 1}", "i64", 0)  # to a start
                 here = self.op(f"icmp ult i64 {ahead.text}, {n * esz}", "i1", 0)
-                skip = self.op(f"trunc i64 {self.op(f'lshr i64 {ahead.text}, {shift}', 'i64', 0).text} "
-                               f"to i32", "i32", 0)
+                ahead_elems = self.op(f"lshr i64 {ahead.text}, {shift}", "i64", 0)
+                skip = self.op(f"trunc i64 {ahead_elems.text} to i32", "i32", 0)
                 col = self.op(f"add i32 {c.text}, {skip.text}", "i32", 0)
                 line_end = self.op(f"add i32 {col.text}, {per_line}", "i32", 0)
                 inside = self._and(ok, here)

@@ -539,8 +539,8 @@ DECODE_WHOLE_K = {"BN": 64, "STAGES": 12, "MAP": "row-major"}
 # these widths whose blocks fill more than half the SMs and at most all (48: N = 3169 to
 # 6336 on the H200; 32: N = 2113 to 3168), each block over all of K, instead of 128-wide
 # blocks split in K (whose owners' waits and additions weigh most where each share of K
-# is short) or DECODE_WHOLE_K's 64-wide ones. On the H200 (docs/PERF.md, 2026-12-04 eighth
-# session, runs WD, WF, WG) at 1, 16 and 64 rows: against 4096 x 4096, 48-wide blocks
+# is short) or DECODE_WHOLE_K's 64-wide ones. On the H200 (docs/PERF.md, 2026-12-04 seventh
+# session run VE, eighth WD, WG) at 1, 16 and 64 rows: against 4096 x 4096, 48-wide blocks
 # with 8 stages 1.04-1.06x 32-wide with 12, which ran 1.05-1.20x the split; against
 # 6144 x 4096, 1.03-1.04x 64-wide with 12 stages; at K = 14336 both lose (48: 0.87-0.93x,
 # 32: 0.79-0.87x the split). B stored K x N would give TMA rows of 96 or 64 bytes, which
