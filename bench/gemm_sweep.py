@@ -582,17 +582,23 @@ def step_decode(rows, details):
 
 def _decode_fp8_plans(m, n, k) -> dict:
     """e4m3 decode products: the launch rule (promoted every K step, A_ROWS), the same
-    copying 128-row blocks of A (at most 8 stages), 64-wide promoted blocks over all of K (12 stages) where
-    they take at most every SM, and the tensor cores' own accumulation (the rule's with
-    promote=False)."""
+    copying 128-row blocks of A (at most 8 stages), 64-wide promoted blocks over all of K
+    (12 stages) where they take at most every SM, 48-wide (8 and 12 stages) and 32-wide
+    (12) ones where they fill more than half the SMs and at most all, and the tensor
+    cores' own accumulation (the rule's with promote=False)."""
     from pykittens.kernels import DECODE_WHOLE_K, narrow_split
     from pykittens.targets import get as get_target
     _, rule = _plan("nt", m, n, k, 1)
     whole = {key: v for key, v in rule.items() if key != "A_ROWS"}
     plans = {"op": rule, "A 128 rows": {**whole, "STAGES": min(rule["STAGES"], 8)}}
     narrow = narrow_split(rule, n)
-    if narrow["TN"] <= get_target(TARGET).num_cus and rule["BN"] != 64:
+    sms = get_target(TARGET).num_cus
+    if narrow["TN"] <= sms and rule["BN"] != 64:
         plans["64 x12"] = {**narrow, **DECODE_WHOLE_K}
+    for width, stages in ((48, 8), (48, 12), (32, 12)):     # narrower, where they fill
+        tn = -(-n // width)
+        if sms // 2 < tn <= sms and rule["BN"] != width:
+            plans[f"{width} x{stages}"] = {**narrow, "BN": width, "TN": tn, "STAGES": stages}
     plans["tensor-core accumulation"] = _plan("nt", m, n, k, 1, promote=False)[1]
     return plans
 
