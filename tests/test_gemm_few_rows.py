@@ -162,7 +162,7 @@ def test_the_launch_rule_takes_narrow_blocks_over_a_short_k_for_a_decode_step():
     DECODE_SHORT_K's widths whose blocks fill more than half the SMs and at most all (48:
     N = 3169 .. 6336 on 132; 32: N = 2113 .. 3168), over all of K (no split); a longer K,
     N past them (64-wide, DECODE_WHOLE_K), 128 rows, B stored K x N and promoted fp8 keep
-    their rules."""
+    their rules (the last: test_promoted_fp8_decode_steps_take_narrow_blocks...)."""
     from pykittens.kernels import (DECODE_SHORT_K, DECODE_SHORT_MAX_K, DECODE_WHOLE_K,
                                    Operand, gemm_split_k, gemm_ws_launch)
     from pykittens.ops.matmul import ws_operands
@@ -180,9 +180,9 @@ def test_the_launch_rule_takes_narrow_blocks_over_a_short_k_for_a_decode_step():
     assert rule(16, 6144, DECODE_SHORT_MAX_K + 64)[1]["BN"] == DECODE_WHOLE_K["BN"]
     for m, n, k in ((16, 4096, DECODE_SHORT_MAX_K + 64), (16, 2048, 4096), (128, 4096, 4096)):
         assert rule(m, n, k)[1]["BN"] >= 128
-    fp8 = gemm_ws_launch({"a": Operand((16, 4096), 1), "b": Operand((4096, 4096), 1),
-                          "c": Operand((16, 4096), 2)}, "sm_90a")[1]
-    assert fp8["BN"] == 64 and fp8["PROMOTE"] == 1
+    fp8 = gemm_ws_launch({"a": Operand((16, 2560), 1), "b": Operand((2560, 2560), 1),
+                          "c": Operand((16, 2560), 2)}, "sm_90a")[1]
+    assert fp8["BN"] == 64 and fp8["PROMOTE"] == 1      # (no 32-wide promoted blocks)
     # B stored K x N: narrow blocks' rows would be 96 or 64 bytes, which TMA's swizzle
     # refuses
     nn = gemm_ws_launch(ws_operands("nn", 16, 4096, 4096, 2), "sm_90a", layout="nn")[1]
@@ -190,20 +190,45 @@ def test_the_launch_rule_takes_narrow_blocks_over_a_short_k_for_a_decode_step():
     compiler.llvm_ir(gemm_ws, "sm_90a", DT="bf16", OUT="bf16", **nn)
 
 
-def test_promoted_fp8_decode_steps_take_64_wide_blocks_wherever_they_fit():
-    """Promoted e4m3 does not split K: a decode step's 64-wide blocks over all of K where
-    they fill more than a quarter of the SMs and at most all (N = 2113 .. 8448 on 132),
-    still promoted."""
-    from pykittens.kernels import DECODE_WHOLE_K, Operand, gemm_ws_launch
+def test_promoted_fp8_decode_steps_take_narrow_blocks_wherever_they_fit():
+    """Promoted e4m3 does not split K: a decode step's 48-wide blocks over all of K where
+    they fill more than half the SMs and at most all (N = 3169 .. 6336 on 132), at any K,
+    else 64-wide ones where those fill more than a quarter (N = 2113 .. 8448), still
+    promoted; promotion every 2 K steps keeps 64-wide blocks."""
+    from pykittens.kernels import DECODE_SHORT_K, DECODE_WHOLE_K, Operand, gemm_ws_launch
 
-    def rule(n):
-        return gemm_ws_launch({"a": Operand((16, 4096), 1), "b": Operand((n, 4096), 1),
-                               "c": Operand((16, n), 2)}, "sm_90a")
-    for n in (2176, 4096, 8448):
+    def rule(n, k=4096, **kw):
+        return gemm_ws_launch({"a": Operand((16, k), 1), "b": Operand((n, k), 1),
+                               "c": Operand((16, n), 2)}, "sm_90a", **kw)
+    for n, k in ((4096, 4096), (4096, 14336), (6144, 4096)):
+        (grid,), consts = rule(n, k)
+        assert {key: consts[key] for key in DECODE_SHORT_K[0]} == DECODE_SHORT_K[0]
+        assert consts["PROMOTE"] == 1 and grid == -(-n // 48)
+    for n in (2176, 3072, 8448):
         (grid,), consts = rule(n)
         assert consts["BN"] == 64 and consts["STAGES"] == DECODE_WHOLE_K["STAGES"]
         assert consts["PROMOTE"] == 1 and grid == -(-n // 64)
+    assert rule(4096, promote=2)[1]["BN"] == 64
     assert rule(8704)[1]["BN"] == 128 and rule(2048)[1]["BN"] == 128
+
+
+@pytest.mark.parametrize("promote", [1])
+def test_promoted_fp8_48_wide_blocks_over_a_of_few_rows(promote, rng):
+    """The promoted e4m3 build of 48-wide blocks (8 ring stages) over 16 rows against
+    float64: 4 blocks of 5 K steps of 128 on 2 workgroups."""
+    import ml_dtypes
+    from pykittens.kernels import DECODE_SHORT_K, Operand, gemm_ws_launch
+    m, n, k = 16, 192, 640
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.float8_e4m3fn)
+    b = rng.standard_normal((n, k)).astype(ml_dtypes.float8_e4m3fn)
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    rule = gemm_ws_launch({"a": Operand((m, 4096), 1), "b": Operand((4096, 4096), 1),
+                           "c": Operand((m, 4096), 2)}, "sm_90a")[1]
+    assert rule["BN"] == DECODE_SHORT_K[0]["BN"] and rule["PROMOTE"] == promote
+    out = pk.emulate(gemm_ws, grid=(2,), target="sm_90a", a=a, b=b,
+                     c=np.full((m, n), np.nan, pk.bf16.np), DT="e4m3", OUT="bf16",
+                     **{**rule, "TN": n // rule["BN"]})
+    assert rel_err(out["c"].astype(np.float64), want) < 1e-2
 
 
 def test_a_decode_steps_split_takes_more_ring_stages():

@@ -516,8 +516,12 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
               **({"TMA_STORE": tma_store} if tma_store else {}), **a_rows(m, layout)}
     if "A_ROWS" in consts and not chosen:
         narrow = narrow_split(consts, n)
-        # (B's 48- and 32-element rows are copied K-major only)
-        short = () if promote or layout != "nt" or k > DECODE_SHORT_MAX_K else DECODE_SHORT_K
+        if promote:          # promoted fp8 (never split in K): 48-wide blocks at any K
+            short = DECODE_SHORT_K[:1] if promote == 1 else ()
+        elif layout == "nt" and k <= DECODE_SHORT_MAX_K:    # (B's narrow rows K-major)
+            short = DECODE_SHORT_K
+        else:
+            short = ()
         fits = [c for c in short if cus // 2 < -(-n // c["BN"]) <= cus]
         if fits:
             consts = {**narrow, **fits[0], "TN": -(-n // fits[0]["BN"])}
@@ -544,7 +548,9 @@ DECODE_WHOLE_K = {"BN": 64, "STAGES": 12, "MAP": "row-major"}
 # with 8 stages 1.04-1.06x 32-wide with 12, which ran 1.05-1.20x the split; against
 # 6144 x 4096, 1.03-1.04x 64-wide with 12 stages; at K = 14336 both lose (48: 0.87-0.93x,
 # 32: 0.79-0.87x the split). B stored K x N would give TMA rows of 96 or 64 bytes, which
-# its 128-byte swizzle refuses
+# its 128-byte swizzle refuses. Promoted fp8, which never splits K, takes the 48-wide
+# blocks at any K: 1.07-1.14x DECODE_WHOLE_K's 64-wide ones against 4096 x 4096 and 4096
+# x 14336, 1.02-1.05x against 6144 x 4096 (run WJ)
 DECODE_SHORT_K = ({"BN": 48, "STAGES": 8, "MAP": "row-major"},
                   {"BN": 32, "STAGES": 12, "MAP": "row-major"})
 DECODE_SHORT_MAX_K = 4096
