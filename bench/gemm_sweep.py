@@ -539,16 +539,20 @@ def _decode_plans(m, n, k) -> dict:
                                                  "STAGES": stages}
     if sms // 2 < narrow["TN"] <= sms:                  # 64-wide blocks fill the SMs: whole K
         others["64 x12"] = {**narrow, **DECODE_WHOLE_K}
-    thin = {**narrow, "BN": 32, "TN": -(-n // 32)}
-    if sms // 2 < thin["TN"] <= sms:                    # 32-wide ones do
-        for stages in (12, 18):
-            others[f"32 x{stages}"] = {**thin, "STAGES": stages}
-    mid = {**narrow, "BN": 48, "TN": -(-n // 48)}
-    if sms // 2 < mid["TN"] <= sms:                     # 48-wide ones do
-        for stages in (8, 12):
-            others[f"48 x{stages}"] = {**mid, "STAGES": stages}
+    others.update(_whole_k(narrow, n, sms, ((32, 12), (32, 18), (48, 8), (48, 12))))
     plans.update({name: p for name, p in others.items() if p != op})
     return plans
+
+
+def _whole_k(narrow: dict, n: int, sms: int, forms) -> dict:
+    """{"W xS": `narrow`'s launch in W-wide blocks over all of K with S ring stages} for each
+    (W, S) of `forms` whose blocks fill more than half the SMs and at most all."""
+    out = {}
+    for width, stages in forms:
+        tn = -(-n // width)
+        if sms // 2 < tn <= sms:
+            out[f"{width} x{stages}"] = {**narrow, "BN": width, "TN": tn, "STAGES": stages}
+    return out
 
 
 def step_decode(rows, details):
@@ -595,10 +599,9 @@ def _decode_fp8_plans(m, n, k) -> dict:
     sms = get_target(TARGET).num_cus
     if narrow["TN"] <= sms and rule["BN"] != 64:
         plans["64 x12"] = {**narrow, **DECODE_WHOLE_K}
-    for width, stages in ((48, 8), (48, 12), (32, 12)):     # narrower, where they fill
-        tn = -(-n // width)
-        if sms // 2 < tn <= sms and rule["BN"] != width:
-            plans[f"{width} x{stages}"] = {**narrow, "BN": width, "TN": tn, "STAGES": stages}
+    plans.update({name: p for name, p in
+                  _whole_k(narrow, n, sms, ((48, 8), (48, 12), (32, 12))).items()
+                  if p["BN"] != rule["BN"]})
     plans["tensor-core accumulation"] = _plan("nt", m, n, k, 1, promote=False)[1]
     return plans
 

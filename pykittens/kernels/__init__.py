@@ -522,9 +522,10 @@ def gemm_ws_launch(i, target, promote: bool | int | None = None, bn: int | None 
             short = DECODE_SHORT_K
         else:
             short = ()
-        fits = [c for c in short if cus // 2 < -(-n // c["BN"]) <= cus]
+        fits = [f for f in ({**c, "TN": -(-n // c["BN"])} for c in short)
+                if cus // 2 < f["TN"] <= cus]
         if fits:
-            consts = {**narrow, **fits[0], "TN": -(-n // fits[0]["BN"])}
+            consts = {**narrow, **fits[0]}
         # (promoted fp8 never splits K: there, from a quarter of the SMs, as measured)
         elif (cus // 4 if promote else cus // 2) < narrow["TN"] <= cus:
             consts = {**narrow, **DECODE_WHOLE_K}
