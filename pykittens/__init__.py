@@ -24,8 +24,8 @@ from .lang.ops import (abs, add, atomic_add, barrier, cast, cluster, cluster_ran
 from .lang.pipeline import Ring, StagedStore
 from .lang.schedule import (StreamWalk, interleave, pingpong, sched_barrier, sched_group,
                             stream_walk, tile_walk, waitcnt)
-from .lang.sync import (arrive, cluster_sync, mbarrier, role, signal, tma_load, tma_store,
-                        tma_store_wait, wait, wait_flag)
+from .lang.sync import (arrive, cluster_sync, mbarrier, role, signal, timestamp, tma_load,
+                        tma_store, tma_store_wait, wait, wait_flag)
 from .lang.values import maximum, minimum, where
 __version__ = "0.1.0"
 

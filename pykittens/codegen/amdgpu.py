@@ -469,6 +469,14 @@ class AMDGPURenderer(Renderer):
         ptr = self.base_pointer(op.dst)
         self.rsrc[(op.dst, ptr)] = self._make_resource(op.dst, ptr)
 
+    def timestamp_words(self):
+        """s_memrealtime (the 64-bit constant-clock counter), the HW_ID register and XCC_ID
+        (s_getreg_b32, whole registers: cdna.HWREG_*)."""
+        t = self.call("i64", "llvm.amdgcn.s.memrealtime", [])
+        hw, xcc = (Value(self.call("i32", "llvm.amdgcn.s.getreg", [f"i32 {reg}"]), "i32", 0)
+                   for reg in (cdna.HWREG_HW_ID, cdna.HWREG_XCC_ID))
+        return [*self.split_timer(t), hw, xcc]
+
     def spin_pause(self):
         self.call("void", "llvm.amdgcn.s.sleep", [f"i32 {cdna.FLAG_POLL_SLEEP}"])
 

@@ -740,6 +740,34 @@ class Renderer:
         self.ins(f"br label %{done}")
         self.start_block(done)
 
+    def r_timestamp(self, op):
+        """Lane 0 of the wave reads the timer and where it runs (timestamp_words) and stores
+        the four words in row `row` of the record; a row outside it stores nothing."""
+        gl, row = op.srcs
+        r = self.read(row)
+        ok = self._in_range(r, self.size_of(gl, 0))
+        first = self.op(f"icmp eq i32 {self.lane.text}, 0", "i1", 0)
+        do, done = self.label("stamp"), self.label("stamp_done")
+        self.ins(f"br i1 {self._and(first, ok).text}, label %{do}, label %{done}")
+        self.start_block(do)
+        base = self.op(f"mul i32 {r.text}, %{gl.name}.stride0", "i32", 0)
+        for j, word in enumerate(self.timestamp_words()):
+            off = self.op(f"add i32 {base.text}, {j}", "i32", 0)
+            self.store_elem(gl, off, Value("true", "i1", 0), word, T.i32)
+        self.ins(f"br label %{done}")
+        self.start_block(done)
+
+    def timestamp_words(self) -> list[Value]:
+        """pk.timestamp's four i32 words: the timer's low and high halves, the compute unit,
+        the chiplet."""
+        raise NotImplementedError
+
+    def split_timer(self, t: str) -> list[Value]:
+        """An i64 timer reading as its (low, high) i32 words."""
+        lo = self.op(f"trunc i64 {t} to i32", "i32", 0)
+        shifted = self.op(f"lshr i64 {t}, 32", "i64", 0)
+        return [lo, self.op(f"trunc i64 {shifted.text} to i32", "i32", 0)]
+
     def r_flag_wait(self, op):
         """Every lane loads the flag with acquire ordering at the op's scope until it is
         >= the value (signed; the dialect may branch on one lane's copy), pausing between

@@ -181,6 +181,12 @@ class NVPTXRenderer(Renderer):
         from ..targets.sm90a import FLAG_POLL_SLEEP_NS
         self.call("void", "llvm.nvvm.nanosleep", [f"i32 {FLAG_POLL_SLEEP_NS}"])
 
+    def timestamp_words(self):
+        """%globaltimer (PTX ISA: a 64-bit nanosecond timer), %smid, 0."""
+        t = self.call("i64", "llvm.nvvm.read.ptx.sreg.globaltimer", [])
+        sm = self.call("i32", "llvm.nvvm.read.ptx.sreg.smid", [])
+        return [*self.split_timer(t), Value(sm, "i32", 0), Value("0", "i32", 0)]
+
     def after_flag_wait(self):
         """The acquire covers the generic proxy; TMA copies this thread issues next read
         through the async proxy, which must be fenced to see what the signal published."""

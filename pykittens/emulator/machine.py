@@ -422,6 +422,24 @@ class _Machine:
                 (int(buf.flat[off]), int(value) if op.attrs["add"] else None,
                  self.knowledge(w), before))
 
+    def x_timestamp(self, w, op):
+        """The emulator's timestamp (pk.timestamp): the count of those taken before it in
+        this run (an order, not a time), and where the workgroup runs
+        (Target.emulated_place)."""
+        buf = self.buf(w, op.srcs[0])
+        row = int(self.read(w, op, op.srcs[1]))
+        if not 0 <= row < buf.shape[0]:
+            return
+        gx, gy = self.grid[0], self.grid[1]
+        when = self.world.stamps
+        self.world.stamps += 1
+        words = (when & 0xFFFFFFFF, when >> 32,
+                 *self.p.target.emulated_place(w.pid[0] + gx * (w.pid[1] + gy * w.pid[2]),
+                                               w.local))
+        offs = row * buf.strides[0] + np.arange(len(words)) * buf.strides[1]
+        self.global_write(w, op, buf, offs)
+        buf.flat[offs] = np.array(words, np.uint32).view(np.int32)
+
     def _flag_ready(self, w, op) -> bool:
         buf, off = self._flag(w, op)
         return int(buf.flat[off]) >= int(self.read(w, op, op.srcs[-1]))
@@ -1356,6 +1374,7 @@ class World:
             self.machines.append(_Machine(prog, b, scalars, grid, self, gid, label))
             gid += grid[0] * grid[1] * grid[2]
         self.units = gid * self.ustride
+        self.stamps = 0                  # pk.timestamp's: taken so far, in the run's order
 
     def who(self, unit: int) -> str:
         g, wave = divmod(unit, self.ustride)

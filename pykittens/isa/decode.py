@@ -11,6 +11,8 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+from ..targets import cdna
+
 # SGPR-file operands by their encoded numbers (CDNA3 ISA, "Scalar ALU Operands"): the
 # emulator keeps them in one array so that e.g. `s_mov_b64 exec, s[4:5]` is an ordinary
 # 64-bit write.
@@ -34,7 +36,8 @@ class Operand:
     file, a0 = 256), 's' (SGPR file by encoded number, incl. vcc/exec/m0), 'imm' (an
     integer: inline constant or literal, `value` as written), 'float' (an inline float
     constant, `text` as written; its bits depend on the operand's type), 'off' (no
-    register). `n` counts 32-bit registers."""
+    register), 'hwreg' (s_getreg_b32's register: `value` its simm16, cdna.hwreg's
+    encoding). `n` counts 32-bit registers."""
     kind: str
     reg: int = 0
     n: int = 1
@@ -81,6 +84,11 @@ class DecodeError(ValueError):
     pass
 
 
+# s_getreg_b32's registers the emulator reads (pk.timestamp's), by the disassembler's names
+HWREGS = {"HW_REG_HW_ID": 4, "HW_REG_XCC_ID": 20}
+_HWREG = re.compile(r"hwreg\((\w+)(?:,\s*(\d+),\s*(\d+))?\)")
+
+
 def parse_operand(tok: str) -> Operand:
     text = tok
     neg = ab = sext = False
@@ -113,6 +121,14 @@ def parse_operand(tok: str) -> Operand:
         return Operand("s", SRC_SCC, 1, text=text)
     if tok == "off":
         return Operand("off", text=text)
+    m = _HWREG.fullmatch(tok)
+    if m:
+        name, offset, size = m.group(1), int(m.group(2) or 0), int(m.group(3) or 32)
+        if name not in HWREGS and not name.isdigit():
+            raise DecodeError(f"hardware register {name} is not one the emulator reads "
+                              f"({', '.join(HWREGS)})")
+        reg = int(name) if name.isdigit() else HWREGS[name]
+        return Operand("hwreg", value=cdna.hwreg(reg, offset, size), text=text)
     if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", tok):
         return Operand("imm", value=int(tok, 0), text=text, neg=neg, abs=ab, sext=sext)
     if re.fullmatch(r"-?\d+\.\d+(e[-+]?\d+)?", tok):

@@ -232,7 +232,7 @@ def info(inst, idx: int = 0) -> Info:
             for o in ops[1:]:
                 x.reads += [(r, "addr") for r in _ids(o)]
         return x
-    if op.startswith(("s_load", "s_buffer_load")):
+    if op.startswith(("s_load", "s_buffer_load")) or op == "s_memrealtime":
         x.kind = "smem"
         x.writes += _ids(ops[0])
         for o in ops[1:]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import targets
 from . import hazards
 from .decode import DecodeError, parse
 from .memory import compile_ds, compile_mubuf, compile_smem
@@ -129,7 +130,7 @@ class Program:
             fn = compile_mfma(inst, ctx)
         elif op.startswith("v_"):
             fn = compile_vector(inst, ctx)
-        elif op.startswith("s_load") or op.startswith("s_buffer_load"):
+        elif op.startswith(("s_load", "s_buffer_load")) or op == "s_memrealtime":
             fn = compile_smem(inst, ctx)
         elif op.startswith("s_"):
             fn = compile_scalar(inst, ctx)
@@ -259,6 +260,9 @@ class Workgroup:
         self.dma: list = []
         self.ds_pending: list = []        # (LDS bytes, writing, wave, entry) not yet waited for
         self.waves = [Wave(i, self) for i in range(num_waves)]
+        self.run = run
+        gx, gy = run.grid[0], run.grid[1]
+        self.index = wg_id[0] + gx * (wg_id[1] + gy * wg_id[2])     # in the launch
 
     # LDS ------------------------------------------------------------------------------------
     def _check_lds(self, w, lo: np.ndarray, size: int, inst, writing: bool, dma: bool = False):
@@ -340,6 +344,8 @@ class Run:
         self.grid = grid
         self.num_waves = num_waves
         self.waits = Waits(check_waits)
+        self.prog_target = targets.get(prog.target)
+        self.realtime = 0                     # s_memrealtime's counter (compile_smem)
         self.tracker = hazards.Tracker(prog.hz, prog.target == "gfx950", prog.name) \
             if check_hazards else None
         self.issued = 0

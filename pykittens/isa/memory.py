@@ -53,7 +53,18 @@ def _widen(raw: np.ndarray, esz: int, signed: bool) -> np.ndarray:
 # ----------------------------------------------------------------------------- SMEM
 
 def compile_smem(inst, ctx):
-    """S_LOAD_DWORD{,X2,X4,X8,X16} sdst, sbase, offset: sdst = MEM[sbase + offset]."""
+    """S_LOAD_DWORD{,X2,X4,X8,X16} sdst, sbase, offset: sdst = MEM[sbase + offset];
+    S_MEMREALTIME sdst: the 64-bit real-time counter (the emulator's: the count of reads
+    of it before this one in the dispatch, as the lane emulator counts pk.timestamp's)."""
+    if inst.op == "s_memrealtime":
+        dst = inst.ops[0].reg
+
+        def memrealtime(w):
+            run = w.wg.run
+            w.s[dst], w.s[dst + 1] = run.realtime & 0xFFFFFFFF, run.realtime >> 32
+            run.realtime += 1
+            w.wg.waits.issue(w, "lgkm", (512 + dst, 513 + dst), smem=True, inst=inst)
+        return memrealtime
     m = re.fullmatch(r"s_load_dword(x(\d+))?", inst.op)
     if not m:
         return None

@@ -246,6 +246,22 @@ def compile_scalar(inst, ctx):
         def waitcnt(w):
             w.wg.waits.wait(w, vm, lgkm)
         return waitcnt
+    if op == "s_getreg_b32":
+        return _getreg(inst)
     if op in NO_EFFECT:
         return lambda w: None
     return None
+
+
+def _getreg(inst):
+    """S_GETREG_B32 sdst, hwreg: `size` bits of a hardware register from bit `offset`.
+    The registers pk.timestamp reads, with the emulators' placement of the wave
+    (Target.emulated_place): HW_ID and XCC_ID."""
+    d, enc = sdst(inst.ops[0]), inst.ops[1].value
+    reg, offset, size = enc & 0x3F, (enc >> 6) & 0x1F, ((enc >> 11) & 0x1F) + 1
+
+    def getreg(w):
+        unit, xcc = w.wg.run.prog_target.emulated_place(w.wg.index, w.id)
+        full = unit if reg == 4 else xcc
+        d(w, (full >> offset) & ((1 << size) - 1))
+    return getreg

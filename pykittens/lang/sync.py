@@ -219,6 +219,31 @@ def signal(flags, index, value, *, add: bool = False, scope: str = "system") -> 
                    scope=_scope("signal", scope))
 
 
+TIMESTAMP_WORDS = 4      # a pk.timestamp record: timer low, timer high, unit, chiplet
+
+
+def timestamp(record, index) -> None:
+    """Record when and where the calling wave is: one lane writes row `index` of `record`
+    (a pk.gl[pk.i32, (None, 4)]) — the GPU's timer as two words (low, high: a 64-bit
+    count), the compute unit it runs on, and its chiplet. Hopper: %globaltimer
+    (nanoseconds), %smid, 0; CDNA: s_memrealtime (the constant 100 MHz clock), the HW_ID
+    register (CU_ID in bits 8-11; the ISA guide gives its other fields), XCC_ID. The emulator
+    writes the number of timestamps taken before this one in its run (an order, not a
+    time), the workgroup's compute unit under round-robin dispatch, and its XCD (0 on
+    Hopper). A row outside `record` writes nothing. For timelines of a kernel's
+    workgroups: when each started, waited and ended, and on which SM."""
+    from .values import GL
+    if not isinstance(record, GL) or record.view:
+        raise error("pk.timestamp takes a record tensor (a pk.gl[pk.i32, (None, 4)] "
+                    "argument), not " + type(record).__name__)
+    if record.dtype != T.i32 or record.rank != 2 or \
+            record.type.shape[1] != TIMESTAMP_WORDS:
+        raise error(f"pk.timestamp: {record.name} must be declared pk.gl[pk.i32, (None, "
+                    f"{TIMESTAMP_WORDS})] (a row of {TIMESTAMP_WORDS} words a timestamp), "
+                    f"not {record.type}")
+    current().emit("timestamp", None, (record.v, as_index(index, "a pk.timestamp row").v))
+
+
 def wait_flag(flags, index, value, *, tma: bool = True, scope: str = "system") -> None:
     """Wait until flags[index] >= value (acquire, system scope): afterwards the calling
     wave sees everything the signals that raised it published. Flags only grow: count

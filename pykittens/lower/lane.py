@@ -75,6 +75,8 @@ Op kinds (attrs in brackets):
   flag_wait(gl, *index, value)[tma, scope]
                                      the wave waits until flags[index] >= value (acquire at
                                      `scope`; tma: TMA copies may read what it publishes)
+  timestamp(gl, row)                 lane 0 of the wave: gl[row, 0:4] = the timer's low and
+                                     high words, the compute unit, the chiplet
 """
 from __future__ import annotations
 

@@ -796,6 +796,9 @@ class _Lowering:
         self.emit("signal", None, tuple(self.val(s) for s in op.srcs), add=op.attrs["add"],
                   scope=op.attrs.get("scope", "system"))
 
+    def op_timestamp(self, op):
+        self.emit("timestamp", None, tuple(self.val(s) for s in op.srcs))
+
     def op_flag_wait(self, op):
         self.emit("flag_wait", None, tuple(self.val(s) for s in op.srcs),
                   tma=op.attrs.get("tma", True), scope=op.attrs.get("scope", "system"))

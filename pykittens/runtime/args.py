@@ -451,7 +451,7 @@ def written_params(prog) -> set:
              if op.kind == "peer"}
     out = set()
     for op in walk(prog.body):
-        if op.kind in ("gstore", "gatomic_add", "gdiscard", "signal"):
+        if op.kind in ("gstore", "gatomic_add", "gdiscard", "signal", "timestamp"):
             out.update(views.get(op.srcs[0], (op.srcs[0].name,)))
         elif op.kind == "tma_store":
             out.add(op.attrs["gl"].name)

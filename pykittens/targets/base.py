@@ -199,6 +199,17 @@ class Target:
     def num_cus(self) -> int:
         return self.num_xcds * self.cus_per_xcd
 
+    def emulated_place(self, index: int, wave: int = 0) -> tuple[int, int]:
+        """Where the emulators put wave `wave` of workgroup `index` of a launch, as
+        pk.timestamp's unit and chiplet words: round robin over the XCDs, then over each
+        one's CUs, the unit in the HW_ID register's form (WAVE_ID bits 0-3, CU_ID bits 8-11,
+        SE_ID bits 13-15: the CU's index in its XCD by 16s); on one die the SM index and
+        chiplet 0."""
+        if self.num_xcds == 1 or not self.dispatch_round_robin:
+            return index % self.num_cus, 0
+        cu = index // self.num_xcds % self.cus_per_xcd
+        return (wave & 0xF) | (cu % 16) << 8 | (cu // 16) << 13, index % self.num_xcds
+
     def sched_mask(self, classes) -> int:
         """The hint mask of instruction classes (names, or a raw mask as an int)."""
         if isinstance(classes, int):

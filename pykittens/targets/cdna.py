@@ -103,6 +103,19 @@ BUFFER_OOB_OFFSET = 0x80000000
 FLAG_POLL_SLEEP = 1
 
 
+def hwreg(reg_id: int, offset: int = 0, size: int = 32) -> int:
+    """s_getreg_b32's operand: register id in bits 5:0, first bit in 10:6, size - 1 in
+    15:11 (LLVM AMDGPU docs, hwreg)."""
+    return reg_id | (offset << 6) | ((size - 1) << 11)
+
+
+# pk.timestamp reads whole hardware registers: HW_ID (id 4: wave, SIMD, CU, shader array
+# and engine ids) and, on CDNA3/4, XCC_ID (id 20: the chiplet), the ids of LLVM's
+# HW_REG_HW_ID and HW_REG_XCC_ID for gfx940+
+HWREG_HW_ID = hwreg(4)
+HWREG_XCC_ID = hwreg(20)
+
+
 def _mfma_ab(mn: int, k: int, name_dim: int, krun: int | None = None) -> tuple:
     """A (mn x k) or, transposed, B (k x mn) operand layout: lane l holds row/col l % mn and
     k-run (l // mn) * (k // (64 // mn)) + s. `name_dim` is the tile dim that mn runs along.
