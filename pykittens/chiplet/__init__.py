@@ -11,10 +11,11 @@ from .mapping import (Grouped, Mapping, Split, XCDChunk, attention_head_first,
                       attention_naive, compose, dispatch_xcd, gemm_grouped, gemm_row_major,
                       gemm_xcd, grouped, split, tile_of, xcd_chunk)
 from .ops import Attention, Gemm
-from .sim import Machine, SimResult, Timing, lru_misses, simulate
+from .sim import Machine, Schedule, SimResult, Timing, lru_misses, simulate
 
 __all__ = [
-    "Attention", "Gemm", "Grouped", "Machine", "Mapping", "SimResult", "Split", "Timing",
+    "Attention", "Gemm", "Grouped", "Machine", "Mapping", "Schedule", "SimResult", "Split",
+    "Timing",
     "XCDChunk", "attention_head_first", "attention_naive", "auto_mapping", "best",
     "candidates", "compose", "dispatch_xcd", "gemm_grouped", "gemm_row_major", "gemm_xcd",
     "grouped", "lru_misses", "make_op", "parse_mapping", "simulate", "split", "sweep",

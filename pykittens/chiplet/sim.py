@@ -140,6 +140,23 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """A launch's schedule as measured (bench/chiplet_timeline.py: pk.timestamp in every
+    tile): each tile's start in main-loop steps from the launch's first (by launch index;
+    a persistent walk's tiles too) and where it ran — the L2 partition of its SM, or its
+    XCD. `simulate(schedule=)` replays it instead of Timing's modeled dispatch."""
+    start: np.ndarray
+    place: np.ndarray
+
+    def __post_init__(self):
+        if len(self.start) != len(self.place):
+            raise ValueError(f"a schedule gives each tile a start and a place: {len(self.start)} "
+                             f"starts, {len(self.place)} places")
+        if len(self.start) and float(np.min(self.start)) < 0:
+            raise ValueError("a schedule's starts are steps from the launch's first, >= 0")
+
+
+@dataclass(frozen=True)
 class SimResult:
     op: str
     mapping: str
@@ -241,7 +258,7 @@ def _schedule(n: int, steps: int, machine: Machine, timing: Timing,
 
 
 def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
-           persistent: int | None = None, mem_steps=None):
+           persistent: int | None = None, mem_steps=None, schedule: Schedule | None = None):
     """Every block access in step order: (item key, units, xcd, tile), the unit size, and
     each access's exact time in steps (its tile's exact start + the step).
 
@@ -256,7 +273,13 @@ def _trace(op, mapping: Mapping, machine: Machine, timing: Timing,
     streams = op.streams(mapping(np.arange(n, dtype=np.int64)), machine.line_bytes)
     unit = functools.reduce(math.gcd, [s.nbytes for s in streams])
     steps = op.steps
-    t0, place, exact = _schedule(n, steps, machine, timing, persistent, mem_steps)
+    if schedule is None:
+        t0, place, exact = _schedule(n, steps, machine, timing, persistent, mem_steps)
+    elif len(schedule.start) != n:
+        raise ValueError(f"the schedule has {len(schedule.start)} tiles, the launch {n}")
+    else:
+        exact = np.asarray(schedule.start, float)
+        t0, place = np.floor(exact).astype(np.int64), np.asarray(schedule.place, np.int64)
     d = np.arange(n, dtype=np.int64)
     ticks = np.arange(t0.min(), t0.max() + steps, dtype=np.int64)
     parts, offset = [], 0
@@ -418,10 +441,11 @@ CLOSED_LOOP_PASSES = 3        # replays of a closed-loop launch (the first one o
 
 def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None = None,
              timing: Timing | None = None, wgs_per_cu: int = 1,
-             persistent: int | None = None) -> SimResult:
+             persistent: int | None = None, schedule: Schedule | None = None) -> SimResult:
     """Replay `op` launched with `mapping` on `target` (or an explicit `machine`): one
     workgroup per tile, or, with persistent=R, R workgroups walking the tiles (workgroup w
-    takes w, w + R, ..., as pk.tile_walk does).
+    takes w, w + R, ..., as pk.tile_walk does). `schedule` (a Schedule, as measured):
+    each tile's start and place as given, instead of the dispatch `timing` models.
 
     A request for the block the same XCD requested just before it is a hit that leaves the
     LRU order unchanged, so such repeats are counted as hits and skipped: exact, and it
@@ -433,7 +457,11 @@ def simulate(op, mapping: Mapping, target="gfx950", *, machine: Machine | None =
                                    or not isinstance(persistent, int) or persistent < 1):
         raise ValueError(f"persistent must be a positive number of workgroups, "
                          f"got {persistent!r}")
-    keys, units, xcd, tiles, unit, when = _trace(op, mapping, machine, timing, persistent)
+    if schedule is not None and timing.closed_loop:
+        raise ValueError("a measured schedule replaces the modeled dispatch: closed_loop "
+                         "(which remodels it) does not apply")
+    keys, units, xcd, tiles, unit, when = _trace(op, mapping, machine, timing, persistent,
+                                                 schedule=schedule)
     if machine.l2_partitions > 1 and timing.closed_loop and machine.slot_dram_bytes_per_s:
         # a step's time at the slot's share of the matrix peak (8-bit operands at twice
         # the 16-bit rate), and the DRAM bytes the slot's share of bandwidth moves in it

@@ -1,0 +1,233 @@
+"""Timelines of gemm_ws on the H200, for the cases bench/chiplet_l2.py measures: when the
+producer starts copying each block's operands, when each consumer warpgroup has stored
+its half, and on which SM (pk.timestamp in the kernel) — the dispatch the cache simulator
+models with fitted constants (sim.Timing), measured instead:
+
+- the step: a block's K steps over its time on the SM (a persistent walk: from the SM's
+  previous block's end);
+- the spread of the blocks' times, as Timing's tile_jitter / walk_jitter read it (a block
+  takes steps x (1 + jitter x u), u uniform in [0, 1)): (98th - 2nd percentile) / 2nd;
+- the launch's start skew: how far apart the first blocks start, in steps;
+- the simulator replaying each measured schedule (sim.Schedule: every block's start and its
+  SM's L2 partition) beside ncu's L2 hit rate and DRAM bytes from chiplet_l2 runs, and
+  beside the library's modeled dispatch: what of the model's error is its dispatch and
+  what its caches.
+
+    PYKITTENS_CACHE=$PWD/.pkc_tl PYTHONPATH=.:bench python3 bench/chiplet_timeline.py --prebuild
+    PYKITTENS_CACHE=$PWD/.pkc_tl PYTHONPATH=.:bench python3 bench/chiplet_timeline.py   # H200
+    PYTHONPATH=.:bench python3 bench/chiplet_timeline.py --table TIMELINE.npz RUN.json ...
+
+CHIPLET_L2_SIZES picks sizes as in chiplet_l2.py; CHIPLET_TIMELINE_ROUNDS (default 2)
+timelines a case, each after one warm launch (the caches warm, as in a run of layers; ncu's
+are flushed). Writes $OUT/chiplet_timeline.npz (the stamps) and chiplet_timeline.json (the
+summary), the summary table last."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+import pykittens as pk
+from chiplet_l2 import PERSISTENT_GRID, cases, modeled, plan
+from pykittens.kernels.gemm import output_tile, ws_pipeline, ws_store
+
+ROUNDS = int(os.environ.get("CHIPLET_TIMELINE_ROUNDS", "2"))
+BK = 64                       # gemm_ws's K step for 16-bit operands (one 128-byte row)
+# a record's rows: each block i has three, its loads' start and its two halves' stores
+ROWS_PER_BLOCK = 3
+
+
+@pk.kernel(num_waves=12)
+def gemm_ws_timeline(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
+                     rec: pk.gl[pk.i32, (None, 4)], DT: pk.const = None,
+                     OUT: pk.const = None, BN: pk.const = 256, STAGES: pk.const = 4,
+                     TMA_STORE: pk.const = 0, PERSISTENT: pk.const = 0,
+                     PROMOTE: pk.const = 0, MAP: pk.const = "row-major", TM: pk.const = 0,
+                     TN: pk.const = 0, TARGET: pk.target = None):
+    """gemm_ws (B stored N x K, no clusters) stamping every block i: row 3i when the
+    producer wave starts copying its operands, rows 3i + 1 and 3i + 2 when the first wave
+    of consumer warpgroup 0 / 1 has stored its 64 rows."""
+    store = ws_store(c, OUT, BN, TMA_STORE)
+
+    def stamped(g, acc, m0, n0, t, i, plus=None):
+        store(g, acc, m0, n0, t, i)
+        with pk.if_(pk.wave_id() == 4 + 4 * g):
+            pk.timestamp(rec, ROWS_PER_BLOCK * i + 1 + g)
+    stamped.finish, stamped.each_wave = store.finish, store.each_wave
+    ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
+                stamped, DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT,
+                PROMOTE=PROMOTE,
+                before_loads=lambda i, m0: pk.timestamp(rec, ROWS_PER_BLOCK * i))
+
+
+def builds():
+    """(kernel, constants) of every case (bench/prebuild.py's form)."""
+    for case in cases():
+        yield gemm_ws_timeline, plan(*case)[1]
+
+
+def record(blocks: int):
+    """A record of `blocks` blocks' rows whose row pitch is 16 words: its strides keep the
+    aligned build, as gemm_ws's own launch has."""
+    import torch
+    return torch.zeros(ROWS_PER_BLOCK * blocks, 16, dtype=torch.int32, device="cuda")[:, :4]
+
+
+def measure() -> dict:
+    """Every case's timelines: {key: int64 array (rounds, rows, 4)} (stamps as taken)."""
+    import torch
+    from chiplet_l2 import _tensors
+    out, last = {}, None
+    for size, order, persistent in cases():
+        if size != last:
+            t, last = _tensors(size), size
+        grid, consts = plan(size, order, persistent)
+        rec = record(consts["TM"] * consts["TN"])
+        launch = lambda: pk.launch(gemm_ws_timeline, *t, rec, grid=grid, **consts)  # noqa: E731
+        rounds = []
+        for _ in range(ROUNDS):
+            launch()                              # warm: the caches and the clocks
+            rec.zero_()
+            launch()
+            torch.cuda.synchronize()
+            rounds.append(rec.cpu().numpy().astype(np.int64))
+        out[key(size, order, persistent)] = np.stack(rounds)
+        print(f"{size}³ {order} {'persistent' if persistent else 'per tile'}: "
+              f"{summary(size, persistent, rounds[-1])}", flush=True)
+    return out
+
+
+def key(size, order, persistent) -> str:
+    return f"{size}|{order}|{persistent}"
+
+
+def unkey(k: str):
+    size, order, persistent = k.split("|")
+    return int(size), order, int(persistent)
+
+
+def blocks_of(rec: np.ndarray):
+    """(start ns, end ns, SM) of every block, from the launch's first start: start when the
+    producer began its copies, end when the later of its two halves was stored."""
+    rows = rec.reshape(-1, ROWS_PER_BLOCK, 4)
+    t = rows[:, :, 0] + (rows[:, :, 1] << 32)
+    t0 = t[:, 0].min()
+    return t[:, 0] - t0, t[:, 1:].max(axis=1) - t0, rows[:, 0, 2]
+
+
+def block_times(start, end, sm, persistent: bool) -> np.ndarray:
+    """Each block's time on its SM: from its start, or in a persistent walk from the end of
+    the SM's block before (the producer starts a block's copies while the consumers still
+    work on the one before)."""
+    if not persistent:
+        return end - start
+    times = end - start
+    for s in np.unique(sm):
+        mine = np.flatnonzero(sm == s)
+        mine = mine[np.argsort(end[mine])]
+        times[mine[1:]] = end[mine[1:]] - end[mine[:-1]]
+    return times
+
+
+def summary(size: int, persistent: int, rec: np.ndarray) -> dict:
+    """The dispatch constants one timeline measures (module docstring)."""
+    start, end, sm = blocks_of(rec)
+    times = block_times(start, end, sm, bool(persistent))
+    steps = -(-size // BK)
+    step_ns = float(np.median(times)) / steps
+    lo, hi = np.percentile(times, [2, 98])
+    first = np.sort(start[np.unique(sm, return_index=True)[1]]) if persistent else \
+        np.sort(start)[:min(len(start), PERSISTENT_GRID)]
+    return {"step_ns": round(step_ns, 1), "jitter": round(float((hi - lo) / lo), 4),
+            "start_skew_steps": round(float(first[-1] - first[0]) / step_ns, 3),
+            "sms": int(len(np.unique(sm))), "ms": round(float(end.max()) / 1e6, 3)}
+
+
+def schedule(size: int, persistent: int, rec: np.ndarray):
+    """The simulator's Schedule of a timeline: each block's start in steps of the
+    timeline's own step, beside the L2 partition of its SM (targets/sm90a.py)."""
+    from pykittens import chiplet, targets
+    start, end, sm = blocks_of(rec)
+    step_ns = summary(size, persistent, rec)["step_ns"]
+    side = np.asarray(targets.get("sm_90a").sm_l2_partition)
+    return chiplet.Schedule(start / step_ns, side[sm])
+
+
+def replayed(size, order, persistent, rec):
+    """(L2 hit rate, DRAM bytes read) of the simulator replaying the measured schedule."""
+    from pykittens import chiplet
+    op = chiplet.Gemm(size, size, size, bm=128, bn=256, bk=BK)
+    r = chiplet.simulate(op, chiplet.parse_mapping(order, op, "sm_90a"), "sm_90a",
+                         persistent=PERSISTENT_GRID if persistent else None,
+                         schedule=schedule(size, persistent, rec))
+    return r.l2_hit_rate, r.hbm_read_bytes
+
+
+def table(stamps: dict, runs: list[dict]) -> str:
+    """Each timed case's dispatch constants, and where chiplet_l2 runs measured the case,
+    ncu's L2 hit rate and DRAM bytes beside the simulator's under the library's modeled
+    dispatch and under the measured one (the timeline's last round)."""
+    from pykittens.bench import text_table
+    ncu = {(d["size"], d["order"], d["persistent"]): d for d in runs}
+    rows, close = [], {"modeled": [0, 0, 0], "measured": [0, 0, 0]}
+    for k, rounds in stamps.items():
+        size, order, persistent = unkey(k)
+        s = [summary(size, persistent, r) for r in rounds]
+        row = [f"{size}³", order, "persistent" if persistent else "per tile",
+               f"{s[-1]['ms']:.3f}", f"{s[-1]['step_ns']:.0f}",
+               " / ".join(f"{x['jitter']:.3f}" for x in s),
+               " / ".join(f"{x['start_skew_steps']:.2f}" for x in s)]
+        d = ncu.get((size, order, persistent))
+        if d is None:
+            rows.append(row + ["", "", "", "", "", ""])
+            continue
+        model = modeled(size, order, persistent)[:2]
+        replay = replayed(size, order, persistent, rounds[-1])
+        for name, (l2, dram) in (("modeled", model), ("measured", replay)):
+            c = close[name]
+            c[0] += abs(l2 - d["l2_hit_ncu"]) <= 0.05
+            c[1] += abs(dram / d["dram_read_ncu"] - 1) <= 0.15
+            c[2] += 1
+        rows.append(row + [f"{d['l2_hit_ncu']:.1%}", f"{model[0]:.1%}", f"{replay[0]:.1%}",
+                           f"{d['dram_read_ncu'] / 1e6:.0f}", f"{model[1] / 1e6:.0f}",
+                           f"{replay[1] / 1e6:.0f}"])
+    foot = "\n".join(f"simulator, {name} dispatch: L2 within 5 points {v[0]}/{v[2]}, DRAM "
+                     f"within 15% {v[1]}/{v[2]}" for name, v in close.items() if v[2])
+    return text_table(rows, ["shape", "order", "grid", "ms", "step ns", "jitter (rounds)",
+                             "start skew (steps)", "L2 ncu", "L2 modeled dispatch",
+                             "L2 measured dispatch", "DRAM MB ncu", "DRAM MB modeled",
+                             "DRAM MB measured"]) + ("\n" + foot if foot else "")
+
+
+def load(path: str) -> dict:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def main() -> int:
+    import json
+    if "--prebuild" in sys.argv:
+        import prebuild
+        return prebuild.ptx(builds())
+    if "--table" in sys.argv:
+        paths = sys.argv[sys.argv.index("--table") + 1:]
+        runs = []
+        for p in paths[1:]:
+            with open(p) as f:
+                runs += [d for d in json.load(f)["results"] if "l2_hit_ncu" in d]
+        print(table(load(paths[0]), runs))
+        return 0
+    stamps = measure()
+    out = os.environ.get("OUT")
+    if out:
+        np.savez_compressed(os.path.join(out, "chiplet_timeline.npz"), **stamps)
+        with open(os.path.join(out, "chiplet_timeline.json"), "w") as f:
+            json.dump({k: [summary(*unkey(k)[::2], r) for r in v]
+                       for k, v in stamps.items()}, f, indent=1)
+    print(table(stamps, []))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
