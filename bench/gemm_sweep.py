@@ -110,7 +110,6 @@ def builds(steps=STEPS):
 def prebuild(steps) -> int:
     """PTX of the builds the named steps (all when none is named) launch, into the cache."""
     from pykittens import compiler
-    from pykittens.kernels.gemm import gemm_ws
     from pykittens.toolchain import nvptx
     t0, seen = time.time(), set()
     for plan in builds(steps or STEPS):
@@ -679,7 +678,6 @@ def step_split_op(rows, details):
     import torch
     import torch.nn.functional as F
     import pykittens.ops as pko
-    from pykittens.tune import graph_time
     M = sys.modules["pykittens.ops.matmul"]
     for m, n, k in SPLIT_OP_SHAPES:
         x, w = _rand(m, k), _rand(n, k) / 4
@@ -850,7 +848,6 @@ def step_fp8(rows, details):
     unit scales: gemm_ws promoting to f32 every 1, 2 or 4 K steps, and with the tensor
     cores' own accumulation (against use_fast_accum=True)."""
     import torch
-    from pykittens.kernels.gemm import gemm_ws
     from pykittens.runtime.launch import launch
     for s in FP8_SQUARES:
         flops, reps = 2 * s ** 3, _reps(2 * s ** 3) * 2

@@ -138,6 +138,21 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def bench_script(name: str):
+    """bench/<name>.py as a module (in sys.modules under its name), imported with bench/
+    on the path as the scripts run, so their imports of each other resolve."""
+    import importlib.util
+    bench = os.path.join(ROOT, "bench")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(bench, f"{name}.py"))
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, bench)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(bench)
+    return module
+
+
 def line_of(path: str, marker: str) -> int:
     """1-based line of the only line in `path` ending with the comment `marker`."""
     with open(path) as f:

@@ -311,14 +311,8 @@ def test_training_script_matches_sdpa_on_cpu():
     """bench/llama_train.py's comparison at its CPU size: two AdamW steps of a one-layer
     model, pykittens attention (emulated) against torch SDPA, from the same weights."""
     import dataclasses
-    import importlib.util
-    import os
-    import sys
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location(
-        "llama_train", os.path.join(ROOT, "bench", "llama_train.py"))
-    script = sys.modules["llama_train"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from conftest import bench_script
+    script = bench_script("llama_train")
     _, details = script.compare(dataclasses.replace(script.TINY, steps=2), "cpu")
     for ours, theirs in zip(details["pykittens"], details["sdpa"]):
         assert abs(ours - theirs) < 1e-3 * abs(theirs)

@@ -389,14 +389,8 @@ def test_a_gpu_that_is_not_cuda_is_named():
 def test_llama_block_matches_torch_on_cpu():
     """bench/llama_block.py at its CPU size: the block on pykittens.ops (bf16) is as close
     to torch in float64 as torch's own bf16 block, forward and every gradient."""
-    import importlib.util
-    import os
-    import sys
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location(
-        "llama_block", os.path.join(ROOT, "bench", "llama_block.py"))
-    script = sys.modules["llama_block"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from conftest import bench_script
+    script = bench_script("llama_block")
     errs = script.compare(script.TINY, "cpu")
     assert set(errs["pykittens"]) == {"y", "dx", "dnorm1", "dnorm2", "dwqkv", "dwo", "dw13",
                                       "dw2"}

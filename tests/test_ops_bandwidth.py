@@ -2,25 +2,20 @@
 tensors at a small shape (pykittens in the emulator, a stand-in timer), the short table and the
 Markdown and PNG reports; --prebuild building exactly the launches the ops make; and the run
 saying what it needs without a GPU."""
-import importlib.util
-import os
 import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import ROOT  # noqa: E402
+from conftest import bench_script  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 
 
 @pytest.fixture
 def ob(monkeypatch):
-    spec = importlib.util.spec_from_file_location(
-        "ops_bandwidth", os.path.join(ROOT, "bench", "ops_bandwidth.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("ops_bandwidth")
     monkeypatch.setattr(mod, "DEVICE", "cpu")
     monkeypatch.setattr(mod, "SHAPES", ((5, 256),))             # ragged rows; 2 heads of 128
     monkeypatch.setattr(mod, "BLOCK", (24, 256))

@@ -3,30 +3,17 @@ what the library's do (dx and the partial rows), under the launch rules' schedul
 under a walk of several steps a workgroup; every workgroup stamps its start, each of its
 steps and its ends, on the rows the analysis reads them from; and the analysis reads back
 a synthetic timeline built with known times."""
-import importlib.util
-import os
-import sys
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import pykittens as pk
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def rt():
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "rows_timeline", os.path.join(ROOT, "bench", "rows_timeline.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(os.path.join(ROOT, "bench"))
+    return bench_script("rows_timeline")
 
 
 def _tensors(m, n, seed=0):

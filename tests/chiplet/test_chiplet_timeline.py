@@ -3,33 +3,20 @@ without a GPU: replaying the model's own dispatch as a schedule gives the model'
 bad schedules are refused; the timeline build of gemm_ws multiplies as gemm_ws does and
 stamps every block in the emulator; and the timeline's analysis reads back the step, the
 spread and the start skew of a synthetic timeline built with known ones."""
-import importlib.util
-import os
-import sys
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import pykittens as pk
+from conftest import bench_script
 from pykittens import chiplet, targets
 from pykittens.chiplet import sim
 from pykittens.kernels import gemm_ws_launch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 @pytest.fixture(scope="module")
 def tl():
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "chiplet_timeline", os.path.join(ROOT, "bench", "chiplet_timeline.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(os.path.join(ROOT, "bench"))
+    return bench_script("chiplet_timeline")
 
 
 @pytest.mark.parametrize("persistent", [None, 132])
