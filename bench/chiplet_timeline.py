@@ -48,17 +48,15 @@ def gemm_ws_timeline(a: pk.gl["DT", 2], b: pk.gl["DT", 2], c: pk.gl["OUT", 2],
     """gemm_ws (B stored N x K, no clusters) stamping every block i: row 3i when the
     producer wave starts copying its operands, rows 3i + 1 and 3i + 2 when the first wave
     of consumer warpgroup 0 / 1 has stored its 64 rows."""
-    store = ws_store(c, OUT, BN, TMA_STORE)
-
-    def stamped(g, acc, m0, n0, t, i, plus=None):
-        store(g, acc, m0, n0, t, i)
-        with pk.if_(pk.wave_id() == 4 + 4 * g):
-            pk.timestamp(rec, ROWS_PER_BLOCK * i + 1 + g)
-    stamped.finish, stamped.each_wave = store.finish, store.each_wave
+    def stored(event, g, t, tile):                  # ws_pipeline's mark
+        if event == "stored":
+            with pk.if_(pk.wave_id() == 4 + 4 * g):
+                pk.timestamp(rec, ROWS_PER_BLOCK * tile + 1 + g)
     ws_pipeline(a, b, TM * TN, lambda i: output_tile(MAP, TM, TN, 128, BN, TARGET, i),
-                stamped, DT=DT, BN=BN, STAGES=STAGES, PERSISTENT=PERSISTENT,
-                PROMOTE=PROMOTE,
-                before_loads=lambda i, m0: pk.timestamp(rec, ROWS_PER_BLOCK * i))
+                ws_store(c, OUT, BN, TMA_STORE), DT=DT, BN=BN, STAGES=STAGES,
+                PERSISTENT=PERSISTENT, PROMOTE=PROMOTE,
+                before_loads=lambda i, m0: pk.timestamp(rec, ROWS_PER_BLOCK * i),
+                mark=stored)
 
 
 def builds():

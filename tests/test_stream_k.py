@@ -224,3 +224,36 @@ def test_the_dram_stream_benchmark_reads_each_workgroups_slab():
             want = sum(bf[rows, k0 + 128 * s: k0 + 128 * s + 64] for s in range(2))
             assert np.allclose(got[64 * w + 16 * wave: 64 * w + 16 * wave + 16], want,
                                rtol=1e-6, atol=1e-5)
+
+
+def test_the_split_timeline_stamps_every_piece_of_the_walk(rng):
+    """bench/split_timeline.py's gemm_sk_timeline (gemm_sk with ws_pipeline's `mark`
+    stamping): C as gemm_sk's, bit for bit; every piece of every workgroup's walk stamped
+    began <= computed <= stored by both consumers; owners (and only they) waited; the
+    analysis counts the pieces and owners the walk has."""
+    from conftest import bench_script
+    st = bench_script("split_timeline")
+    m, n, steps, grid = 128, 384, 7, 5          # 3 blocks of 7 steps over 5 workgroups
+    k = 64 * steps
+    a = rng.standard_normal((m, k)).astype(pk.bf16.np)
+    b = rng.standard_normal((n, k)).astype(pk.bf16.np)
+    slots = pk.StreamWalk.slots(3, grid, steps)
+    args = dict(a=a, b=b, c=np.zeros((m, n), pk.bf16.np),
+                part=np.zeros((slots * 128, 128), np.float32),
+                flags=np.zeros(slots * 8, np.int32), DT="bf16", OUT="bf16", BN=128,
+                TM=1, TN=3, TMA_STORE=2)
+    lib = pk.emulate(gemm_sk, grid=(grid,), target="sm_90a", **args)
+    got = pk.emulate(st.gemm_sk_timeline, grid=(grid,), target="sm_90a",
+                     rec=np.zeros((st.record_rows(grid), 4), np.int32), **args)
+    assert np.array_equal(lib["c"].view(np.uint16), got["c"].view(np.uint16))
+    t = got["rec"].astype(np.int64)[:, 0].reshape(grid * st.PIECES, len(st.EVENTS), 2)
+    began, computed, waited, stored = (t[:, e] for e in range(4))
+    live = stored > 0                           # the pieces walked (both consumers)
+    assert (live[:, 0] == live[:, 1]).all() and live[::st.PIECES].all()
+    assert (began[live] <= computed[live]).all() and (computed[live] < stored[live]).all()
+    owners = live & (waited > 0)
+    assert (waited[owners] < stored[owners]).all() and (waited[owners] >= computed[owners]).all()
+    # every block is split (7 steps, runs of 4 or 5): one owner piece each, the rest lend
+    assert owners[:, 0].sum() == 3 and live[:, 0].sum() > 3
+    a_ = st.analyse(grid, got["rec"].astype(np.int64), n * k * 2)
+    assert (a_["pieces"], a_["owners"]) == (live[:, 0].sum(), 3)

@@ -278,7 +278,7 @@ LAYOUTS = {"nt": pk.mma_ABt, "nn": pk.mma_AB, "tn": pk.mma_AtB}
 
 def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROMOTE,
                 LAYOUT="nt", PINGPONG=0, CLUSTER=1, before_loads=None, side_work=None,
-                after_tiles=None, stream=None, A_ROWS=128, a_local=None):
+                after_tiles=None, stream=None, A_ROWS=128, a_local=None, mark=None):
     """gemm_ws's warp-specialised pipeline over `tiles` 128 x BN output blocks, for kernels
     that differ only in which block a tile is and what becomes of it: `tile_of(i)` gives
     block i's origin (m0, n0); the producer wave calls `before_loads(i, m0)` before
@@ -308,11 +308,18 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 
     a_local=(tensor, first, rows): the blocks of A's rows first .. first + rows - 1 are
     copied from `tensor` instead, its rows from 0 (A stored M x K), e.g. an all-gather's
-    own rows, which need not wait to arrive in the gathered buffer."""
+    own rows, which need not wait to arrive in the gathered buffer.
+
+    mark(event, g, t, tile): every wave of consumer warpgroup g calls it where it reaches
+    `event` of its t-th piece of the walk (block `tile`): "began", "computed" (its
+    products retired), "stored" (stored, or lent to the block's owner) and, owning a block
+    split in K, "waited" (its lenders all counted). For timelines (pk.timestamp:
+    bench/chiplet_timeline.py, bench/split_timeline.py); not with PINGPONG."""
     if LAYOUT not in LAYOUTS:
         raise pk.KernelError(f"gemm_ws LAYOUT is one of {', '.join(LAYOUTS)}, not {LAYOUT!r}")
-    if PINGPONG and (PROMOTE or after_tiles is not None):
-        raise pk.KernelError("gemm_ws PINGPONG=1 takes neither PROMOTE nor after_tiles")
+    if PINGPONG and (PROMOTE or after_tiles is not None or mark is not None):
+        raise pk.KernelError("gemm_ws PINGPONG=1 takes neither PROMOTE, after_tiles nor mark")
+    mark = mark or (lambda event, g, t, tile: None)
     mma, a_kmajor, b_kmajor = LAYOUTS[LAYOUT], LAYOUT[0] == "n", LAYOUT[1] == "t"
     bk = 128 // pk.dtype_of(DT).bytes                               # one 128-byte row
     a_t = pk.st((64, bk) if a_kmajor else (bk, 64), DT, swizzle=8)
@@ -425,6 +432,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
             for t in walk:
                 seg = walk.segment(t)
                 m0, n0 = tile_of(seg.tile)
+                mark("began", g, t, seg.tile)
                 for x in accs:
                     pk.fill(x, 0.0)
 
@@ -460,13 +468,15 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
                     for i in seg.steps():
                         step(seg.ring(i), acc)
                     pk.mma_wait(acc)
+                mark("computed", g, t, seg.tile)
                 with pk.if_(pk.wave_id() % 4 * 16 < A_ROWS) if rows_alone else \
                         contextlib.nullcontext():    # a wave whose rows lie past A's: none
                     if stream is not None:
-                        stream_finish(g, acc, seg, walk, stream, store, m0, n0, t)
+                        stream_finish(g, acc, seg, walk, stream, store, m0, n0, t, mark)
                     else:
                         for h in pk.static_range(halves):  # (two halves where promoted so)
                             store(g, accs[h], m0, n0 + bw * h, t, seg.tile)
+                mark("stored", g, t, seg.tile)
             if hasattr(store, "finish"):
                 store.finish(g)
             if after_tiles is not None and PERSISTENT:
@@ -481,7 +491,7 @@ def ws_pipeline(a, b, tiles, tile_of, store, *, DT, BN, STAGES, PERSISTENT, PROM
 LENT_AT_ONCE = {64: 4, 128: 2, 256: 1}
 
 
-def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
+def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t, mark) -> None:
     """The end of a stream walk's piece for consumer warpgroup g: a whole block is stored;
     a block's later K steps (lent) leave their sums in `part` (f32, 128 rows a lender's
     slot, walk.lend_slot; one 16-row slice per consumer wave) and the wave counts itself
@@ -514,6 +524,7 @@ def stream_finish(g, acc, seg, walk, stream, store, m0, n0, t) -> None:
         with pk.if_(walk.owns_split(seg)):
             lenders = walk.lenders(seg)
             pk.wait_flag(flags, counter, lenders, tma=False, scope="gpu")
+            mark("waited", g, t, seg.tile)
             store(g, acc, m0, n0, t, seg.tile,
                   plus=lambda piece, c0: lent(lenders, piece, c0))
             pk.signal(flags, counter, 0, scope="gpu")
