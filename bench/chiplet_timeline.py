@@ -29,6 +29,7 @@ import sys
 import numpy as np
 
 import pykittens as pk
+import timelines
 from chiplet_l2 import PERSISTENT_GRID, cases, modeled, plan
 from pykittens.kernels.gemm import output_tile, ws_pipeline, ws_store
 
@@ -65,31 +66,17 @@ def builds():
         yield gemm_ws_timeline, plan(*case)[1]
 
 
-def record(blocks: int):
-    """A record of `blocks` blocks' rows whose row pitch is 16 words: its strides keep the
-    aligned build, as gemm_ws's own launch has."""
-    import torch
-    return torch.zeros(ROWS_PER_BLOCK * blocks, 16, dtype=torch.int32, device="cuda")[:, :4]
-
-
 def measure() -> dict:
     """Every case's timelines: {key: int64 array (rounds, rows, 4)} (stamps as taken)."""
-    import torch
     from chiplet_l2 import _tensors
     out, last = {}, None
     for size, order, persistent in cases():
         if size != last:
             t, last = _tensors(size), size
         grid, consts = plan(size, order, persistent)
-        rec = record(consts["TM"] * consts["TN"])
+        rec = timelines.record(ROWS_PER_BLOCK * consts["TM"] * consts["TN"])
         launch = lambda: pk.launch(gemm_ws_timeline, *t, rec, grid=grid, **consts)  # noqa: E731
-        rounds = []
-        for _ in range(ROUNDS):
-            launch()                              # warm: the caches and the clocks
-            rec.zero_()
-            launch()
-            torch.cuda.synchronize()
-            rounds.append(rec.cpu().numpy().astype(np.int64))
+        rounds = timelines.stamped_rounds(launch, rec, ROUNDS)
         out[key(size, order, persistent)] = np.stack(rounds)
         print(f"{size}³ {order} {'persistent' if persistent else 'per tile'}: "
               f"{summary(size, persistent, rounds[-1])}", flush=True)
@@ -109,7 +96,7 @@ def blocks_of(rec: np.ndarray):
     """(start ns, end ns, SM) of every block, from the launch's first start: start when the
     producer began its copies, end when the later of its two halves was stored."""
     rows = rec.reshape(-1, ROWS_PER_BLOCK, 4)
-    t = rows[:, :, 0] + (rows[:, :, 1] << 32)
+    t = timelines.times(rows)
     t0 = t[:, 0].min()
     return t[:, 0] - t0, t[:, 1:].max(axis=1) - t0, rows[:, 0, 2]
 
@@ -205,9 +192,6 @@ def load(path: str) -> dict:
 
 def main() -> int:
     import json
-    if "--prebuild" in sys.argv:
-        import prebuild
-        return prebuild.ptx(builds())
     if "--table" in sys.argv:
         paths = sys.argv[sys.argv.index("--table") + 1:]
         runs = []
@@ -216,16 +200,12 @@ def main() -> int:
                 runs += [d for d in json.load(f)["results"] if "l2_hit_ncu" in d]
         print(table(load(paths[0]), runs))
         return 0
-    stamps = measure()
-    out = os.environ.get("OUT")
-    if out:
-        np.savez_compressed(os.path.join(out, "chiplet_timeline.npz"), **stamps)
-        with open(os.path.join(out, "chiplet_timeline.json"), "w") as f:
-            json.dump({k: [summary(*unkey(k)[::2], r) for r in v]
-                       for k, v in stamps.items()}, f, indent=1)
-    print(table(stamps, []))
-    return 0
+    stamps = {}
 
+    def measured():
+        stamps.update(measure())
+        return {k: [summary(*unkey(k)[::2], r) for r in v] for k, v in stamps.items()}, stamps
+    return timelines.main("chiplet_timeline", builds, measured, lambda _: table(stamps, []))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 import pykittens as pk
+import timelines
 from pykittens.kernels import ln_grad_launch, rms_grad_launch
 from pykittens.kernels.layernorm import dbias_column, norm_backward
 from pykittens.kernels.rows import ColumnSums, Feed, Rows
@@ -146,7 +147,7 @@ def rows_per_step(consts: dict) -> int:
 def analyse(m: int, grid: int, per: int, rec: np.ndarray) -> dict:
     """The launch's span, ramp, step, sums and tail in µs (module docstring), from a
     record (int64 words) of `grid` workgroups taking `per` rows a step."""
-    t = rec[:, 0] + (rec[:, 1] << 32)
+    t = timelines.times(rec)
     started, walked, stored = (t[m + k * grid:m + (k + 1) * grid] for k in range(3))
     stepped = np.flatnonzero(t[:m] > 0)                  # the steps' first rows
     owner = (stepped // per) % grid
@@ -176,21 +177,14 @@ def measure() -> tuple[list[dict], dict]:
              "stats": torch.rand(2, m, device="cuda") + 0.5,
              "part": lambda r, c: torch.empty(r, c, device="cuda")}
         for name, timed, library, grid, consts, args in launches(m, n, t):
-            rec = torch.zeros(record_rows(m, grid[0]), 16, dtype=torch.int32,
-                              device="cuda")[:, :4]              # aligned strides
+            rec = timelines.record(record_rows(m, grid[0]))
             stamped = lambda: pk.launch(timed, grid=grid, rec=rec, **args, **consts)  # noqa
             plain = lambda: pk.launch(library, grid=grid, **args, **consts)  # noqa: E731
             part = args.get("part", args.get("dw_part"))
             (cgrid,), cconsts = column_sum_launch(part.shape[1], part.shape[0])
             out = torch.empty(part.shape[1], device="cuda")
             summed = lambda: pk.launch(column_sum, part, out, grid=cgrid, **cconsts)  # noqa
-            rounds = []
-            for _ in range(3):
-                stamped()                          # warm
-                rec.zero_()
-                stamped()
-                torch.cuda.synchronize()
-                rounds.append(rec.cpu().numpy().astype(np.int64))
+            rounds = timelines.stamped_rounds(stamped, rec)
             stamps[f"{name}|{m}x{n}"] = np.stack(rounds)
             a = [analyse(m, grid[0], rows_per_step(consts), r) for r in rounds]
             d = {"op": name, "shape": [m, n], "grid": grid[0], "consts": consts,
@@ -228,19 +222,7 @@ def builds():
 
 
 def main() -> int:
-    import json
-    if "--prebuild" in sys.argv:
-        import prebuild
-        return prebuild.ptx(builds())
-    details, stamps = measure()
-    out = os.environ.get("OUT")
-    if out:
-        np.savez_compressed(os.path.join(out, "rows_timeline.npz"), **stamps)
-        with open(os.path.join(out, "rows_timeline.json"), "w") as f:
-            json.dump(details, f, indent=1)
-    print(table(details))
-    return 0
-
+    return timelines.main("rows_timeline", builds, measure, table)
 
 if __name__ == "__main__":
     sys.exit(main())

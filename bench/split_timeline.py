@@ -29,6 +29,7 @@ import sys
 import numpy as np
 
 import pykittens as pk
+import timelines
 from pykittens.kernels.gemm import few_rows, output_tile, ws_pipeline, ws_store
 
 SHAPES = tuple(tuple(int(d) for d in s.split("x")) for s in os.environ.get(
@@ -80,7 +81,7 @@ def record_rows(grid: int) -> int:
 def analyse(grid: int, rec: np.ndarray, b_bytes: int) -> dict:
     """The launch's span, main, wait, fixup, lend, tail (µs) and B's rate over the main
     phase (TB/s), from a record (int64 words); events never stamped are left out."""
-    t = (rec[:, 0] + (rec[:, 1] << 32)).reshape(grid * PIECES, len(EVENTS), 2)
+    t = timelines.times(rec).reshape(grid * PIECES, len(EVENTS), 2)
     seen = t > 0
     seen[0, 0, 0] = True                   # (the emulator's first stamp counts from 0)
     began, computed, waited, stored = (np.where(seen[:, e], t[:, e], -1)
@@ -120,18 +121,11 @@ def measure():
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         part = torch.empty(128 * slots, consts["BN"], device="cuda")
         flags = torch.zeros(8 * slots, device="cuda", dtype=torch.int32)
-        rec = torch.zeros(record_rows(grid[0]), 16, dtype=torch.int32,
-                          device="cuda")[:, :4]                  # aligned strides
+        rec = timelines.record(record_rows(grid[0]))
         args = {"a": a, "b": b, "c": c, "part": part, "flags": flags}
         stamped = lambda: pk.launch(gemm_sk_timeline, grid=grid, rec=rec, **args, **consts)  # noqa
         plain = lambda: pk.launch(gemm_sk, grid=grid, **args, **consts)  # noqa: E731
-        rounds = []
-        for _ in range(3):
-            stamped()
-            rec.zero_()
-            stamped()
-            torch.cuda.synchronize()
-            rounds.append(rec.cpu().numpy().astype(np.int64))
+        rounds = timelines.stamped_rounds(stamped, rec)
         err = float((c.double() - a.double() @ b.double().t()).norm() /
                     (a.double() @ b.double().t()).norm())
         stamps[f"{m}x{n}x{k}"] = np.stack(rounds)
@@ -169,19 +163,7 @@ def builds():
 
 
 def main() -> int:
-    import json
-    if "--prebuild" in sys.argv:
-        import prebuild
-        return prebuild.ptx(builds())
-    details, stamps = measure()
-    out = os.environ.get("OUT")
-    if out:
-        np.savez_compressed(os.path.join(out, "split_timeline.npz"), **stamps)
-        with open(os.path.join(out, "split_timeline.json"), "w") as f:
-            json.dump(details, f, indent=1)
-    print(table(details))
-    return 0
-
+    return timelines.main("split_timeline", builds, measure, table)
 
 if __name__ == "__main__":
     sys.exit(main())
