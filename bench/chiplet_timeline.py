@@ -78,6 +78,12 @@ def measure() -> dict:
         launch = lambda: pk.launch(gemm_ws_timeline, *t, rec, grid=grid, **consts)  # noqa: E731
         rounds = timelines.stamped_rounds(launch, rec, ROUNDS)
         out[key(size, order, persistent)] = np.stack(rounds)
+        if os.environ.get("OUT"):
+            from pykittens.bench.timeline import chart
+            grid_name = "persistent" if persistent else "per-tile"
+            chart(spans(persistent, rounds[-1]), f"gemm_ws {size}³ {order}, {grid_name}",
+                  os.path.join(os.environ["OUT"], f"chiplet-timeline-{size}-"
+                               f"{order.replace(':', '-').replace('=', '')}-{grid_name}.png"))
         print(f"{size}³ {order} {'persistent' if persistent else 'per tile'}: "
               f"{summary(size, persistent, rounds[-1])}", flush=True)
     return out
@@ -113,6 +119,21 @@ def block_times(start, end, sm, persistent: bool) -> np.ndarray:
         mine = mine[np.argsort(end[mine])]
         times[mine[1:]] = end[mine[1:]] - end[mine[:-1]]
     return times
+
+
+def spans(persistent: int, rec: np.ndarray) -> list:
+    """The timeline's blocks as chart spans (pykittens.bench.timeline): each block from
+    its start (in a persistent walk: its SM's block before ending) to its end, on its SM,
+    a walk's consecutive blocks in alternating colours."""
+    from pykittens.bench.timeline import Span
+    start, end, sm = blocks_of(rec)
+    begin = end - block_times(start, end, sm, bool(persistent))
+    turn = np.zeros(len(sm), np.int64)
+    for s in np.unique(sm):
+        mine = np.flatnonzero(sm == s)
+        turn[mine[np.argsort(end[mine])]] = np.arange(len(mine)) % 2
+    return [Span(int(u), b / 1e3, e / 1e3, ("even", "odd")[k] + " blocks of an SM")
+            for u, b, e, k in zip(sm, begin, end, turn)]
 
 
 def summary(size: int, persistent: int, rec: np.ndarray) -> dict:

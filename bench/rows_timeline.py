@@ -165,6 +165,23 @@ def analyse(m: int, grid: int, per: int, rec: np.ndarray) -> dict:
             "steps": int(len(stepped)), "sms": int(len(np.unique(rec[m:m + grid, 2])))}
 
 
+def spans(m: int, grid: int, rec: np.ndarray) -> list:
+    """Each workgroup's walk and its partial rows' store as chart spans
+    (pykittens.bench.timeline), on a row of its own beside the other workgroups of its SM."""
+    from pykittens.bench.timeline import Span
+    t = timelines.times(rec)
+    started, walked, stored = (t[m + k * grid:m + (k + 1) * grid] for k in range(3))
+    sm = rec[m:m + grid, 2]
+    seen: dict = {}
+    out = []
+    for w in range(grid):
+        row = int(sm[w]) * 8 + seen.setdefault(int(sm[w]), [0])[0]
+        seen[int(sm[w])][0] += 1
+        out += [Span(row, started[w] / 1e3, walked[w] / 1e3, "rows (the walk)"),
+                Span(row, walked[w] / 1e3, stored[w] / 1e3, "partial rows stored")]
+    return out
+
+
 def measure() -> tuple[list[dict], dict]:
     import torch
     from pykittens.bench.gpu import graph_time
@@ -186,6 +203,11 @@ def measure() -> tuple[list[dict], dict]:
             summed = lambda: pk.launch(column_sum, part, out, grid=cgrid, **cconsts)  # noqa
             rounds = timelines.stamped_rounds(stamped, rec)
             stamps[f"{name}|{m}x{n}"] = np.stack(rounds)
+            if os.environ.get("OUT"):
+                from pykittens.bench.timeline import chart
+                chart(spans(m, grid[0], rounds[-1]), f"{name} backward {m}x{n}",
+                      os.path.join(os.environ["OUT"], f"rows-timeline-{name}-{m}x{n}.png"),
+                      rows="workgroup, by SM")
             a = [analyse(m, grid[0], rows_per_step(consts), r) for r in rounds]
             d = {"op": name, "shape": [m, n], "grid": grid[0], "consts": consts,
                  "kernel_us": graph_time(plain, reps=20) * 1e6,

@@ -105,6 +105,27 @@ def analyse(grid: int, rec: np.ndarray, b_bytes: int) -> dict:
             "pieces": int(live[:, 0].sum()), "owners": int(owner[:, 0].sum())}
 
 
+def spans(grid: int, rec: np.ndarray) -> list:
+    """Every piece of the walk (its first consumer warpgroup's stamps) as chart spans
+    (pykittens.bench.timeline) on its SM (a split-K walk's pieces follow each other on
+    one): its products, then an owner's wait for its
+    lenders and its store of C, a lender's store of its sums, or a whole block's store."""
+    from pykittens.bench.timeline import Span
+    t = timelines.times(rec).reshape(grid * PIECES, len(EVENTS), 2)[:, :, 0]
+    sm = rec.reshape(grid * PIECES, len(EVENTS), 2, 4)[:, 0, 0, 2]
+    out = []
+    for i in np.flatnonzero(t[:, 3] > 0):
+        began, computed, waited, stored = (t[i, e] / 1e3 for e in range(len(EVENTS)))
+        unit = int(sm[i])
+        out.append(Span(unit, began, computed, "products"))
+        if waited > 0:
+            out += [Span(unit, computed, waited, "owner waits for its lenders"),
+                    Span(unit, waited, stored, "owner adds the sums, stores C")]
+        else:
+            out.append(Span(unit, computed, stored, "stores C or lends its sums"))
+    return out
+
+
 def measure():
     import torch
     from pykittens.bench.gpu import graph_time
@@ -129,6 +150,10 @@ def measure():
         err = float((c.double() - a.double() @ b.double().t()).norm() /
                     (a.double() @ b.double().t()).norm())
         stamps[f"{m}x{n}x{k}"] = np.stack(rounds)
+        if os.environ.get("OUT"):
+            from pykittens.bench.timeline import chart
+            chart(spans(grid[0], rounds[-1]), f"gemm_sk {m}x{n}x{k}, {grid[0]} workgroups",
+                  os.path.join(os.environ["OUT"], f"split-timeline-{m}x{n}x{k}.png"))
         got = [analyse(grid[0], r, n * k * 2) for r in rounds]
         d = {"shape": [m, n, k], "grid": grid[0], "consts": consts, "rel_err": err,
              "kernel_us": graph_time(plain, reps=20) * 1e6,

@@ -49,6 +49,8 @@ def test_stamped_kernels_compute_what_the_library_does(rt, shape):
         assert (rec[m:m + 3 * g, 0] > 0).sum() >= 3 * g - 1    # the very first stamp is 0
         a = rt.analyse(m, g, rt.rows_per_step(consts), rec)
         assert a["steps"] == m and a["sms"] == g, name
+        spans = rt.spans(m, g, rec)
+        assert len(spans) == 2 * g and all(s.end >= s.start for s in spans)
 
 
 def test_a_walk_of_several_steps_stamps_each_step(rt):
@@ -67,6 +69,15 @@ def test_a_walk_of_several_steps_stamps_each_step(rt):
         assert mine[0] > t_all[m + w]                             # after its start
         assert t_all[m + grid[0] + w] > mine[-1]                  # walked after its steps
         assert t_all[m + 2 * grid[0] + w] > t_all[m + grid[0] + w]   # then stored
+
+
+def test_a_timeline_chart_of_an_emulated_record(rt, tmp_path):
+    from pykittens.bench.timeline import chart
+    m, n = 40, 1024
+    name, timed, library, grid, consts, args = next(rt.launches(m, n, _tensors(m, n)))
+    rec = _both(rt, timed, library, grid, consts, args, m)
+    chart(rt.spans(m, grid[0], rec), name, str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 1000
 
 
 def test_the_analysis_reads_back_known_times(rt):

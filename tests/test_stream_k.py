@@ -257,3 +257,7 @@ def test_the_split_timeline_stamps_every_piece_of_the_walk(rng):
     assert owners[:, 0].sum() == 3 and live[:, 0].sum() > 3
     a_ = st.analyse(grid, got["rec"].astype(np.int64), n * k * 2)
     assert (a_["pieces"], a_["owners"]) == (live[:, 0].sum(), 3)
+    spans = st.spans(grid, got["rec"].astype(np.int64))
+    phases = [s.phase for s in spans]
+    assert phases.count("products") == live[:, 0].sum()
+    assert phases.count("owner waits for its lenders") == 3

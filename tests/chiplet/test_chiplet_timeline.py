@@ -82,6 +82,8 @@ def test_the_timeline_build_multiplies_and_stamps_every_block(tl):
     sched = tl.schedule(k, consts["PERSISTENT"], rec)
     side = np.asarray(targets.get("sm_90a").sm_l2_partition)
     assert (sched.place == side[sm]).all()
+    spans = tl.spans(consts["PERSISTENT"], rec)
+    assert len(spans) == blocks and all(s.end >= s.start for s in spans)
 
 
 def _synthetic(tl, sms, per_sm, steps, step_ns, jitter, skew_ns, seed=0):
