@@ -16,8 +16,9 @@ rows: what the stamps cost, and the weight gradient's second pass.
     PYKITTENS_CACHE=$PWD/.pkc_rt PYTHONPATH=.:bench python3 bench/rows_timeline.py --prebuild
     PYKITTENS_CACHE=$PWD/.pkc_rt PYTHONPATH=.:bench python3 bench/rows_timeline.py   # H200
 
-The timeline kernels are the library's (kernels/layernorm.py, kernels/rmsnorm.py) with the
-stamps added; tests/test_rows_timeline.py checks they compute what the library's do.
+The timeline kernels are the library's bodies (kernels/layernorm.py, kernels/rmsnorm.py)
+stamping through their `mark`; tests/test_rows_timeline.py checks they compute what the
+library's kernels do.
 ROWS_TIMELINE_SHAPES="MxN,..." picks other shapes. Writes $OUT/rows_timeline.json (the
 summaries) and rows_timeline.npz (the stamps); the table last."""
 from __future__ import annotations
@@ -30,8 +31,9 @@ import numpy as np
 import pykittens as pk
 import timelines
 from pykittens.kernels import ln_grad_launch, rms_grad_launch
-from pykittens.kernels.layernorm import dbias_column, norm_backward
-from pykittens.kernels.rows import ColumnSums, Feed, Rows
+from pykittens.kernels.layernorm import dbias_column, layernorm_backward
+from pykittens.kernels.rmsnorm import rmsnorm_backward
+from pykittens.kernels.rows import ColumnSums
 
 SHAPES = tuple(tuple(int(v) for v in s.split("x")) for s in
                os.environ["ROWS_TIMELINE_SHAPES"].split(",")) \
@@ -41,18 +43,20 @@ SHAPES = tuple(tuple(int(v) for v in s.split("x")) for s in
 STARTED, WALKED, STORED = range(3)
 
 
-def _stamp_walk(rows, feed, rec):
-    """The walk's steps, each stamped when done (row r0 of the record: the step's first
-    row, by the workgroup's first wave)."""
-    for out in feed.walk():
-        yield out
-        with pk.if_((pk.wave_id() == 0) & (rows.r0 < rows.m)):
-            pk.timestamp(rec, rows.r0)
+def _marks(rec):
+    """The backward bodies' mark (kernels/layernorm.py): the workgroup's first wave stamps
+    the walk's start, each step (row r0 of the record: the step's first row), the walk's end
+    and the partial rows' store (rows past the data rows: STARTED, WALKED, STORED blocks)."""
+    blocks = {"started": STARTED, "walked": WALKED, "stored": STORED}
 
-
-def _stamp(rows, rec, which):
-    with pk.if_(pk.wave_id() == 0):
-        pk.timestamp(rec, rows.m + which * pk.num_programs(0) + pk.program_id(0))
+    def mark(event, rows):
+        if event == "stepped":
+            with pk.if_((pk.wave_id() == 0) & (rows.r0 < rows.m)):
+                pk.timestamp(rec, rows.r0)
+            return
+        with pk.if_(pk.wave_id() == 0):
+            pk.timestamp(rec, rows.m + blocks[event] * pk.num_programs(0) + pk.program_id(0))
+    return mark
 
 
 @pk.kernel(num_waves=4)
@@ -65,20 +69,8 @@ def layernorm_bwd_timeline(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT",
                            WEIGHT: pk.const = 1, DW: pk.const = 1, DB: pk.const = 1,
                            STAGES: pk.const = 0, PROGRAMS: pk.const = 0, EXACT: pk.const = 0):
     """layernorm_bwd (kernels/layernorm.py), stamped (module docstring)."""
-    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
-    dws = ColumnSums(rows, part) if DW else None
-    dbs = ColumnSums(rows, part, first=dbias_column(rows.n) if DW else 0) if DB else None
-    wv = rows.vecs(w, WEIGHT)
-    feed = Feed(rows, [x, dy], per_row=[(stats, 0), (stats, 1)], STAGES=STAGES,
-                PROGRAMS=PROGRAMS)
-    _stamp(rows, rec, STARTED)
-    for (xb, dyb), (mu, rs) in _stamp_walk(rows, feed, rec):
-        norm_backward(rows, xb, dyb, wv, mu, rs, dx, dws, dbs)
-    _stamp(rows, rec, WALKED)
-    for sums in (dws, dbs):
-        if sums is not None:
-            sums.finish()
-    _stamp(rows, rec, STORED)
+    layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK, SPLIT,
+                       WEIGHT, DW, DB, STAGES, PROGRAMS, EXACT, mark=_marks(rec))
 
 
 @pk.kernel(num_waves=4)
@@ -91,22 +83,8 @@ def rmsnorm_bwd_timeline(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1
                          DW: pk.const = 1, RESIDUAL: pk.const = 0, STAGES: pk.const = 0,
                          PROGRAMS: pk.const = 0, EXACT: pk.const = 0):
     """rmsnorm_bwd (kernels/rmsnorm.py), stamped (module docstring)."""
-    rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
-    dws = ColumnSums(rows, dw_part) if DW else None
-    wv = rows.vecs(w, WEIGHT)
-    staged_ds = RESIDUAL and STAGES
-    feed = Feed(rows, [x, dy] + ([ds] if staged_ds else []), per_row=[(rstd, None)],
-                STAGES=STAGES, PROGRAMS=PROGRAMS)
-    _stamp(rows, rec, STARTED)
-    for blocks, (rs,) in _stamp_walk(rows, feed, rec):
-        extra = None
-        if RESIDUAL:
-            extra = blocks[2] if staged_ds else (lambda j: pk.load(rows.block, ds, rows.at(j)))
-        norm_backward(rows, blocks[0], blocks[1], wv, None, rs, dx, dws, None, extra=extra)
-    _stamp(rows, rec, WALKED)
-    if dws is not None:
-        dws.finish()
-    _stamp(rows, rec, STORED)
+    rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
+                     SPLIT, WEIGHT, DW, RESIDUAL, STAGES, PROGRAMS, EXACT, mark=_marks(rec))
 
 
 def launches(m, n, tensors):

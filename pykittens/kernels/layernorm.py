@@ -221,14 +221,34 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     wave when the rows are looped: rows.ColumnSums.partial_rows); STAGES >= 2 stages x and
     dy in shared memory (rows.Feed). EXACT=1: held rows of exactly N_MAX columns
     (rows.Rows)."""
+    layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
+                       SPLIT, WEIGHT, DW, DB, STAGES, PROGRAMS, EXACT)
+
+
+def layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK, SPLIT,
+                       WEIGHT, DW, DB, STAGES, PROGRAMS, EXACT, mark=None) -> Rows:
+    """layernorm_bwd's body, for the kernels that add to it (its rows returned): mark(event,
+    rows), where given, is called by every wave at "started" (the walk), "stepped" (after
+    each step's rows), "walked" and "stored" (its partial rows), e.g. to stamp a timeline
+    (bench/rows_timeline.py)."""
+    mark = mark or _no_mark
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     dws = ColumnSums(rows, part) if DW else None
     dbs = ColumnSums(rows, part, first=dbias_column(rows.n) if DW else 0) if DB else None
     wv = rows.vecs(w, WEIGHT)
     feed = Feed(rows, [x, dy], per_row=[(stats, 0), (stats, 1)], STAGES=STAGES,
                 PROGRAMS=PROGRAMS)
+    mark("started", rows)
     for (xb, dyb), (mu, rs) in feed.walk():
         norm_backward(rows, xb, dyb, wv, mu, rs, dx, dws, dbs)
+        mark("stepped", rows)
+    mark("walked", rows)
     for sums in (dws, dbs):
         if sums is not None:
             sums.finish()
+    mark("stored", rows)
+    return rows
+
+
+def _no_mark(event, rows) -> None:
+    """A backward body's mark where the kernel marks nothing."""

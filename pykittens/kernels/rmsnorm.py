@@ -2,7 +2,7 @@
 the row schedules of `rows.Rows` (statistics in f32)."""
 import pykittens as pk
 
-from .layernorm import _store_affine, norm_backward
+from .layernorm import _no_mark, _store_affine, norm_backward
 from .rows import ColumnSums, Feed, Rows
 
 
@@ -72,6 +72,15 @@ def rmsnorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     """dx of rmsnorm (rstd from its STATS=1 run; x is add_rmsnorm's s when fused), plus ds
     with RESIDUAL=1 (the gradient reaching add_rmsnorm's s output directly), and partial
     column sums of dy * xhat in dw_part (DW), as layernorm_bwd; EXACT as its."""
+    rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
+                     SPLIT, WEIGHT, DW, RESIDUAL, STAGES, PROGRAMS, EXACT)
+
+
+def rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
+                     SPLIT, WEIGHT, DW, RESIDUAL, STAGES, PROGRAMS, EXACT, mark=None) -> Rows:
+    """rmsnorm_bwd's body, for the kernels that add to it (its rows returned); mark as
+    layernorm_backward's."""
+    mark = mark or _no_mark
     rows = Rows(x, RESIDENT, SPLIT, ROWS, COLS, N_MAX, CHUNK, EXACT)
     dws = ColumnSums(rows, dw_part) if DW else None
     wv = rows.vecs(w, WEIGHT)
@@ -79,10 +88,15 @@ def rmsnorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     staged_ds = RESIDUAL and STAGES
     feed = Feed(rows, [x, dy] + ([ds] if staged_ds else []), per_row=[(rstd, None)],
                 STAGES=STAGES, PROGRAMS=PROGRAMS)
+    mark("started", rows)
     for blocks, (rs,) in feed.walk():
         extra = None
         if RESIDUAL:
             extra = blocks[2] if staged_ds else (lambda j: pk.load(rows.block, ds, rows.at(j)))
         norm_backward(rows, blocks[0], blocks[1], wv, None, rs, dx, dws, None, extra=extra)
+        mark("stepped", rows)
+    mark("walked", rows)
     if dws is not None:
         dws.finish()
+    mark("stored", rows)
+    return rows
