@@ -258,7 +258,8 @@ BWD_VARIANTS = {**USUAL_LAUNCH, "3 stages": {"rows.STAGED_STAGES": 3},
                 "as many workgroups as the SMs hold": {"rows.STAGED_FULL_STEPS": False},
                 "full steps only as many as the SMs' workgroups take": {
                     "rows.STAGED_EXTRA_STEPS": 0},
-                "partial sums written back (no discard)": {"rows.DISCARD_PARTS": False}}
+                "partial sums written back (no discard)": {"rows.DISCARD_PARTS": False},
+                "column sums in the walk's kernel": {"rows.FUSED_SUMS": True}}
 BWD_VARIANT_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 # backward passes asked for the inputs' gradients alone: no per-column sums, no column_sum
 # (what the weight's and bias's gradients cost on top)

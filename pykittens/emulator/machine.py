@@ -1458,5 +1458,7 @@ def run_program(prog: LaneProgram, args: dict, grid, wave_order: str = "forward"
     """Run `prog` over `grid` (tuple of up to 3 ints). `args` maps parameter names to numpy
     arrays (global tensors) or numbers (scalars); the same array under two names is one
     buffer. Returns the global tensors after the run (new arrays; the inputs are not
-    modified)."""
-    return World([(prog, args, grid, "")], prog.target.num_cus, wave_order).run()[0]
+    modified). As many workgroups are resident at once as the program was built to fit
+    (programs_per_cu a compute unit, else one)."""
+    return World([(prog, args, grid, "")], prog.target.num_cus * max(1, prog.programs_per_cu),
+                 wave_order).run()[0]

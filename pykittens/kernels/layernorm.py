@@ -12,7 +12,7 @@ Schedules, chosen by compile-time constants:
 """
 import pykittens as pk
 
-from .rows import ColumnSums, Feed, Rows
+from .rows import ColumnSums, Feed, Rows, fused_column_sums
 
 
 def _normalize(rows, x, xb, wv, bv, out, stats, eps, STATS):
@@ -223,6 +223,26 @@ def layernorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     (rows.Rows)."""
     layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
                        SPLIT, WEIGHT, DW, DB, STAGES, PROGRAMS, EXACT)
+
+
+@pk.kernel(num_waves=4)
+def layernorm_bwd_fused(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
+                        stats: pk.gl[pk.f32, 2], dx: pk.gl["DT", 2], part: pk.gl[pk.f32, 2],
+                        dweight: pk.gl["DT", 1], dbias: pk.gl["DT", 1],
+                        flags: pk.gl[pk.i32, 1], DT: pk.const = None, ROWS: pk.const = 1,
+                        COLS: pk.const = 1024, RESIDENT: pk.const = 0,
+                        N_MAX: pk.const = 8192, CHUNK: pk.const = 512, SPLIT: pk.const = 0,
+                        WEIGHT: pk.const = 1, DW: pk.const = 1, DB: pk.const = 1,
+                        STAGES: pk.const = 0, PROGRAMS: pk.const = 0, EXACT: pk.const = 0):
+    """layernorm_bwd with its column sums added up in the same launch (rows.
+    fused_column_sums: a grid-wide barrier, so every workgroup must be resident at
+    once): dweight and dbias (DW, DB) written directly, `part` scratch, `flags` two i32
+    zeros (left zero)."""
+    rows = layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
+                              SPLIT, WEIGHT, DW, DB, STAGES, PROGRAMS, EXACT)
+    first = dbias_column(rows.n) if DW else 0
+    fused_column_sums(([(part, dweight, 0)] if DW else []) +
+                      ([(part, dbias, first)] if DB else []), flags)
 
 
 def layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK, SPLIT,

@@ -3,7 +3,7 @@ the row schedules of `rows.Rows` (statistics in f32)."""
 import pykittens as pk
 
 from .layernorm import _no_mark, _store_affine, norm_backward
-from .rows import ColumnSums, Feed, Rows
+from .rows import ColumnSums, Feed, Rows, fused_column_sums
 
 
 def _rms(rows, sb, wv, out, rstd_out, eps, STATS):
@@ -74,6 +74,22 @@ def rmsnorm_bwd(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
     column sums of dy * xhat in dw_part (DW), as layernorm_bwd; EXACT as its."""
     rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
                      SPLIT, WEIGHT, DW, RESIDUAL, STAGES, PROGRAMS, EXACT)
+
+
+@pk.kernel(num_waves=4)
+def rmsnorm_bwd_fused(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
+                      rstd: pk.gl[pk.f32, 1], ds: pk.gl["DT", 2], dx: pk.gl["DT", 2],
+                      dw_part: pk.gl[pk.f32, 2], dweight: pk.gl["DT", 1],
+                      flags: pk.gl[pk.i32, 1], DT: pk.const = None, ROWS: pk.const = 1,
+                      COLS: pk.const = 1024, RESIDENT: pk.const = 0, N_MAX: pk.const = 8192,
+                      CHUNK: pk.const = 512, SPLIT: pk.const = 0, WEIGHT: pk.const = 1,
+                      RESIDUAL: pk.const = 0, STAGES: pk.const = 0, PROGRAMS: pk.const = 0,
+                      EXACT: pk.const = 0):
+    """rmsnorm_bwd (DW=1) with its column sums added up in the same launch, as
+    layernorm_bwd_fused: dweight written directly, dw_part scratch, flags two i32 zeros."""
+    rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
+                     SPLIT, WEIGHT, 1, RESIDUAL, STAGES, PROGRAMS, EXACT)
+    fused_column_sums([(dw_part, dweight, 0)], flags)
 
 
 def rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,

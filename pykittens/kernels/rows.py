@@ -509,24 +509,68 @@ def column_sum(part: pk.gl["PT", 2], out: pk.gl["DT", 1], PT: pk.const = None,
     PARTS=p: part has p rows (known at launch), so each wave's loads are unrolled and all
     in flight at once instead of one after another. DISCARD=1: part is scratch, dead once
     read (pk.discard: its lines leave L2 without being written back to memory)."""
-    p, n = part.shape
-    c0 = pk.program_id(0) * COLS
+    sum_columns(part, out, pk.program_id(0) * COLS, ROWS, COLS, PARTS, DISCARD)
+
+
+def sum_columns(part, out, c0, ROWS, COLS, PARTS=0, DISCARD=0, first=0, shared=False):
+    """column_sum's body for one slice: out[c0 .. c0 + COLS) = the sums over part's rows
+    of its columns first + c0 .. (f32, rounded once to out's type), the workgroup's waves
+    taking every num_waves-th block of ROWS rows. shared: part holds other sums' columns
+    beside these, so loads and discards stop where out's columns do."""
+    p = part.shape[0]
     step = pk.num_waves() * ROWS
     tile = pk.rt((ROWS, COLS), pk.f32)
     acc = pk.zeros(tile)
-    first = pk.wave_id() * ROWS
+    r0 = pk.wave_id() * ROWS
+    col = c0 if isinstance(first, int) and first == 0 else c0 + first
+    bound = {"end": (None, first + out.shape[0])} if shared else {}
 
     def blocks():
         return pk.static_range(-(-PARTS // step)) if PARTS else \
             pk.range((p + step - 1) // step)
     for i in blocks():
-        acc += pk.load(tile, part, (i * step + first, c0))
+        acc += pk.load(tile, part, (i * step + r0, col), **bound)
     if DISCARD:          # after the loop: every load of the wave's rows is in its sum
         for i in blocks():
-            pk.discard(part, tile, (i * step + first, c0))
+            pk.discard(part, tile, (i * step + r0, col), **bound)
     total = pk.workgroup_sum(pk.col_sum(acc))
     with pk.if_(pk.wave_id() == 0):
         pk.store(out, total, (c0,))
+
+
+# the column sums added up inside a norm's backward (fused_column_sums): slices of
+# column_sum's width, each wave 16 rows at a time
+FUSED_ROWS = 16
+
+
+def fused_column_sums(sums, flags) -> None:
+    """After a backward walk's partial rows (ColumnSums.finish): the walk's workgroups
+    meet at a grid-wide barrier — each counts itself in flags[0] (release at GPU scope)
+    and waits until all have — then workgroup w adds up column slices w, w + G, ... of
+    every (part, out, first) of `sums` into out (sum_columns, the partial rows dropped
+    from L2 once read), and counts itself in flags[1]; workgroup 0 waits for that count
+    and zeroes both for the next launch. Instead of column_sum's launch: its fixed
+    start and its read of the partial rows after the walk's kernel has ended. Every
+    workgroup of the grid must be resident at once (Feed's PROGRAMS an SM, the grid at
+    most that many an SM); flags is zero before the launch and left zero."""
+    g = pk.num_programs(0)
+    w = pk.program_id(0)
+    pk.barrier()                         # every wave's partial rows are stored
+    with pk.if_(pk.wave_id() == 0):
+        pk.signal(flags, 0, 1, add=True, scope="gpu")
+    pk.wait_flag(flags, 0, g, tma=False, scope="gpu")
+    for part, out, first in sums:
+        slices = (out.shape[0] + SUM_COLS - 1) // SUM_COLS
+        for j in pk.range((slices - w + g - 1) // g):
+            sum_columns(part, out, (w + j * g) * SUM_COLS, FUSED_ROWS, SUM_COLS,
+                        DISCARD=1, first=first, shared=len(sums) > 1)
+    pk.barrier()
+    with pk.if_(pk.wave_id() == 0):
+        pk.signal(flags, 1, 1, add=True, scope="gpu")
+    with pk.if_((w == 0) & (pk.wave_id() == 0)):
+        pk.wait_flag(flags, 1, g, tma=False, scope="gpu")
+        pk.signal(flags, 0, 0, scope="gpu")
+        pk.signal(flags, 1, 0, scope="gpu")
 
 
 # column_sum's schedule where the number of partial rows is known: 8 waves of 16-row loads,
@@ -537,6 +581,19 @@ SUM_SCHEDULE = {"ROWS": 16, "num_waves": 8}
 # the norms' partial rows are scratch: column_sum drops them from L2 once read
 # (DISCARD=1), so they are not written back to memory after the call
 DISCARD_PARTS = True
+# the norms' backward adds up its own column sums (the *_bwd_fused kernels:
+# fused_column_sums) where its whole grid is resident, instead of launching column_sum:
+# not measured on a GPU yet, so off (bench/ops_bandwidth.py's variants step times it)
+FUSED_SUMS = False
+
+
+def fuses_sums(grid: int, consts: dict, target) -> bool:
+    """Whether a backward walk of `grid` workgroups under `consts` adds up its column sums
+    itself (FUSED_SUMS): only where it is built to fit PROGRAMS workgroups an SM and the
+    grid is at most that many an SM, so all are resident for fused_column_sums' barrier."""
+    from ..targets import get
+    programs = consts.get("PROGRAMS", 0)
+    return FUSED_SUMS and programs >= 1 and grid <= programs * get(target).num_cus
 
 
 def column_sum_launch(n: int, parts: int | None = None, **consts):

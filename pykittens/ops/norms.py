@@ -10,12 +10,12 @@ import torch
 
 from ..ir.types import dtype_of
 from ..kernels import ln_launch, ln_grad_launch, rms_grad_launch, stats_launch
-from ..kernels.layernorm import dbias_column, layernorm, layernorm_bwd
-from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd
+from ..kernels.layernorm import dbias_column, layernorm, layernorm_bwd, layernorm_bwd_fused
+from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd, rmsnorm_bwd_fused
 from ..kernels import rows as row_kernels
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
 from .run import (check_same, check_tensor, custom_op, kernel_output, placeholder, replayable,
-                  run, target_of)
+                  run, target_of, workspace)
 
 F32 = torch.float32
 
@@ -156,14 +156,24 @@ def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | No
     width = _sums_width(n, dw, db)
     if x.numel() == 0:
         return dx, x.new_zeros((width,))
-    grid, consts = ln_grad_launch({"x": x, "dy": dy}, target_of(x), dw, db)
+    target = target_of(x)
+    grid, consts = ln_grad_launch({"x": x, "dy": dy}, target, dw, db)
+    fused = width > 0 and row_kernels.fuses_sums(grid[0], consts, target)
     part = _column_sums(x, grid, consts, width, width > 0,
-                        gaps=dw and db and dbias_column(n) != n)
-    run(layernorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
-                        "stats": stats, "dx": dx, "part": part}, grid,
-        {**consts, "WEIGHT": int(weight is not None), "DW": int(dw), "DB": int(db)},
-        ("dx", "part"))
-    return dx, _column_sum(part, x, width > 0)
+                        gaps=dw and db and dbias_column(n) != n and not fused)
+    args = {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
+            "stats": stats, "dx": dx, "part": part}
+    consts = {**consts, "WEIGHT": int(weight is not None), "DW": int(dw), "DB": int(db)}
+    if not fused:
+        run(layernorm_bwd, args, grid, consts, ("dx", "part"))
+        return dx, _column_sum(part, x, width > 0)
+    sums = kernel_output(x, (width,))          # dweight, then dbias from _dbias_at(n, dw)
+    first = _dbias_at(n, dw)
+    run(layernorm_bwd_fused, {**args, "dweight": sums[:n] if dw else placeholder(x, 1),
+                              "dbias": sums[first:first + n] if db else placeholder(x, 1),
+                              "flags": workspace(x, "norm_bwd.flags", (2,), torch.int32)},
+        grid, consts, ("dx", "dweight", "dbias"))
+    return dx, sums
 
 
 @_layer_norm_bwd.register_fake
@@ -271,14 +281,21 @@ def _rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
     dx = x.new_empty((m, n))
     if x.numel() == 0:
         return dx, x.new_zeros((n if dw else 0,))
-    grid, consts = rms_grad_launch({"x": x, "dy": dy, "ds": ds}, target_of(x), ds is not None,
-                                   dw)
+    target = target_of(x)
+    grid, consts = rms_grad_launch({"x": x, "dy": dy, "ds": ds}, target, ds is not None, dw)
     part = _column_sums(x, grid, consts, n, dw)
-    run(rmsnorm_bwd, {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
-                      "rstd": rstd, "ds": placeholder(x, 2) if ds is None else ds, "dx": dx,
-                      "dw_part": part}, grid,
-        {**consts, "WEIGHT": int(weight is not None), "DW": int(dw)}, ("dx", "dw_part"))
-    return dx, _column_sum(part, x, dw)
+    args = {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
+            "rstd": rstd, "ds": placeholder(x, 2) if ds is None else ds, "dx": dx,
+            "dw_part": part}
+    consts = {**consts, "WEIGHT": int(weight is not None)}
+    if not (dw and row_kernels.fuses_sums(grid[0], consts, target)):
+        run(rmsnorm_bwd, args, grid, {**consts, "DW": int(dw)}, ("dx", "dw_part"))
+        return dx, _column_sum(part, x, dw)
+    dweight = kernel_output(x, (n,))
+    run(rmsnorm_bwd_fused, {**args, "dweight": dweight,
+                            "flags": workspace(x, "norm_bwd.flags", (2,), torch.int32)},
+        grid, consts, ("dx", "dweight"))
+    return dx, dweight
 
 
 @_rms_norm_bwd.register_fake
