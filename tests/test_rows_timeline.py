@@ -24,7 +24,8 @@ def _tensors(m, n, seed=0):
             "ds": rng.standard_normal((m, n)).astype(bf), "dx": np.zeros((m, n), bf),
             "w": rng.standard_normal(n).astype(bf),
             "stats": (rng.random((2, m)) + 0.5).astype(np.float32),
-            "part": lambda r, c: np.zeros((r, c), np.float32)}
+            "part": lambda r, c: np.zeros((r, c), np.float32),
+            "vec": lambda k: np.zeros(k, bf), "flags": lambda: np.zeros(2, np.int32)}
 
 
 def _both(rt, timed, library, grid, consts, args, m):
@@ -43,14 +44,19 @@ def _both(rt, timed, library, grid, consts, args, m):
 @pytest.mark.parametrize("shape", [(40, 1024), (10, 4096)])
 def test_stamped_kernels_compute_what_the_library_does(rt, shape):
     m, n = shape
+    names = []
     for name, timed, library, grid, consts, args in rt.launches(m, n, _tensors(m, n)):
+        names.append(name)
         rec = _both(rt, timed, library, grid, consts, args, m)
-        g = grid[0]
-        assert (rec[m:m + 3 * g, 0] > 0).sum() >= 3 * g - 1    # the very first stamp is 0
+        g, events = grid[0], 5 if name.endswith("fused") else 3
+        assert (rec[m:m + events * g, 0] > 0).sum() >= events * g - 1   # the first is 0
         a = rt.analyse(m, g, rt.rows_per_step(consts), rec)
         assert a["steps"] == m and a["sms"] == g, name
+        assert (a["slices_us"] > 0) == name.endswith("fused")
         spans = rt.spans(m, g, rec)
-        assert len(spans) == 2 * g and all(s.end >= s.start for s in spans)
+        assert len(spans) == (events - 1) * g and all(s.end >= s.start for s in spans)
+    # the staged plan (10 x 4096) builds its workgroups to be resident: the fused sums too
+    assert ("layer_norm fused" in names) == (shape == (10, 4096))
 
 
 def test_a_walk_of_several_steps_stamps_each_step(rt):

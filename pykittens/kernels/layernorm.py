@@ -238,11 +238,22 @@ def layernorm_bwd_fused(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1]
     fused_column_sums: a grid-wide barrier, so every workgroup must be resident at
     once): dweight and dbias (DW, DB) written directly, `part` scratch, `flags` two i32
     zeros (left zero)."""
+    layernorm_backward_fused(x, dy, w, stats, dx, part, dweight, dbias, flags, ROWS, COLS,
+                             RESIDENT, N_MAX, CHUNK, SPLIT, WEIGHT, DW, DB, STAGES, PROGRAMS,
+                             EXACT)
+
+
+def layernorm_backward_fused(x, dy, w, stats, dx, part, dweight, dbias, flags, ROWS, COLS,
+                             RESIDENT, N_MAX, CHUNK, SPLIT, WEIGHT, DW, DB, STAGES, PROGRAMS,
+                             EXACT, mark=None) -> None:
+    """layernorm_bwd_fused's body; mark as layernorm_backward's, and "met" / "summed" of
+    rows.fused_column_sums (called with the rows as the other events are)."""
     rows = layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
-                              SPLIT, WEIGHT, DW, DB, STAGES, PROGRAMS, EXACT)
+                              SPLIT, WEIGHT, DW, DB, STAGES, PROGRAMS, EXACT, mark)
     first = dbias_column(rows.n) if DW else 0
     fused_column_sums(([(part, dweight, 0)] if DW else []) +
-                      ([(part, dbias, first)] if DB else []), flags)
+                      ([(part, dbias, first)] if DB else []), flags,
+                      None if mark is None else (lambda event: mark(event, rows)))
 
 
 def layernorm_backward(x, dy, w, stats, dx, part, ROWS, COLS, RESIDENT, N_MAX, CHUNK, SPLIT,

@@ -87,9 +87,19 @@ def rmsnorm_bwd_fused(x: pk.gl["DT", 2], dy: pk.gl["DT", 2], w: pk.gl["DT", 1],
                       EXACT: pk.const = 0):
     """rmsnorm_bwd (DW=1) with its column sums added up in the same launch, as
     layernorm_bwd_fused: dweight written directly, dw_part scratch, flags two i32 zeros."""
-    rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,
-                     SPLIT, WEIGHT, 1, RESIDUAL, STAGES, PROGRAMS, EXACT)
-    fused_column_sums([(dw_part, dweight, 0)], flags)
+    rmsnorm_backward_fused(x, dy, w, rstd, ds, dx, dw_part, dweight, flags, ROWS, COLS,
+                           RESIDENT, N_MAX, CHUNK, SPLIT, WEIGHT, RESIDUAL, STAGES, PROGRAMS,
+                           EXACT)
+
+
+def rmsnorm_backward_fused(x, dy, w, rstd, ds, dx, dw_part, dweight, flags, ROWS, COLS,
+                           RESIDENT, N_MAX, CHUNK, SPLIT, WEIGHT, RESIDUAL, STAGES, PROGRAMS,
+                           EXACT, mark=None) -> None:
+    """rmsnorm_bwd_fused's body; mark as layernorm_backward_fused's."""
+    rows = rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX,
+                            CHUNK, SPLIT, WEIGHT, 1, RESIDUAL, STAGES, PROGRAMS, EXACT, mark)
+    fused_column_sums([(dw_part, dweight, 0)], flags,
+                      None if mark is None else (lambda event: mark(event, rows)))
 
 
 def rmsnorm_backward(x, dy, w, rstd, ds, dx, dw_part, ROWS, COLS, RESIDENT, N_MAX, CHUNK,

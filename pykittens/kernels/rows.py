@@ -543,7 +543,7 @@ def sum_columns(part, out, c0, ROWS, COLS, PARTS=0, DISCARD=0, first=0, shared=F
 FUSED_ROWS = 16
 
 
-def fused_column_sums(sums, flags) -> None:
+def fused_column_sums(sums, flags, mark=None) -> None:
     """After a backward walk's partial rows (ColumnSums.finish): the walk's workgroups
     meet at a grid-wide barrier — each counts itself in flags[0] (release at GPU scope)
     and waits until all have — then workgroup w adds up column slices w, w + G, ... of
@@ -552,18 +552,24 @@ def fused_column_sums(sums, flags) -> None:
     and zeroes both for the next launch. Instead of column_sum's launch: its fixed
     start and its read of the partial rows after the walk's kernel has ended. Every
     workgroup of the grid must be resident at once (Feed's PROGRAMS an SM, the grid at
-    most that many an SM); flags is zero before the launch and left zero."""
+    most that many an SM); flags is zero before the launch and left zero. mark(event),
+    where given, is called by every wave when the workgroups have "met" and when its
+    slices are "summed" (bench/rows_timeline.py)."""
     g = pk.num_programs(0)
     w = pk.program_id(0)
     pk.barrier()                         # every wave's partial rows are stored
     with pk.if_(pk.wave_id() == 0):
         pk.signal(flags, 0, 1, add=True, scope="gpu")
     pk.wait_flag(flags, 0, g, tma=False, scope="gpu")
+    if mark is not None:
+        mark("met")
     for part, out, first in sums:
         slices = (out.shape[0] + SUM_COLS - 1) // SUM_COLS
         for j in pk.range((slices - w + g - 1) // g):
             sum_columns(part, out, (w + j * g) * SUM_COLS, FUSED_ROWS, SUM_COLS,
                         DISCARD=1, first=first, shared=len(sums) > 1)
+    if mark is not None:
+        mark("summed")
     pk.barrier()
     with pk.if_(pk.wave_id() == 0):
         pk.signal(flags, 1, 1, add=True, scope="gpu")
@@ -587,13 +593,19 @@ DISCARD_PARTS = True
 FUSED_SUMS = False
 
 
-def fuses_sums(grid: int, consts: dict, target) -> bool:
-    """Whether a backward walk of `grid` workgroups under `consts` adds up its column sums
-    itself (FUSED_SUMS): only where it is built to fit PROGRAMS workgroups an SM and the
-    grid is at most that many an SM, so all are resident for fused_column_sums' barrier."""
+def all_resident(grid: int, consts: dict, target) -> bool:
+    """Whether every workgroup of a backward walk of `grid` workgroups under `consts` is
+    resident at once: built to fit PROGRAMS workgroups an SM, and at most that many an SM
+    (what fused_column_sums' barrier needs)."""
     from ..targets import get
     programs = consts.get("PROGRAMS", 0)
-    return FUSED_SUMS and programs >= 1 and grid <= programs * get(target).num_cus
+    return programs >= 1 and grid <= programs * get(target).num_cus
+
+
+def fuses_sums(grid: int, consts: dict, target) -> bool:
+    """Whether the ops' backward adds up its column sums itself (FUSED_SUMS, where
+    all_resident)."""
+    return FUSED_SUMS and all_resident(grid, consts, target)
 
 
 def column_sum_launch(n: int, parts: int | None = None, **consts):
