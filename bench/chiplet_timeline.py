@@ -16,6 +16,8 @@ models with fitted constants (sim.Timing), measured instead:
     PYKITTENS_CACHE=$PWD/.pkc_tl PYTHONPATH=.:bench python3 bench/chiplet_timeline.py --prebuild
     PYKITTENS_CACHE=$PWD/.pkc_tl PYTHONPATH=.:bench python3 bench/chiplet_timeline.py   # H200
     PYTHONPATH=.:bench python3 bench/chiplet_timeline.py --table TIMELINE.npz RUN.json ...
+    PYTHONPATH=.:bench python3 bench/chiplet_timeline.py --reach RUN.json ...
+                          # no GPU: the L2 hit rates any dispatch gives, against ncu's
 
 CHIPLET_L2_SIZES picks sizes as in chiplet_l2.py; CHIPLET_TIMELINE_ROUNDS (default 2)
 timelines a case, each after one warm launch (the caches warm, as in a run of layers; ncu's
@@ -206,6 +208,36 @@ def table(stamps: dict, runs: list[dict]) -> str:
                              "DRAM MB measured"]) + ("\n" + foot if foot else "")
 
 
+# --reach's grid of dispatch constants (sim.Timing): the tiles' and walks' jitter and the
+# launch skew, from none to well past what chiplet_l2.py's fit found
+REACH_GRID = {"tile_jitter": (0.0, 0.05, 0.2, 0.4), "walk_jitter": (0.0, 0.05, 0.2),
+              "launch_skew": (0.0, 0.04, 0.1)}
+
+
+def reach(runs: list[dict]) -> str:
+    """For each measured case, the L2 hit rates the simulator gives over REACH_GRID's
+    dispatch constants, and whether ncu's lies within 5 points of that range: a case no
+    dispatch brings within 5 points is an error of the cache model (how it counts
+    lookups), which measuring the dispatch cannot mend."""
+    import itertools
+    from pykittens.bench import text_table
+    from pykittens.chiplet.sim import Timing
+    timings = [Timing(**dict(zip(REACH_GRID, v)))
+               for v in itertools.product(*REACH_GRID.values())]
+    rows, reachable = [], 0
+    for d in runs:
+        hits = [modeled(d["size"], d["order"], d["persistent"], t)[0] for t in timings]
+        lo, hi = min(hits), max(hits)
+        ok = lo - 0.05 <= d["l2_hit_ncu"] <= hi + 0.05
+        reachable += ok
+        rows.append([f"{d['size']}³", d["order"], "persistent" if d["persistent"] else
+                     "per tile", f"{d['l2_hit_ncu']:.1%}", f"{lo:.1%} .. {hi:.1%}",
+                     "yes" if ok else "no"])
+    return text_table(rows, ["shape", "order", "grid", "L2 ncu", "L2 simulated, any dispatch",
+                             "within 5 points"]) + \
+        f"\nwithin 5 points of some dispatch: {reachable} of {len(runs)}"
+
+
 def load(path: str) -> dict:
     with np.load(path) as f:
         return {k: f[k] for k in f.files}
@@ -213,13 +245,14 @@ def load(path: str) -> dict:
 
 def main() -> int:
     import json
-    if "--table" in sys.argv:
-        paths = sys.argv[sys.argv.index("--table") + 1:]
+    if "--table" in sys.argv or "--reach" in sys.argv:
+        flag = "--table" if "--table" in sys.argv else "--reach"
+        paths = sys.argv[sys.argv.index(flag) + 1:]
         runs = []
-        for p in paths[1:]:
+        for p in paths[flag == "--table":]:
             with open(p) as f:
                 runs += [d for d in json.load(f)["results"] if "l2_hit_ncu" in d]
-        print(table(load(paths[0]), runs))
+        print(table(load(paths[0]), runs) if flag == "--table" else reach(runs))
         return 0
     stamps = {}
 

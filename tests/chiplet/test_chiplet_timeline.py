@@ -120,3 +120,13 @@ def test_the_analysis_reads_back_a_known_timeline(tl):
     assert 0.8 * jitter < s["jitter"] < jitter
     # the last SM starts 63 skews after the first
     assert s["start_skew_steps"] == pytest.approx(63 * skew / s["step_ns"], rel=0.01)
+
+
+def test_reach_brackets_each_case_by_the_dispatch_grid(tl, monkeypatch):
+    monkeypatch.setattr(tl, "REACH_GRID", {"tile_jitter": (0.0, 0.4), "walk_jitter": (0.0,),
+                                           "launch_skew": (0.0, 0.1)})
+    hit, _, _ = tl.modeled(4096, "row-major", 0, sim.Timing(tile_jitter=0.4))
+    near = {"size": 4096, "order": "row-major", "persistent": 0, "l2_hit_ncu": hit}
+    far = {**near, "l2_hit_ncu": hit - 0.5}
+    out = tl.reach([near, far])
+    assert out.splitlines()[-1] == "within 5 points of some dispatch: 1 of 2"
