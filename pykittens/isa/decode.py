@@ -85,7 +85,7 @@ class DecodeError(ValueError):
 
 
 # s_getreg_b32's registers the emulator reads (pk.timestamp's), by the disassembler's names
-HWREGS = {"HW_REG_HW_ID": 4, "HW_REG_XCC_ID": 20}
+HWREGS = cdna.HW_REG_IDS
 _HWREG = re.compile(r"hwreg\((\w+)(?:,\s*(\d+),\s*(\d+))?\)")
 
 

@@ -7,6 +7,7 @@ the CDNA4 guide has the same scalar instructions. Each entry computes
 """
 from __future__ import annotations
 
+from ..targets import cdna
 from .operands import sdst, ssrc, to_signed
 
 M32, M64 = 0xFFFFFFFF, (1 << 64) - 1
@@ -257,11 +258,12 @@ def _getreg(inst):
     """S_GETREG_B32 sdst, hwreg: `size` bits of a hardware register from bit `offset`.
     The registers pk.timestamp reads, with the emulators' placement of the wave
     (Target.emulated_place): HW_ID and XCC_ID."""
-    d, enc = sdst(inst.ops[0]), inst.ops[1].value
-    reg, offset, size = enc & 0x3F, (enc >> 6) & 0x1F, ((enc >> 11) & 0x1F) + 1
+    d = sdst(inst.ops[0])
+    reg, offset, size = cdna.hwreg_fields(inst.ops[1].value)
+    hw_id = reg == cdna.HW_REG_IDS["HW_REG_HW_ID"]
 
     def getreg(w):
         unit, xcc = w.wg.run.prog_target.emulated_place(w.wg.index, w.id)
-        full = unit if reg == 4 else xcc
+        full = unit if hw_id else xcc
         d(w, (full >> offset) & ((1 << size) - 1))
     return getreg

@@ -109,11 +109,17 @@ def hwreg(reg_id: int, offset: int = 0, size: int = 32) -> int:
     return reg_id | (offset << 6) | ((size - 1) << 11)
 
 
-# pk.timestamp reads whole hardware registers: HW_ID (id 4: wave, SIMD, CU, shader array
-# and engine ids) and, on CDNA3/4, XCC_ID (id 20: the chiplet), the ids of LLVM's
-# HW_REG_HW_ID and HW_REG_XCC_ID for gfx940+
-HWREG_HW_ID = hwreg(4)
-HWREG_XCC_ID = hwreg(20)
+def hwreg_fields(operand: int) -> tuple[int, int, int]:
+    """(register id, first bit, size) of an s_getreg_b32 operand (hwreg's inverse)."""
+    return operand & 0x3F, (operand >> 6) & 0x1F, ((operand >> 11) & 0x1F) + 1
+
+
+# pk.timestamp reads whole hardware registers: HW_ID (wave, SIMD, CU, shader array and
+# engine ids) and, on CDNA3/4, XCC_ID (the chiplet); their ids, by LLVM's names for gfx940+
+# (what the disassembler prints)
+HW_REG_IDS = {"HW_REG_HW_ID": 4, "HW_REG_XCC_ID": 20}
+HWREG_HW_ID = hwreg(HW_REG_IDS["HW_REG_HW_ID"])
+HWREG_XCC_ID = hwreg(HW_REG_IDS["HW_REG_XCC_ID"])
 
 
 def _mfma_ab(mn: int, k: int, name_dim: int, krun: int | None = None) -> tuple:
