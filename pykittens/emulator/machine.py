@@ -430,12 +430,10 @@ class _Machine:
         row = int(self.read(w, op, op.srcs[1]))
         if not 0 <= row < buf.shape[0]:
             return
-        gx, gy = self.grid[0], self.grid[1]
         when = self.world.stamps
         self.world.stamps += 1
-        words = (when & 0xFFFFFFFF, when >> 32,
-                 *self.p.target.emulated_place(w.pid[0] + gx * (w.pid[1] + gy * w.pid[2]),
-                                               w.local))
+        words = (when & 0xFFFFFFFF, when >> 32,       # the workgroup's index in its launch
+                 *self.p.target.emulated_place(w.gid - self.gid_base, w.local))
         offs = row * buf.strides[0] + np.arange(len(words)) * buf.strides[1]
         self.global_write(w, op, buf, offs)
         buf.flat[offs] = np.array(words, np.uint32).view(np.int32)
