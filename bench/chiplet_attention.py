@@ -21,7 +21,7 @@ import itertools
 import os
 import sys
 
-from chiplet_l2 import (METRICS, model_timing, ncu_profile, offline,  # bench/
+from chiplet_l2 import (METRICS, Tally, model_timing, ncu_profile, offline,  # bench/
                         write_results)
 
 # (B, Hq, Hkv, N): few heads long, many heads GQA, the benchmark shape, GQA batches
@@ -70,23 +70,19 @@ def table(details) -> str:
     (DRAM bytes) of ncu; per shape, each model's pick against the fastest order."""
     from pykittens.bench import text_table
     from pykittens.chiplet.auto import best
-    rows, close = [], {m: [0, 0, 0] for m in ("1-LRU", "model")}
+    rows, close = [], {m: Tally() for m in ("1-LRU", "model")}
     sims = {}
     for d in details:
         shape = tuple(d["shape"])
         sims[shape, d["order"]] = sim = modeled(shape, d["order"])
         for name, r in zip(("1-LRU", "model"), sim):
-            c = close[name]
-            c[0] += abs(r.l2_hit_rate - d["l2_hit_ncu"]) <= 0.05
-            c[1] += abs(r.hbm_read_bytes / d["dram_read_ncu"] - 1) <= 0.15
-            c[2] += 1
+            close[name].add(d, r.l2_hit_rate, r.hbm_read_bytes)
         rows.append(["x".join(map(str, shape)), d["order"], f"{d['ms']:.3f}",
                      f"{d['tflops']:.0f}", f"{d['l2_hit_ncu']:.1%}",
                      f"{sim[0].l2_hit_rate:.1%}", f"{sim[1].l2_hit_rate:.1%}",
                      f"{d['dram_read_ncu'] / 1e6:.0f}", f"{sim[0].hbm_read_bytes / 1e6:.0f}",
                      f"{sim[1].hbm_read_bytes / 1e6:.0f}"])
-    foot = [f"{m}: L2 within 5 points {v[0]}/{v[2]}, DRAM within 15% {v[1]}/{v[2]}"
-            for m, v in close.items() if v[2]]
+    foot = [f"{m}: {v}" for m, v in close.items() if v.cases]
     for shape in dict.fromkeys(tuple(d["shape"]) for d in details):
         mine = [d for d in details if tuple(d["shape"]) == shape]
         fastest = min(mine, key=lambda d: d["ms"])

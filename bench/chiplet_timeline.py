@@ -32,7 +32,7 @@ import numpy as np
 
 import pykittens as pk
 import timelines
-from chiplet_l2 import PERSISTENT_GRID, cases, modeled, plan
+from chiplet_l2 import L2_POINTS, PERSISTENT_GRID, Tally, cases, modeled, plan
 from pykittens.kernels.gemm import output_tile, ws_pipeline, ws_store
 
 ROUNDS = int(os.environ.get("CHIPLET_TIMELINE_ROUNDS", "2"))
@@ -178,7 +178,7 @@ def table(stamps: dict, runs: list[dict]) -> str:
     dispatch and under the measured one (the timeline's last round)."""
     from pykittens.bench import text_table
     ncu = {(d["size"], d["order"], d["persistent"]): d for d in runs}
-    rows, close = [], {"modeled": [0, 0, 0], "measured": [0, 0, 0]}
+    rows, close = [], {"modeled": Tally(), "measured": Tally()}
     for k, rounds in stamps.items():
         size, order, persistent = unkey(k)
         s = [summary(size, persistent, r) for r in rounds]
@@ -193,15 +193,12 @@ def table(stamps: dict, runs: list[dict]) -> str:
         model = modeled(size, order, persistent)[:2]
         replay = replayed(size, order, persistent, rounds[-1])
         for name, (l2, dram) in (("modeled", model), ("measured", replay)):
-            c = close[name]
-            c[0] += abs(l2 - d["l2_hit_ncu"]) <= 0.05
-            c[1] += abs(dram / d["dram_read_ncu"] - 1) <= 0.15
-            c[2] += 1
+            close[name].add(d, l2, dram)
         rows.append(row + [f"{d['l2_hit_ncu']:.1%}", f"{model[0]:.1%}", f"{replay[0]:.1%}",
                            f"{d['dram_read_ncu'] / 1e6:.0f}", f"{model[1] / 1e6:.0f}",
                            f"{replay[1] / 1e6:.0f}"])
-    foot = "\n".join(f"simulator, {name} dispatch: L2 within 5 points {v[0]}/{v[2]}, DRAM "
-                     f"within 15% {v[1]}/{v[2]}" for name, v in close.items() if v[2])
+    foot = "\n".join(f"simulator, {name} dispatch: {v}" for name, v in close.items()
+                     if v.cases)
     return text_table(rows, ["shape", "order", "grid", "ms", "step ns", "jitter (rounds)",
                              "start skew (steps)", "L2 ncu", "L2 modeled dispatch",
                              "L2 measured dispatch", "DRAM MB ncu", "DRAM MB modeled",
@@ -228,7 +225,7 @@ def reach(runs: list[dict]) -> str:
     for d in runs:
         hits = [modeled(d["size"], d["order"], d["persistent"], t)[0] for t in timings]
         lo, hi = min(hits), max(hits)
-        ok = lo - 0.05 <= d["l2_hit_ncu"] <= hi + 0.05
+        ok = lo - L2_POINTS <= d["l2_hit_ncu"] <= hi + L2_POINTS
         reachable += ok
         rows.append([f"{d['size']}³", d["order"], "persistent" if d["persistent"] else
                      "per tile", f"{d['l2_hit_ncu']:.1%}", f"{lo:.1%} .. {hi:.1%}",
