@@ -109,17 +109,27 @@ def blocks_of(rec: np.ndarray):
     return t[:, 0] - t0, t[:, 1:].max(axis=1) - t0, rows[:, 0, 2]
 
 
+def walks(sm, end) -> tuple[np.ndarray, np.ndarray]:
+    """(the block before it on its SM or -1, its place in its SM's walk) of every block,
+    the blocks of an SM in the order they ended."""
+    before, place = np.full(len(sm), -1), np.zeros(len(sm), np.int64)
+    for s in np.unique(sm):
+        mine = np.flatnonzero(sm == s)
+        mine = mine[np.argsort(end[mine])]
+        before[mine[1:]] = mine[:-1]
+        place[mine] = np.arange(len(mine))
+    return before, place
+
+
 def block_times(start, end, sm, persistent: bool) -> np.ndarray:
     """Each block's time on its SM: from its start, or in a persistent walk from the end of
     the SM's block before (the producer starts a block's copies while the consumers still
     work on the one before)."""
-    if not persistent:
-        return end - start
     times = end - start
-    for s in np.unique(sm):
-        mine = np.flatnonzero(sm == s)
-        mine = mine[np.argsort(end[mine])]
-        times[mine[1:]] = end[mine[1:]] - end[mine[:-1]]
+    if persistent:
+        before = walks(sm, end)[0]
+        later = before >= 0
+        times[later] = end[later] - end[before[later]]
     return times
 
 
@@ -130,12 +140,8 @@ def spans(persistent: int, rec: np.ndarray) -> list:
     from pykittens.bench.timeline import Span
     start, end, sm = blocks_of(rec)
     begin = end - block_times(start, end, sm, bool(persistent))
-    turn = np.zeros(len(sm), np.int64)
-    for s in np.unique(sm):
-        mine = np.flatnonzero(sm == s)
-        turn[mine[np.argsort(end[mine])]] = np.arange(len(mine)) % 2
-    return [Span(int(u), b / 1e3, e / 1e3, ("even", "odd")[k] + " blocks of an SM")
-            for u, b, e, k in zip(sm, begin, end, turn)]
+    return [Span(int(u), b / 1e3, e / 1e3, ("even", "odd")[k % 2] + " blocks of an SM")
+            for u, b, e, k in zip(sm, begin, end, walks(sm, end)[1])]
 
 
 def summary(size: int, persistent: int, rec: np.ndarray) -> dict:
