@@ -253,7 +253,7 @@ def measure() -> tuple[list[dict], dict]:
                  "kernel_us": graph_time(plain, reps=20) * 1e6,
                  "stamped_us": graph_time(stamped, reps=20) * 1e6,
                  "column_sum_us": graph_time(summed, reps=20) * 1e6 if summed else 0.0,
-                 "rounds": a, **{k: float(np.median([r[k] for r in a])) for k in a[0]}}
+                 "rounds": a, **timelines.medians(a)}
             details.append(d)
             print(f"{name} {m}x{n}: kernel {d['kernel_us']:.1f} µs (stamped "
                   f"{d['stamped_us']:.1f}), " + ", ".join(f"{k} {d[k]:.1f}" for k in a[0]),

@@ -158,7 +158,7 @@ def measure():
         d = {"shape": [m, n, k], "grid": grid[0], "consts": consts, "rel_err": err,
              "kernel_us": graph_time(plain, reps=20) * 1e6,
              "stamped_us": graph_time(stamped, reps=20) * 1e6, "rounds": got,
-             **{key: float(np.median([r[key] for r in got])) for key in got[0]}}
+             **timelines.medians(got)}
         details.append(d)
         print(f"{m}x{n}x{k}: gemm_sk {d['kernel_us']:.1f} µs (stamped {d['stamped_us']:.1f}),"
               " " + ", ".join(f"{key} {d[key]:.2f}" for key in got[0]) +

@@ -39,6 +39,11 @@ def times(rec: np.ndarray) -> np.ndarray:
     return rec[..., 0] + (rec[..., 1] << 32)
 
 
+def medians(rounds: list[dict]) -> dict:
+    """Each figure's median over the rounds' analyses (dicts with the same keys)."""
+    return {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
+
+
 def main(name: str, builds, measure, table) -> int:
     """--prebuild: the PTX of builds() into the cache; else measure() -> (details,
     stamps), written to $OUT/<name>.json and <name>.npz, and table(details) printed."""
