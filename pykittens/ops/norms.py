@@ -114,6 +114,12 @@ def _column_sum(part, like, wanted: bool):
     return out
 
 
+def _barrier_flags(x):
+    """The two flags a fused backward's workgroups meet on (rows.fused_column_sums): zero
+    before its launch and after, kept per stream."""
+    return workspace(x, "norm_bwd.flags", (2,), torch.int32)
+
+
 def _grad_rows(dy, x):
     """dy as the backward kernels read it: x's shape, unit stride in its last dim."""
     return torch.zeros_like(x) if dy is None else dy.contiguous()
@@ -171,7 +177,7 @@ def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | No
     first = _dbias_at(n, dw)
     run(layernorm_bwd_fused, {**args, "dweight": sums[:n] if dw else placeholder(x, 1),
                               "dbias": sums[first:first + n] if db else placeholder(x, 1),
-                              "flags": workspace(x, "norm_bwd.flags", (2,), torch.int32)},
+                              "flags": _barrier_flags(x)},
         grid, consts, ("dx", "dweight", "dbias"))
     return dx, sums
 
@@ -293,7 +299,7 @@ def _rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
         return dx, _column_sum(part, x, dw)
     dweight = kernel_output(x, (n,))
     run(rmsnorm_bwd_fused, {**args, "dweight": dweight,
-                            "flags": workspace(x, "norm_bwd.flags", (2,), torch.int32)},
+                            "flags": _barrier_flags(x)},
         grid, consts, ("dx", "dweight"))
     return dx, dweight
 
