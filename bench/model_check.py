@@ -206,11 +206,15 @@ def clocks() -> list[dict]:
 
 def _row_model(op, mode, shape) -> float:
     """Modeled seconds of a row op: its kernels' (and column_sum's over the partial sums a
-    norm's backward leaves)."""
+    norm's backward leaves, or the fused kernel where the op takes it: rows.fuses_sums)."""
     from pykittens.analysis import model as perf
     from pykittens.cli import library_plan
+    from pykittens.kernels.rows import fuses_sums
     total = 0.0
     for kernel in ROW_KERNELS[op, mode]:
+        walk = library_plan(kernel, "sm_90a", shape, "bf16")
+        if walk.partial_sums and fuses_sums(walk.grid[0], walk.consts, "sm_90a"):
+            kernel += "_fused"
         res = perf.model(kernel, "sm_90a", shape, "bf16", plan=library_plan)
         total += res["time_s"]
         if res["partial_sums"]:

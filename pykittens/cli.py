@@ -287,12 +287,26 @@ def _rows_plan(kernel_name, target, shape, dtype):
         "layernorm_bwd": (K.layernorm_bwd, lambda: K.ln_grad_launch({"x": x, "dy": x}, target),
                           3 * row + vec + 2 * stat, 2),
     }
-    kernel, launch, nbytes, sums = plans[kernel_name]
+    walk = kernel_name.removesuffix("_fused")
+    kernel, launch, nbytes, sums = plans[walk]
     grid, consts = launch()
     partial = (R.ColumnSums.partial_rows(grid[0], consts), sums * n) if sums else ()
     if partial:                                     # the partial column sums it writes
         nbytes += 4 * partial[0] * partial[1]
-    return Launch(kernel, grid, consts, 0, 0, 0, tensor_bytes=nbytes, partial_sums=partial)
+    if walk == kernel_name:
+        return Launch(kernel, grid, consts, 0, 0, 0, tensor_bytes=nbytes, partial_sums=partial)
+    # the walk adding up its own partial rows after a grid-wide barrier (rows.FUSED_SUMS):
+    # column_sum's bytes (the partial rows read back, the sums written) in the same launch
+    if not R.all_resident(grid[0], consts, target):
+        raise ValueError(f"{kernel_name} runs only where the walk's whole grid is resident "
+                         f"at once; at {m} x {n} the library launches {grid[0]} workgroups "
+                         f"of {walk} with PROGRAMS={consts.get('PROGRAMS', 0)}, so the ops "
+                         f"take {walk} and column_sum there (model those)")
+    from .kernels.layernorm import layernorm_bwd_fused
+    from .kernels.rmsnorm import rmsnorm_bwd_fused
+    fused = rmsnorm_bwd_fused if walk.endswith("rmsnorm_bwd") else layernorm_bwd_fused
+    nbytes += 4 * partial[0] * partial[1] + partial[1] * dt.bytes
+    return Launch(fused, grid, consts, 0, 0, 0, tensor_bytes=nbytes)
 
 
 def _gemm_plan(kernel_name, target, m, n, k, dtype, out_dtype):
@@ -369,9 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "from their bytes (docs/PERF.md compares it with measurements)")
     mo.add_argument("kernel", help="gemm_ws (sm_90a), gemm_pingpong (gfx942, gfx950), "
                     "gemm_basic (gfx942, gfx950), attention_fwd and attention_bwd (sm_90a) "
-                    "or a row kernel (sm_90a: layernorm, rmsnorm, add_rmsnorm, softmax, rope, their _bwd "
-                    "kernels, column_sum; add_rmsnorm_bwd is rmsnorm_bwd as add_rms_norm's "
-                    "backward launches it)")
+                    "or a row kernel (sm_90a: layernorm, rmsnorm, add_rmsnorm, softmax, "
+                    "rope, their _bwd kernels, column_sum; add_rmsnorm_bwd is rmsnorm_bwd as "
+                    "add_rms_norm's backward launches it; the norms' _bwd_fused kernels add "
+                    "up their own column sums)")
     mo.add_argument("--target", required=True, choices=TARGETS)
     mo.add_argument("--shape", type=int, nargs="+", required=True, metavar="DIM",
                     help="GEMMs: M N K; attention: B Hq Hkv N D; row kernels: ROWS COLS")

@@ -7,6 +7,7 @@ import pytest
 
 from pykittens.analysis.model import matrix_peak_flops, model as _model
 from pykittens.cli import library_plan, main
+from pykittens.targets import get as get_target
 
 from conftest import needs_amd_llvm, needs_sass
 
@@ -208,6 +209,24 @@ def test_row_kernels_stream_their_bytes_at_the_measured_copy_rate():
     assert bwd["dram_bytes"] > 3 * m * n * 2 + 4 * n * grid[0] - 1
     assert model("add_rmsnorm_bwd", "sm_90a", (m, n))["dram_bytes"] == \
         bwd["dram_bytes"] + m * n * 2                       # ds, read and added
+
+
+@pytest.mark.parametrize("walk", ["layernorm_bwd", "rmsnorm_bwd", "add_rmsnorm_bwd"])
+def test_fused_norm_backward_is_its_walk_and_column_sum_in_one_launch(walk):
+    """A fused backward (rows.FUSED_SUMS) moves the walk's bytes and column_sum's over its
+    partial rows, with one launch's fixed start instead of two; it is modeled only where
+    the ops can take it (the whole grid resident), and says what to model elsewhere."""
+    fixed = get_target("sm_90a").fact("kernel_fixed_s/H200")[0]
+    m, n = 4096, 12288
+    apart = model(walk, "sm_90a", (m, n))
+    sums = model("column_sum", "sm_90a", apart["partial_sums"])
+    fused = model(walk + "_fused", "sm_90a", (m, n))
+    assert fused["partial_sums"] == []
+    assert fused["dram_bytes"] == apart["dram_bytes"] + sums["dram_bytes"]
+    assert fused["time_s"] == pytest.approx(apart["time_s"] + sums["time_s"] - fixed)
+    assert any("barrier" in a for a in fused["assumptions"])
+    with pytest.raises(ValueError, match="whole grid is resident.*model those"):
+        model(walk + "_fused", "sm_90a", (64, 256))
 
 
 @needs_sass

@@ -46,7 +46,9 @@ from .. import targets
 
 # the row kernels: streaming, modelled by their bytes (_model_sm90)
 ROWS = ("layernorm", "layernorm_bwd", "rmsnorm", "rmsnorm_bwd", "add_rmsnorm",
-        "add_rmsnorm_bwd", "softmax", "softmax_bwd", "rope", "column_sum")
+        "add_rmsnorm_bwd", "softmax", "softmax_bwd", "rope", "column_sum",
+        # the norms' backward adding up their own column sums (kernels.rows.FUSED_SUMS)
+        "layernorm_bwd_fused", "rmsnorm_bwd_fused", "add_rmsnorm_bwd_fused")
 # kernel -> targets it is modelled on
 MODELED = {"gemm_ws": ("sm_90a",), "gemm_pingpong": ("gfx942", "gfx950"),
            "gemm_basic": ("gfx942", "gfx950"), "attention_fwd": ("sm_90a",),
@@ -719,7 +721,11 @@ def _model_sm90(kernel_name, target, shape, dtype, plan, chip, causal=False) -> 
                                 "fixed start and drain among back-to-back kernels, and the "
                                 "bytes at the measured copy bandwidth)",
                                 "instruction issue, barriers and latency beyond a copy's "
-                                "are not counted"],
+                                "are not counted"] + ([
+                                    "fused: the walk's partial rows are written and read "
+                                    "back (column_sum's bytes) in the one launch; its "
+                                    "grid-wide barrier between the two is not counted"]
+                                    if kernel_name.endswith("_fused") else []),
                 "constants": used}
     b, hq, hkv, n, d = shape
     clock, run_clock = _clocks(t, chip, used)
