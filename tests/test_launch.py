@@ -122,3 +122,81 @@ def test_tensor_maps_of_recent_addresses_are_kept():
     for address in range(0x3000, 0x3000 + 16 * cuda.TensorMap.RECENT, 16):
         tm.encode(address)
     assert len(tm._recent) == cuda.TensorMap.RECENT and 0x1000 not in tm._recent
+
+
+
+@pk.kernel
+def _three_scalars(x: pk.gl[pk.f32, 2], a: pk.f32, n: pk.i32, b: pk.f32):
+    pass                                 # its arguments' packing is what is tested
+
+
+def _rmsnorm_args(seed):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, 1024, generator=g).to(torch.bfloat16)
+    return {"x": x, "w": torch.randn(1024, generator=g).to(torch.bfloat16),
+            "out": torch.empty_like(x), "rstd": torch.empty(8), "eps": 1e-5 * seed}
+
+
+def _three_scalars_args(seed):
+    import torch
+    return {"x": torch.zeros(4, 64), "a": 0.5 * seed, "n": -3 * seed, "b": 2.0 ** seed}
+
+
+@pytest.mark.parametrize("which", ["rmsnorm", "three scalars"])
+def test_a_plan_packs_a_launchs_arguments_as_the_checked_path_does(which):
+    """A _Plan (pk.launch's replay of a checked launch) writes each launch's addresses and
+    scalars into its argument buffer, in runs of adjacent ones (rmsnorm: one argument a
+    run; three scalars side by side: one run): given tensors (pk.launch's fast path) or
+    their addresses (a replayed op call), it must hand the driver the bytes the checked
+    path packs for the same arguments (runtime.cuda.pack, written apart from the plan's
+    packers). Checked here with the driver call stood in for."""
+    torch = pytest.importorskip("torch")
+    from pykittens.ir.abi import kernel_args
+    from pykittens.kernels import rmsnorm, stats_launch
+    from pykittens.lower import lower
+    from pykittens.runtime import cuda
+    from pykittens.runtime.args import check_scalar
+    from pykittens.runtime.launch import _Plan
+
+    sent = []
+
+    class Function:                      # the driver's side: records what each launch sends
+        handle, module = 0, type("Module", (), {"device": 0})()
+
+        def launches_early(self, *_):
+            return False
+
+        def launch_checked(self, grid, block, args, shared, stream):
+            sent.append(bytes(args.data)[:len(packed)])
+
+    if which == "rmsnorm":
+        kernel, args = rmsnorm, _rmsnorm_args
+        grid, consts = stats_launch({"x": args(1)["x"]}, "sm_90a")
+        consts["DT"] = "bf16"
+    else:
+        kernel, args, grid, consts = _three_scalars, _three_scalars_args, (1,), {}
+    prog = lower(kernel.specialize_for("sm_90a", **consts), "sm_90a")
+    kargs = kernel_args(prog.params)
+    by_name = {p.name: p for p in prog.params}
+
+    def checked(bound):                 # the checked path's values and bytes
+        values = [cuda.tensor_value(a, bound[a.param]) if a.kind in ("ptr", "size", "stride")
+                  else check_scalar(bound[a.param], a.name, by_name[a.param].type.dtype)
+                  for a in kargs]
+        return values, cuda.pack(kargs, values)
+
+    first = args(1)
+    values, packed = checked(first)
+    plan = _Plan(kernel, cuda.dims3(grid, "grid"), first, prog.params, function=Function(),
+                 block=(128, 1, 1), kargs=kargs, values=values, buf=packed)
+    for seed in (2, 3):
+        bound = args(seed)
+        want = checked(bound)[1]
+        assert want != packed                              # new addresses or scalars
+        vals = plan.values((), bound)
+        assert plan.passes(vals)
+        plan.launch(vals, 0)                               # tensors, as pk.launch's
+        addresses = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in vals]
+        plan.launch(addresses, 0, True)                    # addresses, as a replay's
+        assert sent[-2:] == [want, want], seed

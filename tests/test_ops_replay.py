@@ -42,7 +42,7 @@ class EmulatedPlan:
     def values(self, args, kwargs):
         return list(args) + [kwargs[n] for n in self.kernel_names[len(args):]]
 
-    def launch(self, vals, stream):
+    def launch(self, vals, stream, addresses=False):
         self.log.append(("launch", self.kernel.name))
         args = {}
         for name, v in zip(self.kernel_names, vals):
@@ -268,3 +268,19 @@ def test_a_split_k_call_replays_on_its_own_streams_workspace(gpu_like, monkeypat
         assert len([k for k in run_mod._WORKSPACES if k[1] == 7]) == 2
     finally:
         M._plan.cache_clear()
+
+
+def test_host_path_bench_replays_every_op_through_real_plans():
+    """bench/host_path.py times each op's replayed call on CPU tensors with pk.launch's own
+    _Plans (a stand-in driver call): every op's call must be recorded and replayed there,
+    and the bench restores what it stood in for, keeping none of its replays."""
+    from conftest import bench_script
+    from pykittens.runtime import cuda
+    host_path = bench_script("host_path")
+    saved = replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap
+    before = {name: dict(getattr(pko, name).replay_calls) for name in host_path._cases()}
+    results = host_path.measure(calls=3, rounds=1)
+    assert [r["op"] for r in results] == list(host_path._cases())
+    assert all(r[k] > 0 for r in results for k in ("whole_us", "signature_us", "replay_us"))
+    assert (replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap) == saved
+    assert {name: getattr(pko, name).replay_calls for name in before} == before

@@ -34,7 +34,16 @@ from ..runtime.args import memory_span
 ENABLED = os.environ.get("PYKITTENS_REPLAY", "1") != "0"
 MAX_CALLS = 4096          # signatures kept per op (shapes that keep changing must not grow it)
 _SEEN, _FULL = "seen", "full"         # first call done; the full path every time
-_state = threading.local()
+
+
+class _ThreadState(threading.local):
+    """Each thread's recorder (None outside a recorded call): a class default, so reading
+    it on every call is a plain attribute lookup (a threading.local's getattr default
+    costs a caught AttributeError)."""
+    recorder = None
+
+
+_state = _ThreadState()
 
 
 def on_gpu(t: torch.Tensor) -> bool:
@@ -53,8 +62,7 @@ def replayable(fn):
 
     @functools.wraps(fn)
     def op(*args, **kwargs):
-        if not ENABLED or torch.compiler.is_compiling() or \
-                getattr(_state, "recorder", None) is not None:
+        if not ENABLED or _state.recorder is not None or torch.compiler.is_compiling():
             return fn(*args, **kwargs)
         key, tensors, addresses = _signature(args, kwargs)
         if key is None:
@@ -109,10 +117,11 @@ def _signature(args, kwargs):
     for v in (*args, *kwargs.values()) if kwargs else args:
         t = type(v)
         if t is torch.Tensor:
-            if (grad and v.requires_grad) or not on_gpu(v):
+            device = v.get_device()              # -1 on the CPU: ask on_gpu only there
+            if (grad and v.requires_grad) or device < 0 and not on_gpu(v):
                 return _NO_SIGNATURE
             ptr = v.data_ptr()
-            key.append((v.dtype, v.shape, v.stride(), v.get_device(), ptr & 15))
+            key.append((v.dtype, v.shape, v.stride(), device, ptr & 15))
             tensors.append(v)
             addresses.append(ptr)
         elif t in _SCALARS:
@@ -131,7 +140,7 @@ def _signature(args, kwargs):
 
 def recorder():
     """The recorder of the op call running on this thread, or None."""
-    return getattr(_state, "recorder", None)
+    return _state.recorder
 
 
 def kernel_output(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
@@ -252,15 +261,15 @@ class _Replay:
             return None                           # another stream's workspaces
         empty = torch.empty_strided
         outs = [empty(s, st, dtype=dt, device=device) for s, st, dt in self.outs]
-        bases = tensors + outs
-        if self.bufs:
-            bases += [empty(s, st, dtype=dt, device=device) for s, st, dt in self.bufs]
-        ptrs = addresses + [t.data_ptr() for t in bases[len(tensors):]]
+        ptrs = addresses + [t.data_ptr() for t in outs]
+        if self.bufs:                     # (held here until their launches are enqueued)
+            bufs = [empty(s, st, dtype=dt, device=device) for s, st, dt in self.bufs]
+            ptrs += [t.data_ptr() for t in bufs]
         for plan, template, addressed in self.launches:
             vals = list(template)
             for i, b, nbytes in addressed:
                 vals[i] = ptrs[b] + nbytes
-            plan.launch(vals, None)
+            plan.launch(vals, None, True)
         return outs[0] if self.kind is torch.Tensor else self.kind(outs)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import os
 import struct
 import sys
@@ -281,6 +282,10 @@ class _Plan:
                     t, a.tma, self.params[a.param].type.dtype)]))
         for run in self.runs:
             run[0] = struct.Struct(run[0])
+            # the run's values taken out of a list of them by position, as a tuple
+            at = [i for i, _ in run[2]]
+            run.append(operator.itemgetter(*at) if len(at) > 1 else
+                       lambda vals, i=at[0]: (vals[i],))
 
     def values(self, args, kwargs) -> list:
         """A call's arguments in ABI order (each pk.Peers as its ranks' tensors, the rank)."""
@@ -319,9 +324,10 @@ class _Plan:
         self.launch(vals, stream)
         return True
 
-    def launch(self, vals, stream) -> None:
+    def launch(self, vals, stream, addresses: bool = False) -> None:
         """Launch with these arguments (ABI order; tensors given by address where no tensor
-        map is made of them), which have passed `passes`."""
+        map is made of them), which have passed `passes`. `addresses`: every tensor is
+        given by its address (a replayed op call), so none needs converting."""
         if self.hip_entry is not None:
             from . import hip
             code, prog = self.hip_entry
@@ -333,9 +339,10 @@ class _Plan:
             launcher.stream_handle(stream)
         with self.lock:
             buf = self.buf.data
-            for packer, off, items in self.runs:
-                packer.pack_into(buf, off, *[vals[i] if not ptr or type(vals[i]) is int
-                                             else vals[i].data_ptr() for i, ptr in items])
+            for packer, off, items, pick in self.runs:
+                packer.pack_into(buf, off, *(pick(vals) if addresses else [
+                    vals[i] if not ptr or type(vals[i]) is int else vals[i].data_ptr()
+                    for i, ptr in items]))
             for i, off, karg, cell in self.tmaps:
                 ptr = _address(vals[i])
                 if ptr != cell[0]:                   # the tensor moved: a new map

@@ -1,0 +1,186 @@
+"""The host time of a replayed pykittens.ops call without its driver call: on any machine,
+no GPU needed.
+
+A replayed op call (pykittens.ops.replay) computes its signature, allocates its outputs,
+writes their addresses into its launches' argument buffers (runtime.launch._Plan) and calls
+the driver. On the H200's host the whole call takes 17–29 µs (docs/PERF.md), of which the
+driver's cuLaunchKernel is a few; the rest is this Python path, which this script times on
+CPU tensors standing in for GPU ones: each op is recorded and replayed as on the GPU, with
+`_Plan`s made from the kernel's lowered parameters exactly as pk.launch makes them, and
+the driver call (and tensor-map encoding, which replays find cached) replaced by a no-op C
+call. So the figures are the Python path's, on this machine's CPU: compare them between
+versions of pykittens on one machine, not with the H200's.
+
+    PYTHONPATH=. python3 bench/host_path.py [--calls N]
+
+Writes $OUT/host_path.json where OUT is set; the table last."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import statistics
+import sys
+import time
+
+import torch
+
+import pykittens.ops as pko
+from pykittens.ir.abi import kernel_args
+from pykittens.lang.kernel import const_key
+from pykittens.lower import lower
+from pykittens.ops import replay
+from pykittens.runtime import cuda
+from pykittens.runtime import launch as launch_mod
+from pykittens.runtime.args import bind_args, check_scalar
+
+CALLS, ROUNDS = 2000, 7
+TARGET = "sm_90a"
+_NO_OP = ctypes.CDLL(None).memcmp          # memcmp(p, q, 0): a C call that does nothing
+
+
+class _StandInFunction:
+    """A loaded kernel's stand-in: a launch is a no-op C call with the argument buffer."""
+    handle, module = 0, type("Module", (), {"device": 0})()
+
+    def launches_early(self, *_):
+        return False
+
+    def launch_checked(self, grid, block, args, shared, stream):
+        _NO_OP(args.extra, args.extra, None)
+
+
+class _StandInTensorMap:
+    """cuda.TensorMap without the driver: a map per address, kept (as replays find them)."""
+
+    def __init__(self, t, desc, dtype):
+        self._recent = {}
+
+    def encode(self, address: int) -> bytes:
+        return self._recent.setdefault(address, address.to_bytes(8, "little") * 16)
+
+
+_programs: dict = {}
+
+
+def stand_in_launch_plan(kernel, *args, grid, stream=None, **kwargs):
+    """pk.launch's launch_plan for CPU tensors: the _Plan pk.launch would make (the
+    kernel lowered for sm_90a, its arguments packed by the ABI), launched on the stand-in
+    function. ops' `run` passes every argument by name."""
+    names = set(kernel.param_names)
+    bound = {k: v for k, v in kwargs.items() if k in names}
+    _, consts = bind_args(kernel, args, kwargs, what="pk.launch")   # with DT from the tensors
+    key = (id(kernel), const_key(consts))
+    prog = _programs.get(key)
+    if prog is None:
+        prog = _programs[key] = lower(kernel.specialize_for(TARGET, **consts), TARGET)
+    kargs = kernel_args(prog.params, prog.tmaps)
+    types = {p.name: p.type for p in prog.params}
+    values = [cuda.tensor_value(a, bound[a.param]) if a.kind in ("ptr", "size", "stride")
+              else bytes(128) if a.kind == "tmap"
+              else check_scalar(bound[a.param], a.name, types[a.param].dtype) for a in kargs]
+    plan = launch_mod._Plan(kernel, cuda.dims3(grid, "grid"), bound, prog.params,
+                            function=_StandInFunction(),
+                            block=(prog.num_waves * prog.wave_size, 1, 1),
+                            shared=prog.lds_bytes, kargs=kargs, values=values,
+                            buf=cuda.pack(kargs, values))
+    # torch's current stream (on the GPU a partial of torch._C._cuda_getCurrentRawStream)
+    plan.launcher.current_stream = functools.partial(int, 0)
+    plan.launch(plan.values((), bound), stream)
+    return plan
+
+
+def _rand(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def _cases() -> dict:
+    """op -> (args, kwargs): the ops' tiny forward calls (as ops_bandwidth's host step:
+    8 x 1024 bf16; attention a decode-sized causal call)."""
+    m, n = 8, 1024
+    angles = torch.arange(m)[:, None] * torch.arange(1, 65)[None, :] * 0.01
+    return {
+        "layer_norm": ((_rand(m, n), (n,), _rand(n), _rand(n), 1e-5), {}),
+        "rms_norm": ((_rand(m, n), (n,), _rand(n), 1e-5), {}),
+        "add_rms_norm": ((_rand(m, n), _rand(m, n), _rand(n), 1e-5), {}),
+        "softmax": ((_rand(m, n), -1), {}),
+        "rope": ((_rand(1, m, n // 128, 128), angles.cos(), angles.sin()), {}),
+        "linear": ((_rand(m, n), _rand(n, n)), {}),
+        "attention": (tuple(_rand(1, 128, 8, 128) for _ in range(3)), {"causal": True}),
+    }
+
+
+def per_call_us(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
+    """Microseconds per call: the median over `rounds` rounds of `calls` calls."""
+    for _ in range(calls // 10):
+        fn()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls)
+    return statistics.median(per) * 1e6
+
+
+def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
+    """Each op's replayed call and its pieces, µs on this CPU (the module docstring)."""
+    saved = replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap
+    cases = _cases()
+    recorded = {name: dict(getattr(pko, name).replay_calls) for name in cases}
+    replay.on_gpu = lambda t: True
+    launch_mod.launch_plan, cuda.TensorMap = stand_in_launch_plan, _StandInTensorMap
+    try:
+        out = []
+        for name, (args, kwargs) in cases.items():
+            op = getattr(pko, name)
+            for _ in range(3):                    # the first call, the recorded one, a replay
+                op(*args, **kwargs)
+            key, tensors, addresses = replay._signature(args, kwargs)
+            entry = op.replay_calls.get(key)
+            if type(entry) is not replay._Replay:
+                raise RuntimeError(f"{name}: its call was not recorded for replay ({entry})")
+            out.append({
+                "op": name,
+                "whole_us": per_call_us(lambda: op(*args, **kwargs), calls, rounds),
+                "signature_us": per_call_us(lambda: replay._signature(args, kwargs), calls,
+                                            rounds),
+                "replay_us": per_call_us(lambda: entry(tensors, addresses), calls, rounds)})
+        return out
+    finally:            # the ops' replays of stand-in launches are not kept
+        replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap = saved
+        for name, calls in recorded.items():
+            getattr(pko, name).replay_calls.clear()
+            getattr(pko, name).replay_calls.update(calls)
+
+
+def main(argv=None) -> int:
+    import json
+    import os
+    argv = sys.argv[1:] if argv is None else argv
+    calls = int(argv[argv.index("--calls") + 1]) if "--calls" in argv else CALLS
+    from pykittens.bench import text_table
+    results = measure(calls)
+    env = {"python": sys.version.split()[0], "torch": torch.__version__,
+           "cpu": _cpu_name(), "calls": calls, "rounds": ROUNDS}
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "host_path.json"), "w") as f:
+            json.dump({"env": env, "results": results}, f, indent=1)
+    print(env)
+    print(text_table([[r["op"], f"{r['whole_us']:.2f}", f"{r['signature_us']:.2f}",
+                       f"{r['replay_us']:.2f}"]
+                      for r in results],
+                     ["op", "replayed call µs", "its signature", "its replay (allocate, launch)"]))
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
