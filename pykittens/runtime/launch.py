@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import operator
 import os
 import struct
 import sys
@@ -256,36 +255,29 @@ class _Plan:
                 lo, hi = memory_span(v)
                 self.tensors.append((index[p.name], hi - lo,
                                      (str(v.dtype), tuple(v.shape), tuple(v.stride()))))
-        # the arguments a launch rewrites: runs of adjacent pointer and scalar arguments,
-        # each packed by one struct call — [Struct, offset, [(index, is a pointer)]] — and
+        # the arguments a launch rewrites — pointers and scalars, each an item of a view
+        # of the buffer as words of its type ([view, item, index, is a pointer]), and
         # tensor maps; the rest (sizes, strides) is the same for every launch of the plan
-        self.runs, self.tmaps = [], []
-        run_end = None                         # where the open run ends (None: no open run)
+        self.slots, self.tmaps = [], []
+        views: dict = {}
         for a, off, v in zip(kargs, offsets(kargs) if kargs else (), values):
-            if a.kind in ("ptr", "scalar"):
-                fmt = FORMAT["ptr" if a.kind == "ptr" else a.dtype][1:]
-                if run_end is None:
-                    self.runs.append(["<", off, []])
-                    run_end = off
-                run = self.runs[-1]
-                run[0] += "x" * (off - run_end) + fmt          # alignment padding, then it
-                run[2].append((index[a.param], a.kind == "ptr"))
-                run_end = off + struct.calcsize("<" + fmt)
-                continue
-            run_end = None
-            if a.kind == "tmap":
+            if a.kind in ("ptr", "scalar") and self.buf is not None:
+                fmt = FORMAT["ptr" if a.kind == "ptr" else a.dtype]
+                size = struct.calcsize(fmt)
+                if off % size or sys.byteorder != "little":
+                    raise AssertionError(f"argument {a.name} at byte {off} is not a "
+                                         f"little-endian {size}-byte word (ir.abi)")
+                if fmt not in views:             # the whole buffer as words of the type
+                    raw = memoryview(self.buf.data).cast("B")
+                    views[fmt] = raw[:len(raw) // size * size].cast(fmt[1:])
+                self.slots.append((views[fmt], off // size, index[a.param], a.kind == "ptr"))
+            elif a.kind == "tmap":
                 # (index, offset, karg, [the address the buffer's map is of, the map's
                 # encoder for this geometry]): a launch re-encodes a tensor that moved
                 from .cuda import TensorMap
                 t = bound[a.param]
                 self.tmaps.append((index[a.param], off, a, [t.data_ptr(), TensorMap(
                     t, a.tma, self.params[a.param].type.dtype)]))
-        for run in self.runs:
-            run[0] = struct.Struct(run[0])
-            # the run's values taken out of a list of them by position, as a tuple
-            at = [i for i, _ in run[2]]
-            run.append(operator.itemgetter(*at) if len(at) > 1 else
-                       lambda vals, i=at[0]: (vals[i],))
 
     def values(self, args, kwargs) -> list:
         """A call's arguments in ABI order (each pk.Peers as its ranks' tensors, the rank)."""
@@ -339,10 +331,13 @@ class _Plan:
             launcher.stream_handle(stream)
         with self.lock:
             buf = self.buf.data
-            for packer, off, items, pick in self.runs:
-                packer.pack_into(buf, off, *(pick(vals) if addresses else [
-                    vals[i] if not ptr or type(vals[i]) is int else vals[i].data_ptr()
-                    for i, ptr in items]))
+            if addresses:
+                for view, at, i, _ in self.slots:
+                    view[at] = vals[i]
+            else:
+                for view, at, i, ptr in self.slots:
+                    v = vals[i]
+                    view[at] = v.data_ptr() if ptr and type(v) is not int else v
             for i, off, karg, cell in self.tmaps:
                 ptr = _address(vals[i])
                 if ptr != cell[0]:                   # the tensor moved: a new map
