@@ -316,3 +316,64 @@ def test_training_script_matches_sdpa_on_cpu():
     _, details = script.compare(dataclasses.replace(script.TINY, steps=2), "cpu")
     for ours, theirs in zip(details["pykittens"], details["sdpa"]):
         assert abs(ours - theirs) < 1e-3 * abs(theirs)
+
+
+@pytest.mark.parametrize("hq,hkv,nq,nk,d,causal", [(2, 2, 40, 40, 64, False),
+                                                    (4, 2, 33, 33, 64, True),
+                                                    (2, 1, 24, 50, 128, False)])
+def test_sdpa_matches_torchs_sdpa(hq, hkv, nq, nk, d, causal):
+    """pykittens.ops.scaled_dot_product_attention drops in for torch's: the same
+    (batch, heads, seq, head_dim) arguments and keywords, output and gradients against
+    torch's own SDPA in float64 (an oracle apart from pykittens'), the output laid out as
+    the query is."""
+    import torch.nn.functional as F
+    import pykittens.ops as pko
+    q, k, v = leaves((1, hq, nq, d), (1, hkv, nk, d), (1, hkv, nk, d), seed=hq + nk)
+    w = torch.randn(1, hq, nq, d, generator=torch.Generator().manual_seed(7))
+    gqa = {"enable_gqa": True} if hq != hkv else {}
+    o = pko.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
+    assert o.shape == (1, hq, nq, d) and o.stride() == q.stride()
+    (o.float() * w).sum().backward()
+    leaves64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    o64 = F.scaled_dot_product_attention(*leaves64, is_causal=causal, **gqa)
+    (o64 * w.double()).sum().backward()
+    assert rel_err(o.detach().double().numpy(), o64.detach().numpy()) < 1e-2
+    for x, x64 in zip((q, k, v), leaves64):
+        assert x.grad.shape == x.shape
+        assert rel_err(x.grad.double().numpy(), x64.grad.numpy()) < 1e-2
+
+
+@pytest.mark.parametrize("kwargs,shapes,msg", [
+    ({"attn_mask": torch.ones(8, 8, dtype=torch.bool)}, None, "attn_mask is not supported"),
+    ({"dropout_p": 0.1}, None, "dropout_p=0.1 is not supported"),
+    ({}, ((1, 4, 8, 64), (1, 2, 8, 64)), "pass enable_gqa=True"),
+    ({"is_causal": True}, ((1, 2, 8, 64), (1, 2, 16, 64)),
+     "torch aligns that mask to the top left"),
+    ({"is_causal": "yes"}, None, "is_causal must be True or False"),
+    ({}, ((2, 8, 64), (2, 8, 64)), "query must be (batch, heads, seq, head_dim)"),
+    ({}, ((1, 2, 8, 64), (1, 2, 8, 32)), "must agree in batch and head dim"),
+    ({}, ((1, 2, 8, 80), (1, 2, 8, 80)), "scaled_dot_product_attention: head dim 80"),
+    ({"scale": -1.0}, None, "scaled_dot_product_attention: scale must be a positive"),
+])
+def test_sdpa_refuses_what_the_kernels_do_not_do(kwargs, shapes, msg):
+    """What torch's SDPA takes and the kernels cannot do is an error naming the argument
+    and the way out, never a silently different result."""
+    import pykittens.ops as pko
+    qs, ks = shapes or ((1, 2, 8, 64), (1, 2, 8, 64))
+    q, k = torch.zeros(qs, dtype=torch.bfloat16), torch.zeros(ks, dtype=torch.bfloat16)
+    with pytest.raises((ValueError, TypeError)) as e:
+        pko.scaled_dot_product_attention(q, k, k, **kwargs)
+    assert msg in str(e.value)
+
+
+def test_sdpa_under_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) over the drop-in traces without a graph break and
+    gives eager's results."""
+    import pykittens.ops as pko
+    q, k, v = leaves((1, 2, 24, 64), (1, 2, 24, 64), (1, 2, 24, 64), seed=4)
+
+    def f(q, k, v):
+        return pko.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum()
+
+    eager, compiled = f(q, k, v), torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(eager, compiled)

@@ -109,6 +109,10 @@ CASES = {
                                              _rand(1, 72, 1, 64, seed=s + 1),
                                              _rand(1, 72, 1, 64, seed=s + 2)),
                                             {"causal": True})),
+    "scaled_dot_product_attention": (
+        pko.scaled_dot_product_attention,
+        lambda s: ((_rand(1, 2, 48, 64, seed=s), _rand(1, 1, 48, 64, seed=s + 1),
+                    _rand(1, 1, 48, 64, seed=s + 2)), {"is_causal": True, "enable_gqa": True})),
     "attention with lse": (pko.attention, lambda s: ((_rand(1, 64, 2, 64, seed=s),
                                                       _rand(1, 64, 2, 64, seed=s + 1),
                                                       _rand(1, 64, 2, 64, seed=s + 2)),

@@ -1,4 +1,5 @@
-"""pykittens as torch operators: attention, attention_varlen, layer_norm, rms_norm, add_rms_norm, softmax,
+"""pykittens as torch operators: attention, scaled_dot_product_attention, attention_varlen,
+layer_norm, rms_norm, add_rms_norm, softmax,
 rope, linear and matmul; tensor-parallel all_gather_linear and linear_reduce_scatter over a
 torch.distributed group (docs/ops.md).
 
@@ -10,7 +11,7 @@ shapes: it executes every lane of every wave in numpy), so the ops are tested wi
 GPU. Importing this module needs torch."""
 from __future__ import annotations
 
-from .attention import attention
+from .attention import attention, scaled_dot_product_attention
 from .attention_varlen import attention_varlen
 from .comm import all_gather_linear, linear_reduce_scatter
 from .matmul import linear, matmul
@@ -19,5 +20,4 @@ from .rope import rope
 from .softmax import softmax
 
 __all__ = ["add_rms_norm", "all_gather_linear", "attention", "attention_varlen", "layer_norm", "linear", "linear_reduce_scatter", "matmul", "rms_norm",
-           "rope",
-           "softmax"]
+           "rope", "scaled_dot_product_attention", "softmax"]

@@ -15,47 +15,48 @@ from .run import (HALVES as DTYPES, custom_op, kernel_output, placeholder, repla
                   target_of)
 
 
-def _check(q, k, v, scale, causal=False):
-    """The op's contract, each violation a message naming the argument and the limit."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _check(q, k, v, scale, causal=False, op="attention", names=("q", "k", "v")):
+    """The op's contract, each violation a message naming the op (`op`), the argument
+    (`names`: how the op calls q, k and v) and the limit."""
+    for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"attention: {name} must be a torch.Tensor, not {type(t).__name__}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"attention: {name} must be (batch, seq, heads, head_dim), got "
+            raise ValueError(f"{op}: {name} must be (batch, seq, heads, head_dim), got "
                              f"{t.dim()} dims {tuple(t.shape)}")
         if t.dtype not in DTYPES:
-            raise TypeError(f"attention: {name} is {t.dtype}; the kernels take bfloat16 or "
+            raise TypeError(f"{op}: {name} is {t.dtype}; the kernels take bfloat16 or "
                             "float16 (convert with .to(torch.bfloat16))")
         if t.stride(-1) != 1:
-            raise ValueError(f"attention: {name} needs a unit stride in its last dim (head "
+            raise ValueError(f"{op}: {name} needs a unit stride in its last dim (head "
                              "dim); pass .contiguous()")
     if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
-                        f"{v.dtype}")
+        raise TypeError(f"{op}: {', '.join(names)} must share one dtype, got {q.dtype}, "
+                        f"{k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device:
-        raise ValueError(f"attention: q, k, v are on {q.device}, {k.device}, {v.device}; "
+        raise ValueError(f"{op}: {', '.join(names)} are on {q.device}, {k.device}, {v.device}; "
                          "put them on one device")
     (b, nq, hq, d), (bk, nk, hkv, dk) = q.shape, k.shape
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"attention: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+        raise ValueError(f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
     if bk != b or dk != d:
-        raise ValueError(f"attention: q {tuple(q.shape)} and k {tuple(k.shape)} must agree "
+        raise ValueError(f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} must agree "
                          "in batch and head dim")
     if d not in (64, 128):
-        raise ValueError(f"attention: head dim {d} is not supported; the kernels take 64 or "
+        raise ValueError(f"{op}: head dim {d} is not supported; the kernels take 64 or "
                          "128")
     if hkv == 0 or hq % hkv:
-        raise ValueError(f"attention: {hq} query heads are not a multiple of {hkv} key/value "
+        raise ValueError(f"{op}: {hq} query heads are not a multiple of {hkv} key/value "
                          "heads")
     if scale is not None:
         if isinstance(scale, (bool, str, bytes)) or not hasattr(scale, "__float__"):
-            raise TypeError(f"attention: scale must be a number (or None for "
+            raise TypeError(f"{op}: scale must be a number (or None for "
                             f"1/sqrt(head_dim)), not {type(scale).__name__}")
         scale = float(scale)
         if not (scale > 0 and math.isfinite(scale)):
-            raise ValueError(f"attention: scale must be a positive finite number, got {scale}")
+            raise ValueError(f"{op}: scale must be a positive finite number, got {scale}")
     if not isinstance(causal, (bool, np.bool_)) and causal not in (0, 1):
-        raise TypeError(f"attention: causal must be True or False, not {causal!r}")
+        raise TypeError(f"{op}: causal must be True or False, not {causal!r}")
 
 
 @custom_op("pykittens::attention_fwd")
@@ -191,3 +192,51 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     o, lse = _attention_fwd(q, k, v, bool(causal), scale, bool(deterministic))
     return (o, lse) if return_lse else o
+
+
+@replayable
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False):
+    """torch.nn.functional.scaled_dot_product_attention on (batch, heads, seq, head_dim)
+    tensors, through `attention` (its kernels, limits and backward): the output
+    (batch, heads, L, head_dim) as torch's, a view of a (batch, L, heads, head_dim)
+    tensor. What the kernels do not do is an error rather than a silent difference: no
+    attn_mask, no dropout, and is_causal only where L == S (torch aligns the causal
+    mask to the top left, `attention` to the bottom right; both agree at L == S).
+    Differing head counts need enable_gqa=True, as in torch."""
+    op = "scaled_dot_product_attention"
+    if attn_mask is not None:
+        raise ValueError(f"{op}: attn_mask is not supported (the kernels take no mask); "
+                         "pass is_causal=True for a causal mask, or pack sequences of "
+                         "different lengths for pykittens.ops.attention_varlen")
+    if dropout_p != 0:
+        raise ValueError(f"{op}: dropout_p={dropout_p} is not supported (the kernels have no "
+                         "dropout); pass 0.0")
+    if not isinstance(is_causal, (bool, np.bool_)) and is_causal not in (0, 1):
+        raise TypeError(f"{op}: is_causal must be True or False, not {is_causal!r}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if isinstance(t, torch.Tensor) and t.dim() != 4:
+            raise ValueError(f"{op}: {name} must be (batch, heads, seq, head_dim), got "
+                             f"{t.dim()} dims {tuple(t.shape)}")
+    if all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        (b, hq, L, e), (bk, hkv, S, ek) = query.shape, key.shape
+        if tuple(value.shape) != tuple(key.shape):
+            raise ValueError(f"{op}: key {tuple(key.shape)} and value {tuple(value.shape)} "
+                             "differ (the kernels take one head dim and length for both)")
+        if (bk, ek) != (b, e):
+            raise ValueError(f"{op}: query {tuple(query.shape)} and key {tuple(key.shape)} "
+                             "must agree in batch and head dim")
+        if hq != hkv and not enable_gqa:
+            raise ValueError(f"{op}: query has {hq} heads and key/value {hkv}; pass "
+                             "enable_gqa=True for grouped-query attention (as torch asks)")
+        if is_causal and L != S:
+            raise ValueError(f"{op}: is_causal with query length {L} != key length {S}: "
+                             "torch aligns that mask to the top left, pykittens' causal "
+                             "attention to the bottom right (query i sees keys up to "
+                             "i + S - L); use pykittens.ops.attention(query.transpose(1, 2), "
+                             "..., causal=True) if that is what you mean")
+    q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t
+               for t in (query, key, value))
+    _check(q, k, v, scale, op=op, names=("query", "key", "value"))
+    return attention(q, k, v, causal=bool(is_causal), scale=scale).transpose(1, 2)
