@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import statistics
 import sys
-import time
 
 import torch
 
 import pykittens.ops as pko
 from pykittens.ir.abi import kernel_args
 from pykittens.lang.kernel import const_key
+from pykittens.bench import per_call_us
 from pykittens.lower import lower
 from pykittens.ops import replay
 from pykittens.runtime import cuda
@@ -109,19 +108,6 @@ def _cases() -> dict:
     }
 
 
-def per_call_us(fn, calls: int = CALLS, rounds: int = ROUNDS) -> float:
-    """Microseconds per call: the median over `rounds` rounds of `calls` calls."""
-    for _ in range(calls // 10):
-        fn()
-    per = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) / calls)
-    return statistics.median(per) * 1e6
-
-
 def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
     """Each op's replayed call and its pieces, µs on this CPU (the module docstring)."""
     saved = replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap
@@ -130,7 +116,7 @@ def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
     replay.on_gpu = lambda t: True
     launch_mod.launch_plan, cuda.TensorMap = stand_in_launch_plan, _StandInTensorMap
     try:
-        out = []
+        out, warm = [], calls // 10
         for name, (args, kwargs) in cases.items():
             op = getattr(pko, name)
             for _ in range(3):                    # the first call, the recorded one, a replay
@@ -141,10 +127,11 @@ def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
                 raise RuntimeError(f"{name}: its call was not recorded for replay ({entry})")
             out.append({
                 "op": name,
-                "whole_us": per_call_us(lambda: op(*args, **kwargs), calls, rounds),
+                "whole_us": per_call_us(lambda: op(*args, **kwargs), calls, rounds, warm),
                 "signature_us": per_call_us(lambda: replay._signature(args, kwargs), calls,
-                                            rounds),
-                "replay_us": per_call_us(lambda: entry(tensors, addresses), calls, rounds)})
+                                            rounds, warm),
+                "replay_us": per_call_us(lambda: entry(tensors, addresses), calls, rounds,
+                                         warm)})
         return out
     finally:            # the ops' replays of stand-in launches are not kept
         replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap = saved

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 import pykittens.ops as pko
+from pykittens.bench import per_call_us
 
 SHAPES = ((16384, 8192), (16384, 4096), (4096, 12288))
 HEAD_DIM = 128                 # rope: an (M, N) activation is (1, M, N / 128, 128)
@@ -388,19 +388,8 @@ def _summary_rows(results):
 
 def _host_us(fn, calls=HOST_CALLS, rounds=HOST_ROUNDS) -> float:
     """Host microseconds per call: calls issued back to back, the GPU work (tiny inputs)
-    never the bottleneck; the median over `rounds` rounds of `calls` calls, so that one
-    round slowed by the host (interrupts, other processes) does not decide it."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - t0) / calls)
-        torch.cuda.synchronize()
-    return statistics.median(per_call) * 1e6
+    never the bottleneck; the median over `rounds` rounds of `calls` calls."""
+    return per_call_us(fn, calls, rounds, sync=torch.cuda.synchronize)
 
 
 def _warm_gpu(seconds: float = 1.0) -> None:

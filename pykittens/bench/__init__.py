@@ -23,6 +23,27 @@ def text_table(rows: list[list], header: list | None = None) -> str:
     return "\n".join(head + [line(r) for r in rows])
 
 
+def per_call_us(fn, calls: int, rounds: int, warm: int = 20, sync=None) -> float:
+    """Host microseconds per call of `fn`: `warm` calls first, then `rounds` rounds of
+    `calls` calls back to back, the median round's time per call (one round slowed by
+    the host — interrupts, other processes — does not decide it); `sync` (e.g.
+    torch.cuda.synchronize) after the warm-up and after each round, outside the timing."""
+    import statistics
+    for _ in range(warm):
+        fn()
+    if sync is not None:
+        sync()
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls)
+        if sync is not None:
+            sync()
+    return statistics.median(per_call) * 1e6
+
+
 def run_steps(name: str, steps: dict, env: dict, argv=None, header=None) -> int:
     """A GPU script's main: run its steps (name -> fn(rows, details)), or only those named on
     the command line, each failure a row rather than the end of the run; write
