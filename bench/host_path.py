@@ -9,7 +9,10 @@ CPU tensors standing in for GPU ones: each op is recorded and replayed as on the
 `_Plan`s made from the kernel's lowered parameters exactly as pk.launch makes them, and
 the driver call (and tensor-map encoding, which replays find cached) replaced by a no-op C
 call. So the figures are the Python path's, on this machine's CPU: compare them between
-versions of pykittens on one machine, not with the H200's.
+versions of pykittens on one machine, not with the H200's. Besides each replayed call, a
+training step: the op's call on inputs that need gradients (the public op cannot replay
+it; its custom ops' calls replay, ops.run.CustomOp) and its backward, through torch's
+autograd (pk.launch's fast path takes every launch the replays do not).
 
     PYTHONPATH=. python3 bench/host_path.py [--calls N]
 
@@ -61,12 +64,13 @@ class _StandInTensorMap:
 _programs: dict = {}
 
 
-def stand_in_launch_plan(kernel, *args, grid, stream=None, **kwargs):
-    """pk.launch's launch_plan for CPU tensors: the _Plan pk.launch would make (the
-    kernel lowered for sm_90a, its arguments packed by the ABI), launched on the stand-in
-    function. ops' `run` passes every argument by name."""
-    names = set(kernel.param_names)
-    bound = {k: v for k, v in kwargs.items() if k in names}
+def stand_in_checked_launch(kernel, args, kwargs, grid, stream):
+    """pk.launch's checked launch for CPU tensors: the _Plan it would make (the kernel
+    lowered for sm_90a, its arguments packed by the ABI), launched on the stand-in
+    function. pk.launch's own fast path (runtime.launch.launch_plan) keeps and reuses it,
+    as on the GPU."""
+    names = kernel.param_names
+    bound = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
     _, consts = bind_args(kernel, args, kwargs, what="pk.launch")   # with DT from the tensors
     key = (id(kernel), const_key(consts))
     prog = _programs.get(key)
@@ -92,6 +96,11 @@ def _rand(*shape):
     return torch.randn(*shape).to(torch.bfloat16)
 
 
+# op -> the arguments a training step differentiates
+TRAINED = {"layer_norm": (0, 2, 3), "rms_norm": (0, 2), "add_rms_norm": (0, 1, 2),
+           "softmax": (0,), "rope": (0,), "linear": (0, 1), "attention": (0, 1, 2)}
+
+
 def _cases() -> dict:
     """op -> (args, kwargs): the ops' tiny forward calls (as ops_bandwidth's host step:
     8 x 1024 bf16; attention a decode-sized causal call)."""
@@ -108,13 +117,28 @@ def _cases() -> dict:
     }
 
 
+def _training_step(op, args, kwargs, name):
+    """A call of `op` with TRAINED's arguments needing gradients, and its backward from a
+    fixed gradient of each output: what a training step asks of the op."""
+    args = [a.clone().requires_grad_() if i in TRAINED[name] else a
+            for i, a in enumerate(args)]
+    out = op(*args, **kwargs)
+    grads = [torch.randn_like(o) for o in (out if isinstance(out, tuple) else (out,))]
+
+    def step():
+        outs = op(*args, **kwargs)
+        torch.autograd.backward(outs if isinstance(outs, tuple) else (outs,), grads)
+    return step
+
+
 def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
     """Each op's replayed call and its pieces, µs on this CPU (the module docstring)."""
-    saved = replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap
+    saved = replay.on_gpu, launch_mod._checked_launch, cuda.TensorMap
     cases = _cases()
     recorded = {name: dict(getattr(pko, name).replay_calls) for name in cases}
+    plans = dict(launch_mod._plans)
     replay.on_gpu = lambda t: True
-    launch_mod.launch_plan, cuda.TensorMap = stand_in_launch_plan, _StandInTensorMap
+    launch_mod._checked_launch, cuda.TensorMap = stand_in_checked_launch, _StandInTensorMap
     try:
         out, warm = [], calls // 10
         for name, (args, kwargs) in cases.items():
@@ -131,10 +155,14 @@ def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
                 "signature_us": per_call_us(lambda: replay._signature(args, kwargs), calls,
                                             rounds, warm),
                 "replay_us": per_call_us(lambda: entry(tensors, addresses), calls, rounds,
-                                         warm)})
+                                         warm),
+                "training_step_us": per_call_us(_training_step(op, args, kwargs, name),
+                                                max(1, calls // 10), rounds, warm)})
         return out
-    finally:            # the ops' replays of stand-in launches are not kept
-        replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap = saved
+    finally:            # no replay or plan of a stand-in launch is kept
+        replay.on_gpu, launch_mod._checked_launch, cuda.TensorMap = saved
+        launch_mod._plans.clear()
+        launch_mod._plans.update(plans)
         for name, calls in recorded.items():
             getattr(pko, name).replay_calls.clear()
             getattr(pko, name).replay_calls.update(calls)
@@ -154,9 +182,10 @@ def main(argv=None) -> int:
             json.dump({"env": env, "results": results}, f, indent=1)
     print(env)
     print(text_table([[r["op"], f"{r['whole_us']:.2f}", f"{r['signature_us']:.2f}",
-                       f"{r['replay_us']:.2f}"]
+                       f"{r['replay_us']:.2f}", f"{r['training_step_us']:.1f}"]
                       for r in results],
-                     ["op", "replayed call µs", "its signature", "its replay (allocate, launch)"]))
+                     ["op", "replayed call µs", "its signature", "its replay (allocate, launch)",
+                      "a training step (forward, backward) µs"]))
     return 0
 
 

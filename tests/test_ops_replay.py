@@ -281,10 +281,52 @@ def test_host_path_bench_replays_every_op_through_real_plans():
     from conftest import bench_script
     from pykittens.runtime import cuda
     host_path = bench_script("host_path")
-    saved = replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap
+    saved = replay.on_gpu, launch_mod._checked_launch, cuda.TensorMap
     before = {name: dict(getattr(pko, name).replay_calls) for name in host_path._cases()}
+    plans = dict(launch_mod._plans)
     results = host_path.measure(calls=3, rounds=1)
     assert [r["op"] for r in results] == list(host_path._cases())
     assert all(r[k] > 0 for r in results for k in ("whole_us", "signature_us", "replay_us"))
-    assert (replay.on_gpu, launch_mod.launch_plan, cuda.TensorMap) == saved
+    assert (replay.on_gpu, launch_mod._checked_launch, cuda.TensorMap) == saved
     assert {name: getattr(pko, name).replay_calls for name in before} == before
+    assert launch_mod._plans == plans
+
+
+# case -> the arguments that need gradients, and the kernels whose launches still run their
+# op's body on every step (attention's backward: dQ's f32 sum is zeroed by torch before
+# the main pass adds into it, a torch operation a replay cannot repeat)
+TRAINED = {"rms_norm": ((0, 2), ()), "add_rms_norm": ((0, 1, 2), ()),
+           "layer_norm f32": ((0, 2, 3), ()), "softmax": ((0,), ()), "rope": ((0,), ()),
+           "matmul w.t()": ((0, 1), ()),
+           "attention": ((0, 1, 2), ("attention_bwd_prep", "attention_bwd",
+                                     "attention_bwd_dq_finish"))}
+
+
+@pytest.mark.parametrize("name", list(TRAINED))
+def test_training_steps_replay_their_custom_ops(gpu_like, monkeypatch, name):
+    """Inputs that need gradients keep the public op from replaying, but its custom ops'
+    calls replay, forward and backward (ops.run.CustomOp.eager): a third training step on
+    new inputs of the same signature runs no op body (TRAINED names the exceptions), and
+    gives the outputs and gradients the full path (replay off) gives on the same inputs."""
+    op, inputs = CASES[name]
+    trained, still_planned = TRAINED[name]
+
+    def step(seed):
+        args, kwargs = inputs(seed)
+        args = [a.clone().requires_grad_() if i in trained else a for i, a in enumerate(args)]
+        outs = _flat(op(*args, **kwargs))
+        g = torch.Generator().manual_seed(11)
+        sum(((o.float() * torch.randn(o.shape, generator=g)).sum() for o in outs)
+            ).backward()
+        return [o.detach() for o in outs] + [args[i].grad for i in trained]
+
+    for seed in (1, 2):                  # the first calls, then the recorded ones
+        step(seed)
+    gpu_like.clear()
+    got = step(3)
+    bodies = [k for kind, k in gpu_like if kind == "plan"]
+    assert gpu_like and bodies == list(still_planned), \
+        f"{name}: op bodies ran on the third step: {bodies}"
+    monkeypatch.setattr(replay, "ENABLED", False)
+    want = step(3)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want)), name

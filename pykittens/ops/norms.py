@@ -94,13 +94,18 @@ def _rows(op: str, x, normalized_shape, **params):
     return x.reshape(-1, n), flat
 
 
-def _column_sums(x, grid, consts, n: int, wanted: bool, gaps: bool = False):
+def _column_sums(x, grid, consts, n: int, wanted: bool, gaps: bool = False,
+                 fused: bool = False):
     """The partial-sum buffer of a backward kernel (zeroed where looped rows add into it,
-    or where columns between two sums are never written: `gaps`), or a placeholder."""
+    or where columns between two sums are never written: `gaps`), or a placeholder. One
+    the walk writes whole for column_sum to read is a kernel_output (so the call can be
+    replayed); a fused walk reads its own back (kernel_output's rule forbids that)."""
     if not wanted:
         return placeholder(x, 2, F32)
     rows = ColumnSums.partial_rows(grid[0], consts)
     held = consts.get("RESIDENT") or consts.get("SPLIT")
+    if held and not gaps and not fused:
+        return kernel_output(x, (rows, n), F32)
     return (x.new_empty if held and not gaps else x.new_zeros)((rows, n), dtype=F32)
 
 
@@ -166,7 +171,7 @@ def _layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | No
     grid, consts = ln_grad_launch({"x": x, "dy": dy}, target, dw, db)
     fused = width > 0 and row_kernels.fuses_sums(grid[0], consts, target)
     part = _column_sums(x, grid, consts, width, width > 0,
-                        gaps=dw and db and dbias_column(n) != n and not fused)
+                        gaps=dw and db and dbias_column(n) != n and not fused, fused=fused)
     args = {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
             "stats": stats, "dx": dx, "part": part}
     consts = {**consts, "WEIGHT": int(weight is not None), "DW": int(dw), "DB": int(db)}
@@ -289,12 +294,13 @@ def _rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
         return dx, x.new_zeros((n if dw else 0,))
     target = target_of(x)
     grid, consts = rms_grad_launch({"x": x, "dy": dy, "ds": ds}, target, ds is not None, dw)
-    part = _column_sums(x, grid, consts, n, dw)
+    consts = {**consts, "WEIGHT": int(weight is not None)}
+    fused = dw and row_kernels.fuses_sums(grid[0], consts, target)
+    part = _column_sums(x, grid, consts, n, dw, fused=fused)
     args = {"x": x, "dy": dy, "w": placeholder(x, 1) if weight is None else weight,
             "rstd": rstd, "ds": placeholder(x, 2) if ds is None else ds, "dx": dx,
             "dw_part": part}
-    consts = {**consts, "WEIGHT": int(weight is not None)}
-    if not (dw and row_kernels.fuses_sums(grid[0], consts, target)):
+    if not fused:
         run(rmsnorm_bwd, args, grid, {**consts, "DW": int(dw)}, ("dx", "dw_part"))
         return dx, _column_sum(part, x, dw)
     dweight = kernel_output(x, (n,))

@@ -25,11 +25,16 @@ class CustomOp:
     plain tensors, with no dispatch mode active, runs `fn` directly, through an
     autograd.Function with the same formula where an input requires a gradient: the same
     kernels and results without the custom op's dispatch and alias checks (37 µs of host
-    time per rms_norm call on the H200's host, docs/PERF.md)."""
+    time per rms_norm call on the H200's host, docs/PERF.md). `fn` is replayable there
+    (`eager`): a training step's calls, whose public ops cannot replay (their inputs need
+    gradients), replay their custom ops' launches, forward and backward."""
 
     def __init__(self, name: str, fn):
         self.name, self.fn = name, fn
         self.op = torch.library.custom_op(name, mutates_args=())(fn)
+        # eager calls, replayed where they can be (ops.replay): under autograd too, where
+        # the public op's own replay cannot run (its inputs need gradients)
+        self.eager = replayable(fn)
         self.function = None
 
     def register_fake(self, fake):
@@ -37,10 +42,10 @@ class CustomOp:
 
     def register_autograd(self, backward, setup_context):
         self.op.register_autograd(backward, setup_context=setup_context)
-        fn = self.fn
+        eager = self.eager
 
         def forward(ctx, *args):
-            out = fn(*args)
+            out = eager(*args)
             setup_context(ctx, args, out)
             return out
 
@@ -54,7 +59,7 @@ class CustomOp:
         if self.function is not None and torch.is_grad_enabled() and any(
                 type(a) is torch.Tensor and a.requires_grad for a in args):
             return self.function.apply(*args)
-        return self.fn(*args)
+        return self.eager(*args)
 
 
 def _eager(args) -> bool:
