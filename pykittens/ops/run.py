@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from . import replay
+from .replay import _dispatch_mode
 from .replay import kernel_output, recorder, replayable  # noqa: F401 (the ops' API)
 
 # the kernel schedule CPU tensors are emulated with (any pykittens target)
@@ -67,11 +68,6 @@ def _eager(args) -> bool:
     if torch.compiler.is_compiling() or _dispatch_mode() is not None:
         return False
     return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
-
-
-def _dispatch_mode():
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-    return _get_current_dispatch_mode()
 
 
 def custom_op(name: str):
