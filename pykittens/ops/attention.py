@@ -200,8 +200,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                                  enable_gqa: bool = False):
     """torch.nn.functional.scaled_dot_product_attention on (batch, heads, seq, head_dim)
     tensors, through `attention` (its kernels, limits and backward): the output
-    (batch, heads, L, head_dim) as torch's, a view of a (batch, L, heads, head_dim)
-    tensor. What the kernels do not do is an error rather than a silent difference: no
+    (batch, heads, L, head_dim) as torch's, laid out in memory as query is. What the
+    kernels do not do is an error rather than a silent difference: no
     attn_mask, no dropout, and is_causal only where L == S (torch aligns the causal
     mask to the top left, `attention` to the bottom right; both agree at L == S).
     Differing head counts need enable_gqa=True, as in torch."""
