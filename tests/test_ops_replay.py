@@ -293,13 +293,14 @@ def test_host_path_bench_replays_every_op_through_real_plans():
 
 
 # case -> the arguments that need gradients, and the kernels whose launches still run their
-# op's body on every step (attention's backward: dQ's f32 sum is zeroed by torch before
-# the main pass adds into it, a torch operation a replay cannot repeat)
+# op's body on every step
 TRAINED = {"rms_norm": ((0, 2), ()), "add_rms_norm": ((0, 1, 2), ()),
            "layer_norm f32": ((0, 2, 3), ()), "softmax": ((0,), ()), "rope": ((0,), ()),
-           "matmul w.t()": ((0, 1), ()),
-           "attention": ((0, 1, 2), ("attention_bwd_prep", "attention_bwd",
-                                     "attention_bwd_dq_finish"))}
+           "matmul w.t()": ((0, 1), ()), "attention": ((0, 1, 2), ()),
+           # the LSE's gradient is subtracted from delta by torch: that backward is not
+           # recorded, and runs its body
+           "attention with lse": ((0, 1, 2), ("attention_bwd_prep", "attention_bwd",
+                                              "attention_bwd_dq_finish"))}
 
 
 @pytest.mark.parametrize("name", list(TRAINED))
@@ -330,3 +331,18 @@ def test_training_steps_replay_their_custom_ops(gpu_like, monkeypatch, name):
     monkeypatch.setattr(replay, "ENABLED", False)
     want = step(3)
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want)), name
+
+
+def test_custom_ops_whose_outputs_torch_zeroes_are_not_replayed(gpu_like):
+    """The packed-batch attention's custom ops zero their outputs with torch (rows outside
+    every sequence stay 0), which a replay, allocating outputs afresh, would not: they run
+    their bodies on every call, training steps included."""
+    import importlib
+    varlen = importlib.import_module("pykittens.ops.attention_varlen")   # the module
+    cu = torch.tensor([0, 24, 40], dtype=torch.int32)
+    for seed in (1, 2, 3):
+        q, k, v = (_rand(48, 2, 64, seed=seed + i).requires_grad_() for i in range(3))
+        gpu_like.clear()
+        pko.attention_varlen(q, k, v, cu, cu, 24, 24).float().sum().backward()
+    assert ("plan", "attention_fwd_varlen") in gpu_like
+    assert all(not hasattr(op.eager, "replay_calls") for op in (varlen._fwd, varlen._bwd))

@@ -12,7 +12,7 @@ from ..kernels.attention_bwd import (attention_bwd, attention_bwd_dq, attention_
                                      attention_bwd_launch, attention_bwd_prep, dq_sum_shape,
                                      stats_rows)
 from .run import (HALVES as DTYPES, custom_op, kernel_output, placeholder, replayable, run,
-                  target_of)
+                  target_of, zeroed_buffer)
 
 
 def _check(q, k, v, scale, causal=False, op="attention", names=("q", "k", "v")):
@@ -96,7 +96,10 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         {"q": qv, "k": kv}, target_of(q), dq=_dq_schedule(deterministic), rows=rows,
         CAUSAL=int(causal))
     lse = in_rows(lse, rows)
-    delta = lse.new_empty((b, hq, rows))[..., :nq]
+    # (a kernel_output where the prep pass's delta is all the main pass reads; with dlse,
+    # torch subtracts it in place, which a replay could not repeat)
+    delta = (kernel_output(lse, (b, hq, rows)) if dlse is None else
+             lse.new_empty((b, hq, rows)))[..., :nq]
     run(attention_bwd_prep, {"o": ov, "do": dov, "delta": delta}, pgrid, pconsts, ("delta",))
     if dlse is not None:                 # d lse / d s = P: folds into dS = P (dP - delta)
         delta -= dlse
@@ -117,7 +120,7 @@ def main_and_dq(kernels, plans, sum_shape, common: dict, dq, dk, dv, finish_args
     main, finish, dq_pass = kernels
     (grid, consts), (qgrid, qconsts) = plans
     if consts.get("DQ_ATOMIC"):
-        dq_sum = dq.new_zeros(sum_shape, dtype=torch.float32)
+        dq_sum = zeroed_buffer(dq, sum_shape, torch.float32)
         run(main, {**common, "dq": dq_sum, "dk": dk, "dv": dv}, grid, consts,
             ("dq", "dk", "dv"))
         run(finish, {"dq_sum": dq_sum, "dq": dq, **(finish_args or {})}, qgrid, qconsts,

@@ -53,7 +53,8 @@ def _inputs(q, k, cu_q, cu_k):
     return {"q": q, "k": k, "v": k, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
 
 
-@custom_op("pykittens::attention_varlen_fwd")
+# (not replayed: the outputs are zeroed by torch, rows outside every sequence kept 0)
+@custom_op("pykittens::attention_varlen_fwd", replay=False)
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
          cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float,
          deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +76,7 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@custom_op("pykittens::attention_varlen_bwd")
+@custom_op("pykittens::attention_varlen_bwd", replay=False)       # (as the forward)
 def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          o: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
          max_q: int, max_k: int, causal: bool, scale: float, deterministic: bool

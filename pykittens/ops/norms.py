@@ -15,7 +15,7 @@ from ..kernels.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_bwd, rmsnorm_bwd_fus
 from ..kernels import rows as row_kernels
 from ..kernels.rows import ColumnSums, column_sum, column_sum_launch
 from .run import (check_same, check_tensor, custom_op, kernel_output, placeholder, replayable,
-                  run, target_of, workspace)
+                  run, target_of, workspace, zeroed_buffer)
 
 F32 = torch.float32
 
@@ -106,7 +106,9 @@ def _column_sums(x, grid, consts, n: int, wanted: bool, gaps: bool = False,
     held = consts.get("RESIDENT") or consts.get("SPLIT")
     if held and not gaps and not fused:
         return kernel_output(x, (rows, n), F32)
-    return (x.new_empty if held and not gaps else x.new_zeros)((rows, n), dtype=F32)
+    if held and not gaps:
+        return x.new_empty((rows, n), dtype=F32)
+    return zeroed_buffer(x, (rows, n), F32)
 
 
 def _column_sum(part, like, wanted: bool):

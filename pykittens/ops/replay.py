@@ -7,9 +7,10 @@ call's *signature*: each tensor's dtype, shape, strides, device and address modu
 every other argument's value. So a `replayable` op records, on the second call with a
 signature, what it did: each launch's pk.launch plan (runtime.launch._Plan) and, for each
 of the kernel's tensor arguments, where it came from — an input (at a byte offset), an
-output the op returned, a buffer the kernel writes whole (`kernel_output`), a
-placeholder the kernel never touches (kept), or a stream's workspace (`run.workspace`:
-kept, and the call replayed on that stream only). Later calls with the signature
+output the op returned, a buffer the kernel writes whole (`kernel_output`), a buffer of
+zeros kernels add into (`zeroed_buffer`: zeroed again on every call), a placeholder the
+kernel never touches (kept), or a stream's workspace (`run.workspace`: kept, and the call
+replayed on that stream only). Later calls with the signature
 allocate the outputs and buffers and launch the plans with the new addresses; nothing
 else runs.
 
@@ -17,8 +18,9 @@ A call is recorded only when the op's work is all of that: a kernel argument mad
 other torch operation (a `.contiguous()` copy, `y + bias`), inputs sharing memory, an
 output that is a view of another tensor, or a launch through anything but pk.launch's CUDA
 path make the signature one that always takes the full path. So do tensors that need a
-gradient, tracing (torch.compile, dispatch modes), CPU tensors (the emulator) and
-tensor subclasses. The first call with a signature is never recorded: it may compile or
+gradient (the custom ops under such a call replay on their own: ops.run.CustomOp),
+tracing (torch.compile, dispatch modes), CPU tensors (the emulator) and tensor
+subclasses. The first call with a signature is never recorded: it may compile or
 autotune. PYKITTENS_REPLAY=0 turns replay off."""
 from __future__ import annotations
 
@@ -156,13 +158,24 @@ def kernel_output(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
     return t
 
 
+def zeroed_buffer(like: torch.Tensor, shape, dtype=None) -> torch.Tensor:
+    """A new tensor of zeros that the op's kernels add into (and pass on to each other): a
+    replayed call makes it again the same way, zeroed, on every call."""
+    t = like.new_zeros(shape, dtype=dtype)
+    rec = recorder()
+    if rec is not None:
+        rec.buffers.append(t)
+        rec.zeroed.add(_storage(t))
+    return t
+
+
 class _Recorder:
     """What one op call did: its inputs, buffers, placeholders and launches."""
 
     def __init__(self, tensors):
         self.inputs = tensors
         self.buffers, self.placeholders, self.launches = [], [], []
-        self.workspaces = []
+        self.workspaces, self.zeroed = [], set()
 
     def launched(self, plan, args: dict) -> None:
         """A kernel launched (plan: pk.launch's, or None where nothing was launched)."""
@@ -179,6 +192,8 @@ class _Recorder:
             return None
         if not all(map(_whole, outs)):               # each output a whole new tensor
             return None
+        if any(_storage(o) in self.zeroed for o in outs):
+            return None                              # (replays allocate outputs unzeroed)
         # buffers that are not outputs: one that a single launch touches is written and
         # never read (its values are never seen), so the recorded one is kept and passed
         # again; one that launches pass on to each other is allocated on every call
@@ -188,9 +203,10 @@ class _Recorder:
             for s in {_storage(v) for v in args.values() if type(v) is torch.Tensor}:
                 if s in uses:
                     uses[s] += 1
+        zeroed = self.zeroed                # made afresh, zeroed, on every call
         keep = self.placeholders + self.workspaces + \
-            [b for b in bufs if uses[_storage(b)] <= 1]
-        bufs = [b for b in bufs if uses[_storage(b)] > 1]
+            [b for b in bufs if uses[_storage(b)] <= 1 and _storage(b) not in zeroed]
+        bufs = [b for b in bufs if uses[_storage(b)] > 1 or _storage(b) in zeroed]
         if not all(map(_whole, bufs)):
             return None
         bases = ins + outs + bufs
@@ -217,7 +233,8 @@ class _Recorder:
             launches.append((plan, template, addressed))
         stream = current_stream((ins + outs)[0].device) if self.workspaces else None
         return _Replay([_span_bytes(t) for t in ins], [_geometry(o) for o in outs],
-                       [_geometry(b) for b in bufs], launches, type(out), keep, stream)
+                       [(*_geometry(b), _storage(b) in zeroed) for b in bufs], launches,
+                       type(out), keep, stream)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -263,7 +280,10 @@ class _Replay:
         outs = [empty(s, st, dtype=dt, device=device) for s, st, dt in self.outs]
         ptrs = addresses + [t.data_ptr() for t in outs]
         if self.bufs:                     # (held here until their launches are enqueued)
-            bufs = [empty(s, st, dtype=dt, device=device) for s, st, dt in self.bufs]
+            bufs = [empty(s, st, dtype=dt, device=device) for s, st, dt, _ in self.bufs]
+            for b, (*_, zeroed) in zip(bufs, self.bufs):
+                if zeroed:
+                    b.zero_()
             ptrs += [t.data_ptr() for t in bufs]
         for plan, template, addressed in self.launches:
             vals = list(template)

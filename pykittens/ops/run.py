@@ -11,7 +11,8 @@ import torch
 
 from . import replay
 from .replay import _dispatch_mode
-from .replay import kernel_output, recorder, replayable  # noqa: F401 (the ops' API)
+from .replay import (kernel_output, recorder, replayable,  # noqa: F401 (the ops' API)
+                     zeroed_buffer)
 
 # the kernel schedule CPU tensors are emulated with (any pykittens target)
 EMULATE_TARGET = os.environ.get("PYKITTENS_EMULATE_TARGET", "sm_90a")
@@ -30,12 +31,13 @@ class CustomOp:
     (`eager`): a training step's calls, whose public ops cannot replay (their inputs need
     gradients), replay their custom ops' launches, forward and backward."""
 
-    def __init__(self, name: str, fn):
+    def __init__(self, name: str, fn, replay: bool = True):
         self.name, self.fn = name, fn
         self.op = torch.library.custom_op(name, mutates_args=())(fn)
         # eager calls, replayed where they can be (ops.replay): under autograd too, where
-        # the public op's own replay cannot run (its inputs need gradients)
-        self.eager = replayable(fn)
+        # the public op's own replay cannot run (its inputs need gradients). `replay`
+        # False for a body whose results a replay would not make (outputs zeroed by torch)
+        self.eager = replayable(fn) if replay else fn
         self.function = None
 
     def register_fake(self, fake):
@@ -70,9 +72,9 @@ def _eager(args) -> bool:
     return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
 
 
-def custom_op(name: str):
-    """Decorator: the CustomOp `name` over the function."""
-    return lambda fn: CustomOp(name, fn)
+def custom_op(name: str, replay: bool = True):
+    """Decorator: the CustomOp `name` over the function (`replay`: CustomOp's)."""
+    return lambda fn: CustomOp(name, fn, replay)
 
 
 def _names(dtypes) -> str:
