@@ -346,3 +346,28 @@ def test_custom_ops_whose_outputs_torch_zeroes_are_not_replayed(gpu_like):
         pko.attention_varlen(q, k, v, cu, cu, 24, 24).float().sum().backward()
     assert ("plan", "attention_fwd_varlen") in gpu_like
     assert all(not hasattr(op.eager, "replay_calls") for op in (varlen._fwd, varlen._bwd))
+
+
+def test_fused_norm_backward_replays_on_its_streams_scratch(gpu_like, monkeypatch):
+    """With the column sums fused into the walk (rows.FUSED_SUMS), the walk writes and
+    reads back its partial rows in one launch: they live in the stream's scratch
+    (run.workspace), so training steps still replay, and give the full path's gradients."""
+    from pykittens.kernels import rows as row_kernels
+    monkeypatch.setattr(row_kernels, "FUSED_SUMS", True)
+    m, n = 10, 4096                              # a staged plan: PROGRAMS workgroups an SM
+
+    def step(seed):
+        x, w = (t.requires_grad_() for t in (_rand(m, n, seed=seed), _rand(n, seed=seed + 1)))
+        y = pko.rms_norm(x, (n,), w, 1e-6)
+        y.float().mul(torch.randn(m, n, generator=torch.Generator().manual_seed(3))).sum() \
+            .backward()
+        return [y.detach(), x.grad, w.grad]
+
+    for seed in (1, 2):
+        step(seed)
+    gpu_like.clear()
+    got = step(3)
+    assert ("launch", "rmsnorm_bwd_fused") in gpu_like
+    assert not [k for kind, k in gpu_like if kind == "plan"]
+    monkeypatch.setattr(replay, "ENABLED", False)
+    assert all(torch.equal(a, b) for a, b in zip(got, step(3)))

@@ -97,17 +97,17 @@ def _rows(op: str, x, normalized_shape, **params):
 def _column_sums(x, grid, consts, n: int, wanted: bool, gaps: bool = False,
                  fused: bool = False):
     """The partial-sum buffer of a backward kernel (zeroed where looped rows add into it,
-    or where columns between two sums are never written: `gaps`), or a placeholder. One
-    the walk writes whole for column_sum to read is a kernel_output (so the call can be
-    replayed); a fused walk reads its own back (kernel_output's rule forbids that)."""
+    or where columns between two sums are never written: `gaps`), or a placeholder; made
+    so that the call can be replayed. One the walk writes whole for column_sum to read is
+    a kernel_output; a fused walk reads its own back (which kernel_output's rule forbids)
+    and leaves nothing in it for later, so it gets the stream's scratch."""
     if not wanted:
         return placeholder(x, 2, F32)
     rows = ColumnSums.partial_rows(grid[0], consts)
     held = consts.get("RESIDENT") or consts.get("SPLIT")
-    if held and not gaps and not fused:
-        return kernel_output(x, (rows, n), F32)
     if held and not gaps:
-        return x.new_empty((rows, n), dtype=F32)
+        return workspace(x, "norm_bwd.part", (rows, n), F32, zeroed=False) if fused else \
+            kernel_output(x, (rows, n), F32)
     return zeroed_buffer(x, (rows, n), F32)
 
 
