@@ -96,10 +96,7 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         {"q": qv, "k": kv}, target_of(q), dq=_dq_schedule(deterministic), rows=rows,
         CAUSAL=int(causal))
     lse = in_rows(lse, rows)
-    # (a kernel_output where the prep pass's delta is all the main pass reads; with dlse,
-    # torch subtracts it in place, which a replay could not repeat)
-    delta = (kernel_output(lse, (b, hq, rows)) if dlse is None else
-             lse.new_empty((b, hq, rows)))[..., :nq]
+    delta = kernel_output(lse, (b, hq, rows))[..., :nq]
     run(attention_bwd_prep, {"o": ov, "do": dov, "delta": delta}, pgrid, pconsts, ("delta",))
     if dlse is not None:                 # d lse / d s = P: folds into dS = P (dP - delta)
         delta -= dlse

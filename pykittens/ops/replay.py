@@ -15,7 +15,8 @@ allocate the outputs and buffers and launch the plans with the new addresses; no
 else runs.
 
 A call is recorded only when the op's work is all of that: a kernel argument made by any
-other torch operation (a `.contiguous()` copy, `y + bias`), inputs sharing memory, an
+other torch operation (a `.contiguous()` copy, `y + bias`), an output or buffer that torch
+writes into in place (its version counter moved), inputs sharing memory, an
 output that is a view of another tensor, or a launch through anything but pk.launch's CUDA
 path make the signature one that always takes the full path. So do tensors that need a
 gradient (the custom ops under such a call replay on their own: ops.run.CustomOp),
@@ -194,6 +195,11 @@ class _Recorder:
             return None
         if any(_storage(o) in self.zeroed for o in outs):
             return None                              # (replays allocate outputs unzeroed)
+        # every output and buffer is made fresh (version 0); one that torch then wrote
+        # into in place (`delta -= dlse`) holds work a replay, which only allocates and
+        # launches, would not repeat
+        if any(t._version for t in outs + self.buffers):
+            return None
         # buffers that are not outputs: one that a single launch touches is written and
         # never read (its values are never seen), so the recorded one is kept and passed
         # again; one that launches pass on to each other is allocated on every call
