@@ -139,7 +139,7 @@ def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
     """Each op's replayed call and its pieces, µs on this CPU (the module docstring)."""
     saved = replay.on_gpu, launch_mod._checked_launch, cuda.TensorMap
     cases = _cases()
-    recorded = {name: dict(getattr(pko, name).replay_calls) for name in cases}
+    recorded = [dict(r) for r in replay.RECORDS]      # the public ops' and custom ops'
     plans = dict(launch_mod._plans)
     replay.on_gpu = lambda t: True
     launch_mod._checked_launch, cuda.TensorMap = stand_in_checked_launch, _StandInTensorMap
@@ -167,9 +167,9 @@ def measure(calls: int = CALLS, rounds: int = ROUNDS) -> list[dict]:
         replay.on_gpu, launch_mod._checked_launch, cuda.TensorMap = saved
         launch_mod._plans.clear()
         launch_mod._plans.update(plans)
-        for name, calls in recorded.items():
-            getattr(pko, name).replay_calls.clear()
-            getattr(pko, name).replay_calls.update(calls)
+        for now, before in zip(replay.RECORDS, recorded):
+            now.clear()
+            now.update(before)
 
 
 def main(argv=None) -> int:

@@ -37,6 +37,7 @@ from ..runtime.args import memory_span
 ENABLED = os.environ.get("PYKITTENS_REPLAY", "1") != "0"
 MAX_CALLS = 4096          # signatures kept per op (shapes that keep changing must not grow it)
 _SEEN, _FULL = "seen", "full"         # first call done; the full path every time
+RECORDS: list[dict] = []              # every replayable's signatures (replay_calls)
 
 
 class _ThreadState(threading.local):
@@ -94,6 +95,7 @@ def replayable(fn):
         return out
 
     op.replay_calls = calls                       # for tests: what each signature holds
+    RECORDS.append(calls)
     return op
 
 
