@@ -86,8 +86,10 @@ class Tally:
                                           self.cases + 1)
 
     def __str__(self):
-        return (f"L2 within 5 points {self.l2}/{self.cases}, DRAM within 15% "
-                f"{self.dram}/{self.cases}")
+        return (f"L2 within {L2_POINTS * 100:.0f} points {self.l2}/{self.cases}, DRAM within "
+                f"{DRAM_SHARE:.0%} {self.dram}/{self.cases}")
+
+
 PERSISTENT_GRID = 132     # gemm_ws's persistent grid on the H200: one workgroup per SM
 
 
