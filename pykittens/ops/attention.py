@@ -189,9 +189,14 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None,
         >>> o.float().square().sum().backward()
     """
     _check(q, k, v, scale, causal)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    o, lse = _attention_fwd(q, k, v, bool(causal), scale, bool(deterministic))
+    o, lse = _forward(q, k, v, causal, scale, deterministic)
     return (o, lse) if return_lse else o
+
+
+def _forward(q, k, v, causal, scale, deterministic):
+    """O and LSE of checked (batch, seq, heads, head_dim) inputs; scale None: 1/sqrt(D)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _attention_fwd(q, k, v, bool(causal), scale, bool(deterministic))
 
 
 @replayable
@@ -199,7 +204,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                                  is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False):
     """torch.nn.functional.scaled_dot_product_attention on (batch, heads, seq, head_dim)
-    tensors, through `attention` (its kernels, limits and backward): the output
+    tensors, as `attention` computes it (its kernels, limits and backward): the output
     (batch, heads, L, head_dim) as torch's, laid out in memory as query is. What the
     kernels do not do is an error rather than a silent difference: no
     attn_mask, no dropout, and is_causal only where L == S (torch aligns the causal
@@ -239,4 +244,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t
                for t in (query, key, value))
     _check(q, k, v, scale, op=op, names=("query", "key", "value"))
-    return attention(q, k, v, causal=bool(is_causal), scale=scale).transpose(1, 2)
+    return _forward(q, k, v, is_causal, scale, False)[0].transpose(1, 2)
